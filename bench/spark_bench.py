@@ -1,0 +1,179 @@
+"""Spark scan throughput: the s3stream reader (Arrow path), Parquet, the reader (tuple path).
+
+Run: ``.venv/bin/python bench/spark_bench.py [--records 10000000] [--dir /tmp/s3stream-bench]``.
+
+1. Writes ``--records`` records (``--value-bytes`` incompressible value, 10-byte key,
+   explicit timestamp) with the library into ``--streams`` streams of a local store, in
+   batches of ``--batch`` records, then ``client.close()`` (uploads everything).
+2. Writes the same rows as Parquet (snappy) to the same disk, through Spark.
+3. In one SparkSession (``local[N]``), scans each three ways with
+   ``df.write.format("noop")`` (every column materialised, nothing collected): our reader
+   (Arrow path), ``spark.read.parquet``, our reader with ``useArrow=false`` (tuple path).
+   Each scan runs ``--repeat`` times; the best time counts.
+
+Prints rows/s for each and the ratio of our Arrow path to Parquet; ``--out FILE`` also
+writes them as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import s3stream
+from s3stream import Record
+
+REPO = Path(__file__).resolve().parents[1]
+T0 = 1_700_000_000_000
+
+
+def write_records(url: str, records: int, streams: int, batch: int, value_bytes: int) -> float:
+    """Write the records with the library; returns the seconds taken (appends + upload)."""
+    pool = np.random.default_rng(42).integers(0, 256, 1 << 22, dtype=np.uint8).tobytes()
+    span = len(pool) - value_bytes
+    t = time.perf_counter()
+    with s3stream.open(url, wal="memory://") as client:
+        handles = [
+            client.create_stream(tags={"topic": "bench", "partition": str(p)})
+            for p in range(streams)
+        ]
+        pending = []
+        for b in range((records + batch - 1) // batch):
+            lo, hi = b * batch, min(records, (b + 1) * batch)
+            recs = []
+            for i in range(lo, hi):
+                at = (i * 7919) % span
+                recs.append(Record(pool[at : at + value_bytes], b"key-%06d" % (i % 10**6), T0 + i))
+            pending.append(handles[b % streams].append_records_async(recs))
+            if len(pending) > 64:
+                pending.pop(0).result()
+        for fut in pending:
+            fut.result()
+    return time.perf_counter() - t
+
+
+def session(cores: int) -> Any:
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p
+    )
+    from pyspark.sql import SparkSession
+
+    return (
+        SparkSession.builder.master(f"local[{cores}]")
+        .appName("s3stream-spark-bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.memory", "4g")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
+
+
+def scan(df: Any, repeat: int) -> float:
+    """Best wall time of materialising every row and column of `df`."""
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        df.write.format("noop").mode("overwrite").save()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--records", type=int, default=10_000_000)
+    ap.add_argument("--streams", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=1000, help="records per appended batch")
+    ap.add_argument("--value-bytes", type=int, default=100)
+    ap.add_argument("--cores", type=int, default=2, help="Spark local[N]")
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--dir", default="/tmp/s3stream-spark-bench")
+    ap.add_argument("--keep", action="store_true", help="reuse data already in --dir")
+    ap.add_argument("--out", help="write the results as JSON to this file")
+    args = ap.parse_args()
+
+    root = Path(args.dir)
+    store, parquet = root / "store", root / "parquet"
+    if not args.keep and root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True, exist_ok=True)
+    write_s = None
+    if not store.exists():
+        write_s = write_records(
+            str(store), args.records, args.streams, args.batch, args.value_bytes
+        )
+        print(f"wrote {args.records:,} records with s3stream in {write_s:.1f} s")
+
+    spark = session(args.cores)
+    try:
+        from s3stream.spark import S3StreamDataSource
+
+        spark.dataSource.register(S3StreamDataSource)
+        ours = spark.read.format("s3stream").load(str(store))
+        if not parquet.exists():
+            t = time.perf_counter()
+            ours.write.parquet(str(parquet))
+            print(f"wrote the same rows as Parquet in {time.perf_counter() - t:.1f} s")
+        pq = spark.read.parquet(str(parquet))
+        tuples = spark.read.format("s3stream").option("useArrow", "false").load(str(store))
+        n = pq.count()
+        assert n == args.records == ours.count(), (n, args.records)
+
+        results: dict[str, Any] = {}
+        for name, df, repeat in (
+            ("s3stream_arrow", ours, args.repeat),
+            ("parquet", pq, args.repeat),
+            ("s3stream_tuples", tuples, 1),
+        ):
+            seconds = scan(df, repeat)
+            results[name] = {"seconds": round(seconds, 2), "rows_per_s": round(n / seconds)}
+            print(f"{name:16s} {seconds:7.2f} s  {n / seconds / 1e6:6.2f} M rows/s", flush=True)
+        ratio = results["s3stream_arrow"]["rows_per_s"] / results["parquet"]["rows_per_s"]
+        tuple_ratio = (
+            results["s3stream_arrow"]["rows_per_s"] / results["s3stream_tuples"]["rows_per_s"]
+        )
+        print(f"arrow path / parquet = {ratio:.2f}; arrow path / tuple path = {tuple_ratio:.1f}x")
+        du = {
+            "s3stream_bytes": sum(f.stat().st_size for f in store.rglob("*.s3o")),
+            "parquet_bytes": sum(f.stat().st_size for f in parquet.rglob("*.parquet")),
+        }
+        print(
+            f"on disk: s3stream {du['s3stream_bytes'] / 1e6:.0f} MB, "
+            f"parquet {du['parquet_bytes'] / 1e6:.0f} MB"
+        )
+        if args.out:
+            Path(args.out).write_text(
+                json.dumps(
+                    {
+                        "records": n,
+                        "streams": args.streams,
+                        "batch": args.batch,
+                        "value_bytes": args.value_bytes,
+                        "cores": args.cores,
+                        "cpu": platform.processor() or platform.machine(),
+                        "write_seconds": None if write_s is None else round(write_s, 1),
+                        **results,
+                        "arrow_over_parquet": round(ratio, 3),
+                        **du,
+                    },
+                    indent=2,
+                )
+                + "\n"
+            )
+    finally:
+        spark.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""s3stream: embeddable stream storage on object storage.
+
+Applications append record batches to streams and fetch them by offset, in-process. An append
+is acknowledged once durable in a write-ahead log; data then moves in large batched objects to
+object storage (S3, any fsspec URL, or a local directory), is cached for readers and compacted
+in the background. Spark reads the objects directly (``spark.read.format("s3stream")``).
+
+Roles of the public names:
+
+- entry point: `open` (URLs) or `StreamClient` (components);
+- handles: `StreamClient`, `Stream`;
+- values: `RecordBatch` (in), `FetchedBatch`, `AppendResult`, `FetchResult`, `StreamInfo` (out);
+- settings: `ClientSettings`, `FileWalSettings`, `ObjectWalSettings`;
+- components: `WriteAheadLog`, `ObjectStore`, `Clock` (and their implementations in
+  `s3stream.wal`, `s3stream.objectstore`, `s3stream.clock`);
+- errors: `S3StreamError` and its kinds.
+"""
+
+from .client import ClientMetrics, StreamClient
+from .clock import Clock, ManualClock, SystemClock
+from .errors import (
+    BackpressureError,
+    CorruptionError,
+    FencedError,
+    InvalidArgumentError,
+    ObjectNotFoundError,
+    OffsetOutOfRangeError,
+    S3StreamError,
+    StreamClosedError,
+    StreamNotFoundError,
+    UnavailableError,
+    WalFullError,
+)
+from .objectstore.base import ObjectStore
+from .opening import open
+from .records import Record
+from .settings import ClientSettings, FileWalSettings, ObjectWalSettings
+from .stream import Stream
+from .types import (
+    AppendResult,
+    BatchKind,
+    FetchedBatch,
+    FetchResult,
+    RecordBatch,
+    StreamInfo,
+    StreamState,
+)
+from .wal.base import WriteAheadLog
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AppendResult",
+    "BackpressureError",
+    "BatchKind",
+    "ClientMetrics",
+    "ClientSettings",
+    "Clock",
+    "CorruptionError",
+    "FencedError",
+    "FetchResult",
+    "FetchedBatch",
+    "FileWalSettings",
+    "InvalidArgumentError",
+    "ManualClock",
+    "ObjectNotFoundError",
+    "ObjectStore",
+    "ObjectWalSettings",
+    "OffsetOutOfRangeError",
+    "Record",
+    "RecordBatch",
+    "S3StreamError",
+    "Stream",
+    "StreamClient",
+    "StreamClosedError",
+    "StreamInfo",
+    "StreamNotFoundError",
+    "StreamState",
+    "SystemClock",
+    "UnavailableError",
+    "WalFullError",
+    "WriteAheadLog",
+    "open",
+]

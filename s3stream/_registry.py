@@ -1,0 +1,88 @@
+"""A URL-scheme registry shared by object stores and WALs (after fsspec's).
+
+Implementations are registered by scheme as ``"module:attribute"`` strings and imported only
+when first used, so optional dependencies (boto3, s3fs) cost nothing until a URL needs them.
+Third parties plug in through an entry-point group, or at run time with `register`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from collections.abc import Callable
+from importlib.metadata import entry_points
+from typing import Generic, TypeVar
+
+from .errors import InvalidArgumentError
+
+__all__ = ["SchemeRegistry", "split_scheme"]
+
+T = TypeVar("T")
+
+
+def split_scheme(url: str) -> tuple[str, str]:
+    """Split ``"scheme://rest"`` into ``("scheme", "rest")``; a plain path has scheme ``"file"``."""
+    if not isinstance(url, str) or not url:
+        raise InvalidArgumentError(f"a URL must be a non-empty str, got {url!r}")
+    if "://" in url:
+        scheme, rest = url.split("://", 1)
+        return scheme.lower(), rest
+    return "file", url
+
+
+class SchemeRegistry(Generic[T]):
+    """Maps URL schemes to factories, imported lazily; one instance per component kind."""
+
+    def __init__(self, kind: str, entry_point_group: str, builtins: dict[str, str]) -> None:
+        self._kind = kind
+        self._group = entry_point_group
+        self._targets: dict[str, str | Callable[..., T]] = dict(builtins)
+        self._lock = threading.Lock()
+        self._entry_points_loaded = False
+
+    def register(
+        self, scheme: str, target: str | Callable[..., T], *, clobber: bool = False
+    ) -> None:
+        """Register `target` (a factory, or ``"module:attr"``) for `scheme`."""
+        with self._lock:
+            if scheme in self._targets and not clobber:
+                raise InvalidArgumentError(f"{self._kind} scheme {scheme!r} is already registered")
+            self._targets[scheme] = target
+
+    def schemes(self) -> list[str]:
+        """All known schemes, sorted."""
+        self._load_entry_points()
+        return sorted(self._targets)
+
+    def resolve(self, scheme: str) -> Callable[..., T]:
+        """The factory for `scheme`, importing it on first use."""
+        self._load_entry_points()
+        with self._lock:
+            target = self._targets.get(scheme)
+        if target is None:
+            known = ", ".join(self.schemes())
+            raise InvalidArgumentError(
+                f"no {self._kind} for URL scheme {scheme!r} (known: {known})"
+            )
+        if isinstance(target, str):
+            module_name, _, attr = target.partition(":")
+            try:
+                module = importlib.import_module(module_name)
+            except ImportError as exc:
+                raise InvalidArgumentError(
+                    f"the {self._kind} for {scheme!r} needs an optional dependency: {exc}"
+                ) from exc
+            factory: Callable[..., T] = getattr(module, attr)
+            with self._lock:
+                self._targets[scheme] = factory
+            return factory
+        return target
+
+    def _load_entry_points(self) -> None:
+        if self._entry_points_loaded:
+            return
+        found = entry_points(group=self._group)
+        with self._lock:
+            for ep in found:
+                self._targets.setdefault(ep.name, ep.value)
+            self._entry_points_loaded = True

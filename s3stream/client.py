@@ -1,0 +1,330 @@
+"""StreamClient: wiring of store, metadata, WAL and storage; node identity; lifecycle."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+
+from .clock import Clock, SystemClock
+from .errors import (
+    InvalidArgumentError,
+    OffsetOutOfRangeError,
+    S3StreamError,
+    StreamClosedError,
+)
+from .metadata import MetadataManager, StreamMeta
+from .objectstore.base import ObjectStore
+from .objectstore.wrappers import MetricsObjectStore, ObjectStoreMetrics, RetryingObjectStore
+from .settings import ClientSettings
+from .storage.engine import RecoveryReport, Storage, StorageMetrics
+from .storage.packing import KeyFactory, check_node_id
+from .stream import Stream
+from .types import FetchResult, StreamInfo
+from .wal.base import WriteAheadLog
+
+__all__ = ["ClientMetrics", "StreamClient", "WalFactory"]
+
+log = logging.getLogger(__name__)
+
+#: Builds the client's WAL once the node epoch is known:
+#: ``factory(node_id, node_epoch, on_full)``; `on_full` asks for an upload to free WAL space.
+WalFactory = Callable[[str, int, Callable[[], None]], WriteAheadLog]
+
+
+@dataclass(frozen=True, slots=True)
+class ClientMetrics:
+    """Counters of a client: its storage pipeline and its object-store traffic."""
+
+    storage: StorageMetrics
+    object_store: ObjectStoreMetrics
+
+
+def _check_tags(tags: Mapping[str, str] | None) -> dict[str, str]:
+    if tags is None:
+        return {}
+    if not isinstance(tags, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in tags.items()
+    ):
+        raise InvalidArgumentError("tags must be a mapping of str to str")
+    return dict(tags)
+
+
+class StreamClient:
+    """An embedded stream-storage client over one object store and one WAL.
+
+    Opening a client registers its node id in the metadata log (bumping the node epoch, which
+    makes its object keys unique), opens the WAL and recovers whatever a previous run left in
+    it, then starts the background uploader. Use `s3stream.open` to build one from URLs.
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        wal: WriteAheadLog | WalFactory,
+        *,
+        node_id: str = "local",
+        settings: ClientSettings | None = None,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+        metadata_prefix: str = "meta",
+        retry: bool = True,
+    ) -> None:
+        self._node_id = check_node_id(node_id)
+        self._settings = settings if settings is not None else ClientSettings()
+        self._clock = clock if clock is not None else SystemClock()
+        rng = rng if rng is not None else random.Random(f"s3stream:{node_id}")
+        self._metrics_store = MetricsObjectStore(
+            RetryingObjectStore(store, clock=self._clock, rng=rng) if retry else store
+        )
+        self._store: ObjectStore = self._metrics_store
+        self._lock = threading.RLock()
+        self._streams: dict[int, Stream] = {}
+        self._closed = False
+        self._meta = MetadataManager(
+            self._store,
+            clock=self._clock,
+            writer_id=node_id,
+            prefix=metadata_prefix,
+            checkpoint_interval=self._settings.metadata_checkpoint_interval,
+            commit_attempts=self._settings.metadata_commit_attempts,
+        )
+        self._meta.load()
+        self._node_epoch = self._meta.register_node(node_id)
+        storage_box: list[Storage] = []
+
+        def on_full() -> None:
+            if storage_box:
+                storage_box[0].request_upload()
+
+        self._wal = (
+            wal if isinstance(wal, WriteAheadLog) else wal(node_id, self._node_epoch, on_full)
+        )
+        self._storage = Storage(
+            store=self._store,
+            wal=self._wal,
+            meta=self._meta,
+            settings=self._settings,
+            clock=self._clock,
+            keys=KeyFactory(node_id, self._node_epoch),
+            node_id=node_id,
+        )
+        storage_box.append(self._storage)
+        try:
+            self.recovery: RecoveryReport = self._storage.recover()
+        except BaseException:
+            self._storage.abandon()
+            self._wal.close()
+            raise
+        if self.recovery.records:
+            log.info("recovered %s", self.recovery)
+        self._storage.start()
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def node_id(self) -> str:
+        """This client's node id."""
+        return self._node_id
+
+    @property
+    def node_epoch(self) -> int:
+        """Epoch of this client's node registration; bumps on every open of the node."""
+        return self._node_epoch
+
+    @property
+    def settings(self) -> ClientSettings:
+        """The settings the client runs with."""
+        return self._settings
+
+    @property
+    def object_store(self) -> ObjectStore:
+        """The object store (wrapped with retries and metrics)."""
+        return self._store
+
+    @property
+    def wal(self) -> WriteAheadLog:
+        """The write-ahead log."""
+        return self._wal
+
+    @property
+    def metadata(self) -> MetadataManager:
+        """The metadata manager (streams and objects)."""
+        return self._meta
+
+    @property
+    def metrics(self) -> ClientMetrics:
+        """A snapshot of the client's counters."""
+        return ClientMetrics(self._storage.metrics, self._metrics_store.metrics)
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close` was called."""
+        return self._closed
+
+    # ------------------------------------------------------------------ streams
+
+    def create_stream(self, tags: Mapping[str, str] | None = None) -> Stream:
+        """Create a new, empty stream owned by this client."""
+        tags = _check_tags(tags)
+        with self._lock:
+            self._check_open()
+            meta = self._meta.create_stream(tags)
+            return self._attach(self._meta.open_stream(meta.stream_id, self._node_id))
+
+    def open_stream(self, stream_id: int) -> Stream:
+        """Open an existing stream for appending and reading.
+
+        Bumps the stream's epoch, fencing any other owner: its un-uploaded appends are
+        discarded at its next commit. Opening a stream this client already has open returns
+        the same handle.
+        """
+        if type(stream_id) is not int or stream_id < 0:
+            raise InvalidArgumentError(f"stream_id must be an int >= 0, got {stream_id!r}")
+        with self._lock:
+            self._check_open()
+            existing = self._streams.get(stream_id)
+            if existing is not None and not existing.closed:
+                return existing
+            self._meta.refresh()
+            return self._attach(self._meta.open_stream(stream_id, self._node_id))
+
+    def _attach(self, meta: StreamMeta) -> Stream:
+        w = self._storage.register_writer(meta.stream_id, meta.epoch, meta.end_offset)
+        s = Stream(self, self._storage, w, start_offset=meta.start_offset, tags=meta.tags)
+        self._streams[meta.stream_id] = s
+        return s
+
+    def list_streams(self, tags: Mapping[str, str] | None = None) -> list[StreamInfo]:
+        """Streams in the store (not deleted) whose tags include all of `tags`."""
+        tags = _check_tags(tags)
+        self._check_open()
+        self._meta.refresh()
+        return [_info(m) for m in self._meta.list_streams(tags or None)]
+
+    def stream_info(self, stream_id: int) -> StreamInfo:
+        """Committed metadata of one stream (`StreamNotFoundError` if there is none)."""
+        self._check_open()
+        self._meta.refresh()
+        return _info(self._meta.get_stream(stream_id))
+
+    def read(
+        self,
+        stream_id: int,
+        start_offset: int,
+        end_offset: int | None = None,
+        *,
+        max_bytes: int = 1 << 20,
+    ) -> FetchResult:
+        """Read committed batches of any stream without opening (fencing) it.
+
+        Sees what is committed to object storage (``stream_info(...).end_offset``), after
+        refreshing the metadata; a stream this client has open is read through its handle,
+        which also sees what is only in the WAL. For inspection tools and readers that do not
+        own the stream.
+        """
+        self._check_open()
+        own = self._streams.get(stream_id) if type(stream_id) is int else None
+        if own is not None and not own.closed:
+            return own.fetch(start_offset, end_offset, max_bytes=max_bytes)
+        if type(max_bytes) is not int or max_bytes < 1:
+            raise InvalidArgumentError(f"max_bytes must be an int >= 1, got {max_bytes!r}")
+        self._meta.refresh()
+        meta = self._meta.get_stream(stream_id)
+        for name, value in (("start_offset", start_offset), ("end_offset", end_offset)):
+            if value is not None and (type(value) is not int or value < 0):
+                raise InvalidArgumentError(f"{name} must be an int >= 0, got {value!r}")
+        end = meta.end_offset if end_offset is None else min(end_offset, meta.end_offset)
+        if not meta.start_offset <= start_offset <= meta.end_offset:
+            raise OffsetOutOfRangeError(
+                f"offset {start_offset} is outside [{meta.start_offset}, {meta.end_offset}] "
+                f"of stream {stream_id}"
+            )
+        if start_offset >= end:
+            return FetchResult([], start_offset)
+        batches = self._storage.read_committed(
+            self._meta.state, stream_id, start_offset, end, max_bytes
+        )
+        return FetchResult(batches, batches[-1].next_offset if batches else start_offset)
+
+    def _trim_stream(self, stream: Stream, new_start: int) -> None:
+        if new_start > self._meta.get_stream(stream.stream_id).end_offset:
+            # Metadata only trims what is committed: upload the rest first.
+            self._storage.flush()
+        self._meta.trim_stream(stream.stream_id, stream.epoch, new_start)
+
+    def _close_stream(self, stream: Stream) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._storage.flush()
+            self._storage.release_writer(
+                stream.stream_id, StreamClosedError(f"stream {stream.stream_id} is closed")
+            )
+            self._streams.pop(stream.stream_id, None)
+            try:
+                self._meta.close_stream(stream.stream_id, stream.epoch)
+            except S3StreamError as exc:
+                log.warning("closing stream %d: %s", stream.stream_id, exc)
+
+    def _destroy_stream(self, stream: Stream) -> None:
+        with self._lock:
+            self._check_open()
+            self._storage.release_writer(
+                stream.stream_id, StreamClosedError(f"stream {stream.stream_id} was destroyed")
+            )
+            self._storage.log_cache.discard_stream(stream.stream_id)
+            self._streams.pop(stream.stream_id, None)
+            self._meta.delete_stream(stream.stream_id, stream.epoch)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Upload everything acknowledged so far and commit it to the metadata log."""
+        self._check_open()
+        self._storage.flush(timeout_s)
+
+    def close(self) -> None:
+        """Graceful shutdown: wait for in-flight appends, upload everything, close the WAL.
+
+        Afterwards every stream handle raises `StreamClosedError`, and a new client on the
+        same URL sees every acknowledged batch.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for s in self._streams.values():
+                s._mark_closed("closed (client closed)")
+        try:
+            self._storage.close()
+        finally:
+            self._store.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StreamClosedError("the client is closed")
+
+    def __enter__(self) -> StreamClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"StreamClient(node={self._node_id}#{self._node_epoch}, "
+            f"store={self._store.describe()}, wal={self._wal.describe()})"
+        )
+
+
+def _info(m: StreamMeta) -> StreamInfo:
+    return m.to_info()

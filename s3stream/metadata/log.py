@@ -1,0 +1,110 @@
+"""Where the metadata log lives in an object store, and reading/writing its records.
+
+Layout under `prefix`::
+
+    {prefix}/log/{seq:020d}           entry seq (1, 2, ...), created with put_if_absent
+    {prefix}/checkpoints/{seq:020d}   the whole state after entry seq
+    {prefix}/checkpoint               pointer: seq of the latest checkpoint (plain put)
+
+Zero-padded seqs keep keys in log order for humans and tools; nothing here ever lists.
+"""
+
+from __future__ import annotations
+
+from ..errors import CorruptionError, InvalidArgumentError, ObjectNotFoundError
+from ..objectstore.base import ObjectStore, check_key
+from .codec import (
+    decode_checkpoint,
+    decode_entry,
+    decode_pointer,
+    encode_checkpoint,
+    encode_pointer,
+)
+from .model import Checkpoint, LogEntry
+
+__all__ = ["MetadataLog"]
+
+
+class MetadataLog:
+    """The metadata log's records in one object store, under one key prefix."""
+
+    def __init__(self, store: ObjectStore, prefix: str = "meta") -> None:
+        if not isinstance(store, ObjectStore):
+            raise InvalidArgumentError(f"store must be an ObjectStore, got {store!r}")
+        try:
+            check_key(prefix)
+        except InvalidArgumentError as exc:
+            raise InvalidArgumentError(f"prefix must be a valid object key: {exc}") from None
+        self._store = store
+        self._prefix = prefix
+
+    @property
+    def store(self) -> ObjectStore:
+        """The object store holding the log."""
+        return self._store
+
+    @property
+    def prefix(self) -> str:
+        """The key prefix of every record."""
+        return self._prefix
+
+    def entry_key(self, seq: int) -> str:
+        """Key of log entry `seq`."""
+        return f"{self._prefix}/log/{seq:020d}"
+
+    def checkpoint_key(self, seq: int) -> str:
+        """Key of the checkpoint taken after entry `seq`."""
+        return f"{self._prefix}/checkpoints/{seq:020d}"
+
+    @property
+    def pointer_key(self) -> str:
+        """Key of the pointer to the latest checkpoint."""
+        return f"{self._prefix}/checkpoint"
+
+    def read_entry(self, seq: int) -> tuple[LogEntry, bytes]:
+        """Entry `seq` and its raw bytes; `ObjectNotFoundError` if not written (yet)."""
+        key = self.entry_key(seq)
+        data = self._store.get(key)
+        entry = decode_entry(data, key)
+        if entry.seq != seq:
+            raise CorruptionError(
+                f"metadata object {key!r} holds entry {entry.seq}, not {seq}", location=key
+            )
+        return entry, data
+
+    def create_entry(self, seq: int, payload: bytes) -> bool:
+        """Write entry `seq` unless it exists; True if this call created it."""
+        return self._store.put_if_absent(self.entry_key(seq), payload)
+
+    def read_pointer(self) -> int | None:
+        """Seq of the latest checkpoint the pointer names, or None if there is no pointer."""
+        key = self.pointer_key
+        try:
+            data = self._store.get(key)
+        except ObjectNotFoundError:
+            return None
+        return decode_pointer(data, key)
+
+    def read_checkpoint(self, seq: int) -> Checkpoint:
+        """The checkpoint after entry `seq`; `CorruptionError` if it is missing or bad."""
+        key = self.checkpoint_key(seq)
+        try:
+            data = self._store.get(key)
+        except ObjectNotFoundError as exc:
+            raise CorruptionError(
+                f"the checkpoint pointer names {key!r}, which does not exist", location=key
+            ) from exc
+        checkpoint = decode_checkpoint(data, key)
+        if checkpoint.seq != seq:
+            raise CorruptionError(
+                f"metadata object {key!r} holds the checkpoint of entry {checkpoint.seq}, "
+                f"not {seq}",
+                location=key,
+            )
+        return checkpoint
+
+    def write_checkpoint(self, checkpoint: Checkpoint) -> None:
+        """Store `checkpoint`, then point the pointer at it (in this order, so the pointer
+        never names a checkpoint that is not there)."""
+        self._store.put(self.checkpoint_key(checkpoint.seq), encode_checkpoint(checkpoint))
+        self._store.put(self.pointer_key, encode_pointer(checkpoint.seq))

@@ -1,0 +1,340 @@
+"""`MetadataManager`: one process's handle on the shared metadata log.
+
+It keeps the latest `MetadataState`, replays what other writers committed, and commits new
+entries with optimistic concurrency: build ops against the latest state, validate them by
+applying them to it, then create entry ``seq + 1`` with `put_if_absent`. A writer that loses
+the race reads the entries it missed and builds again, so every entry was validated against
+exactly the state it follows, and the object store is the only coordination service.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+
+from ..clock import Clock
+from ..errors import (
+    CorruptionError,
+    InvalidArgumentError,
+    ObjectNotFoundError,
+    S3StreamError,
+    UnavailableError,
+)
+from ..objectstore.base import ObjectStore
+from .codec import encode_entry, validate_entry
+from .invariants import check_state
+from .log import MetadataLog
+from .model import (
+    CloseStream,
+    CreateStream,
+    DeleteStream,
+    LogEntry,
+    ObjectMeta,
+    Op,
+    OpenStream,
+    RegisterNode,
+    StreamMeta,
+    StreamState,
+    TrimStream,
+)
+from .state import MetadataState
+
+__all__ = ["MetadataManager"]
+
+_logger = logging.getLogger(__name__)
+
+#: Builds the ops of one entry from the latest state; may be called again after a lost race.
+Build = Callable[[MetadataState], Sequence[Op]]
+
+
+class MetadataManager:
+    """Reads, replays and commits the metadata log kept in `store` under `prefix`.
+
+    Call `load` once before anything else. Commits are serialized by a lock; `state` is an
+    immutable snapshot swapped atomically, so readers never lock. `writer_id` names this
+    writer in every entry (make it unique per process, e.g. the node id plus a nonce).
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        *,
+        clock: Clock,
+        writer_id: str,
+        prefix: str = "meta",
+        checkpoint_interval: int = 64,
+        commit_attempts: int = 32,
+    ) -> None:
+        if not isinstance(clock, Clock):
+            raise InvalidArgumentError(f"clock must be a Clock, got {clock!r}")
+        if not isinstance(writer_id, str) or not writer_id:
+            raise InvalidArgumentError(f"writer_id must be a non-empty str, got {writer_id!r}")
+        _check_int("checkpoint_interval", checkpoint_interval, minimum=1)
+        _check_int("commit_attempts", commit_attempts, minimum=1)
+        self._log = MetadataLog(store, prefix)
+        self._clock = clock
+        self._writer_id = writer_id
+        self._checkpoint_interval = checkpoint_interval
+        self._commit_attempts = commit_attempts
+        # Serializes commits and replays; never held by readers.
+        self._lock = threading.Lock()
+        self._state: MetadataState | None = None
+
+    @property
+    def log(self) -> MetadataLog:
+        """The log's layout and records in the object store."""
+        return self._log
+
+    @property
+    def writer_id(self) -> str:
+        """The name this manager writes into its entries."""
+        return self._writer_id
+
+    @property
+    def state(self) -> MetadataState:
+        """The latest snapshot (immutable: safe to keep and read without locks)."""
+        state = self._state
+        if state is None:
+            raise S3StreamError("MetadataManager.load() has not been called")
+        return state
+
+    @property
+    def seq(self) -> int:
+        """The last log entry applied."""
+        return self.state.seq
+
+    def load(self) -> None:
+        """Read the latest checkpoint (no LIST: through the pointer), then replay the entries
+        after it. Call once."""
+        with self._lock:
+            if self._state is not None:
+                raise S3StreamError("MetadataManager.load() was already called; use refresh()")
+            pointer = self._log.read_pointer()
+            if pointer is None:
+                state = MetadataState.empty()
+            else:
+                state = MetadataState.from_checkpoint(self._log.read_checkpoint(pointer))
+                problems = check_state(state)
+                if problems:
+                    key = self._log.checkpoint_key(pointer)
+                    raise CorruptionError(
+                        f"checkpoint {key!r} breaks invariants: {'; '.join(problems[:3])}",
+                        location=key,
+                    )
+            self._state = state
+            self._catch_up()
+
+    def refresh(self) -> bool:
+        """Apply entries written by other writers since the last look; True if there were any."""
+        with self._lock:
+            return self._catch_up()
+
+    def commit(self, build: Build) -> tuple[LogEntry, MetadataState]:
+        """Commit the ops `build` makes from the latest state, as one entry; return the entry
+        written and the state after it.
+
+        `build` is called again on the newer state each time another writer got there first,
+        so it must derive its ops from the state it is given. It may raise to abort: the
+        error propagates (an `S3StreamError` only once a refresh found nothing newer, so a
+        stale view never aborts a commit). Making it idempotent (no ops if its effect is
+        already in the state, e.g. its object key is in ``state.objects``) makes a retry
+        after an `UnavailableError` safe. If `build` returns no ops nothing is written, and
+        the returned entry has ``ops == ()`` and the seq of the current state.
+
+        Raises what the invariant checks raise (`FencedError`, `InvalidArgumentError`, ...)
+        without writing anything; `UnavailableError` if the race was lost `commit_attempts`
+        times in a row or the store is unreachable (then the entry may or may not have been
+        written: `refresh` tells).
+        """
+        with self._lock:
+            entry, state = self._commit_locked(build)
+        if entry.ops and entry.seq % self._checkpoint_interval == 0:
+            self._write_checkpoint(state)
+        return entry, state
+
+    def write_checkpoint(self) -> int:
+        """Write a checkpoint of the current state now (unless it is empty); its seq."""
+        state = self.state
+        if state.seq > 0:
+            self._write_checkpoint(state)
+        return state.seq
+
+    # -- conveniences built on commit() ------------------------------------------------
+
+    def create_stream(self, tags: Mapping[str, str]) -> StreamMeta:
+        """Create a stream (closed, epoch 0) with the next free id."""
+        tag_dict = _check_tags(tags)
+        created_ms = self._clock.now_ms()
+        chosen: list[int] = []
+
+        def build(state: MetadataState) -> list[Op]:
+            chosen[:] = [state.next_stream_id]
+            return [CreateStream(state.next_stream_id, tag_dict, created_ms)]
+
+        _, state = self.commit(build)
+        return state.get_stream(chosen[0])
+
+    def open_stream(self, stream_id: int, node_id: str) -> StreamMeta:
+        """Open the stream for `node_id` with the next epoch, fencing every older owner."""
+        if not isinstance(node_id, str) or not node_id:
+            raise InvalidArgumentError(f"node_id must be a non-empty str, got {node_id!r}")
+
+        def build(state: MetadataState) -> list[Op]:
+            stream = state.get_stream(stream_id)
+            return [OpenStream(stream_id, stream.epoch + 1, node_id)]
+
+        _, state = self.commit(build)
+        return state.get_stream(stream_id)
+
+    def close_stream(self, stream_id: int, epoch: int) -> StreamMeta:
+        """Close the stream; `FencedError` unless `epoch` is current. Closing twice is a no-op."""
+        _check_int("epoch", epoch)
+
+        def build(state: MetadataState) -> list[Op]:
+            stream = state.get_stream(stream_id)
+            if stream.epoch == epoch and stream.state is StreamState.CLOSED:
+                return []
+            return [CloseStream(stream_id, epoch)]
+
+        _, state = self.commit(build)
+        return state.get_stream(stream_id)
+
+    def trim_stream(self, stream_id: int, epoch: int, start_offset: int) -> StreamMeta:
+        """Move the stream's start offset to `start_offset` (forward, at most to its end)."""
+        _check_int("epoch", epoch)
+        _check_int("start_offset", start_offset)
+
+        def build(state: MetadataState) -> list[Op]:
+            stream = state.get_stream(stream_id)
+            if stream.epoch == epoch and stream.start_offset == start_offset:
+                return []
+            return [TrimStream(stream_id, epoch, start_offset)]
+
+        _, state = self.commit(build)
+        return state.get_stream(stream_id)
+
+    def delete_stream(self, stream_id: int, epoch: int) -> None:
+        """Delete the stream; its objects become garbage for compaction."""
+        _check_int("epoch", epoch)
+
+        def build(state: MetadataState) -> list[Op]:
+            state.get_stream(stream_id)
+            return [DeleteStream(stream_id, epoch)]
+
+        self.commit(build)
+
+    def register_node(self, node_id: str) -> int:
+        """Claim `node_id` with the next node epoch (1 for a new node); return it."""
+        if not isinstance(node_id, str) or not node_id:
+            raise InvalidArgumentError(f"node_id must be a non-empty str, got {node_id!r}")
+
+        def build(state: MetadataState) -> list[Op]:
+            node = state.nodes.get(node_id)
+            return [RegisterNode(node_id, 1 if node is None else node.epoch + 1)]
+
+        _, state = self.commit(build)
+        return state.nodes[node_id].epoch
+
+    # -- queries on the latest snapshot (no I/O) ------------------------------------------
+
+    def get_stream(self, stream_id: int) -> StreamMeta:
+        """The stream; `StreamNotFoundError` if it does not exist or was deleted."""
+        return self.state.get_stream(stream_id)
+
+    def list_streams(self, tags: Mapping[str, str] | None = None) -> list[StreamMeta]:
+        """Streams not deleted whose tags include all of `tags`, sorted by id."""
+        return self.state.list_streams(tags)
+
+    def objects_for(
+        self, stream_id: int, start_offset: int, end_offset: int | None = None
+    ) -> list[ObjectMeta]:
+        """Live objects holding data of the stream overlapping ``[start, end)``, by offset."""
+        return self.state.objects_for(stream_id, start_offset, end_offset)
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _commit_locked(self, build: Build) -> tuple[LogEntry, MetadataState]:
+        for _ in range(self._commit_attempts):
+            base = self.state
+            try:
+                ops = tuple(build(base))
+                ts_ms = self._clock.now_ms()
+                if not ops:
+                    noop = LogEntry(seq=base.seq, ops=(), writer=self._writer_id, ts_ms=ts_ms)
+                    return noop, base
+                payload = encode_entry(
+                    LogEntry(seq=base.seq + 1, ops=ops, writer=self._writer_id, ts_ms=ts_ms)
+                )
+                # Apply what decodes from the bytes, not the ops as built: the state then is
+                # exactly what any replay of this entry will compute.
+                entry = validate_entry(payload)
+                state = base.apply(entry)
+            except S3StreamError:
+                # Judged against a stale view? Then build again on what others committed.
+                if self._catch_up():
+                    continue
+                raise
+            if self._create_entry(entry.seq, payload):
+                self._state = state
+                return entry, state
+            self._catch_up()
+        raise UnavailableError(
+            f"metadata commit by {self._writer_id!r} lost the race for the next log entry "
+            f"{self._commit_attempts} times in a row; retry later"
+        )
+
+    def _create_entry(self, seq: int, payload: bytes) -> bool:
+        try:
+            return self._log.create_entry(seq, payload)
+        except UnavailableError as exc:
+            # The create may have landed although the call failed: look before reporting.
+            try:
+                _, data = self._log.read_entry(seq)
+            except ObjectNotFoundError:
+                raise exc from None
+            return data == payload
+
+    def _catch_up(self) -> bool:
+        """Apply entries after the current state until one is missing; True if any were."""
+        state = start = self.state
+        try:
+            while True:
+                seq = state.seq + 1
+                try:
+                    entry, _ = self._log.read_entry(seq)
+                except ObjectNotFoundError:
+                    break
+                try:
+                    state = state.apply(entry)
+                except S3StreamError as exc:
+                    key = self._log.entry_key(seq)
+                    raise CorruptionError(
+                        f"metadata log entry {key!r} breaks an invariant: {exc}", location=key
+                    ) from exc
+        finally:
+            # Keep the progress made even if a later entry could not be read.
+            self._state = state
+        return state is not start
+
+    def _write_checkpoint(self, state: MetadataState) -> None:
+        try:
+            self._log.write_checkpoint(state.to_checkpoint())
+        except S3StreamError as exc:
+            # Harmless: the next checkpoint (or a longer replay) covers for it.
+            _logger.warning("could not write metadata checkpoint %d: %s", state.seq, exc)
+
+
+def _check_int(name: str, value: object, *, minimum: int = 0) -> None:
+    if type(value) is not int or value < minimum:
+        raise InvalidArgumentError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+def _check_tags(tags: Mapping[str, str]) -> dict[str, str]:
+    if not isinstance(tags, Mapping):
+        raise InvalidArgumentError(f"tags must be a mapping of str to str, got {tags!r}")
+    out = dict(tags)
+    for k, v in out.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise InvalidArgumentError(f"tags must map str to str, got {k!r}: {v!r}")
+    return out

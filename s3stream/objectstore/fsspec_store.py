@@ -1,0 +1,192 @@
+"""An object store on any fsspec filesystem (gcs://, abfs://, hdfs://, sftp://, ...).
+
+A fallback for URL schemes that have no dedicated store: ``s3://`` and ``file://`` have their
+own (`S3ObjectStore`, `LocalObjectStore`), which are faster and give stronger guarantees.
+Keys map to paths below the URL's root. Backend exceptions are translated: a missing path
+becomes `ObjectNotFoundError`, permission problems `S3StreamError`, other OS-level failures
+(connections, timeouts) `UnavailableError`.
+
+Guarantees depend on the filesystem, and this store cannot add what the backend lacks:
+
+* `put` is ``fs.pipe_file(path, data)``: atomic on object stores (a PUT), but on file-like
+  backends a reader may see a partly written file.
+* `put_if_absent` is ``fs.pipe_file(path, data, mode="create")``, fsspec's exclusive write: a
+  backend that implements it on the server (e.g. an S3-style conditional PUT) makes it atomic
+  across processes; fsspec's generic implementation checks for the file and then writes it,
+  which is **not race-safe** between processes. Within one `FsspecObjectStore` instance,
+  concurrent calls for the same key are serialized, so exactly one of them returns True.
+  Use a dedicated store where several processes create the same keys.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from ..errors import InvalidArgumentError, ObjectNotFoundError, S3StreamError, UnavailableError
+from ._common import as_bytes, check_prefix, check_suffix_length
+from .base import ObjectInfo, ObjectStore, check_key, check_range
+
+__all__ = ["FsspecObjectStore", "from_url"]
+
+# Per-key locks are striped: bounded memory, and distinct keys rarely wait for each other.
+_LOCK_STRIPES = 64
+
+
+class FsspecObjectStore(ObjectStore):
+    """Objects below the root of an fsspec URL, e.g. ``gcs://bucket/prefix``.
+
+    `storage_options` go to the fsspec filesystem unchanged (see its documentation).
+    """
+
+    def __init__(self, url: str, **storage_options: Any) -> None:
+        if not isinstance(url, str) or not url:
+            raise InvalidArgumentError(f"url must be a non-empty str, got {url!r}")
+        try:
+            from fsspec.core import url_to_fs
+
+            fs, root = url_to_fs(url, **storage_options)
+        except (ImportError, ValueError) as exc:
+            raise InvalidArgumentError(f"cannot open the fsspec URL {url!r}: {exc}") from exc
+        except Exception as exc:
+            raise _translate(exc, f"open {url!r}", None) from exc
+        self._url = url
+        self._storage_options = dict(storage_options)
+        self._fs = fs
+        self._root = str(root).rstrip("/")
+        self._stripes = [threading.Lock() for _ in range(_LOCK_STRIPES)]
+
+    @property
+    def fs(self) -> Any:
+        """The underlying fsspec filesystem."""
+        return self._fs
+
+    def describe(self) -> str:
+        return self._url
+
+    def _path(self, key: str) -> str:
+        check_key(key)
+        return f"{self._root}/{key}" if self._root else key
+
+    def _key(self, path: str) -> str:
+        path = path.rstrip("/")
+        if self._root:
+            return path[len(self._root) + 1 :]
+        return path.lstrip("/")
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        blob = as_bytes(data)
+        try:
+            self._fs.pipe_file(path, blob)
+        except Exception as exc:
+            raise _translate(exc, "write", key) from exc
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        path = self._path(key)
+        blob = as_bytes(data)
+        with self._stripes[hash(key) % _LOCK_STRIPES]:
+            try:
+                self._fs.pipe_file(path, blob, mode="create")
+            except FileExistsError:
+                return False
+            except Exception as exc:
+                raise _translate(exc, "create", key) from exc
+        return True
+
+    def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        path = self._path(key)
+        check_range(start, end)
+        try:
+            data = self._fs.cat_file(path, start=start or None, end=end)
+        except Exception as exc:
+            raise _translate(exc, "read", key) from exc
+        return bytes(data)
+
+    def get_suffix(self, key: str, length: int) -> bytes:
+        path = self._path(key)
+        check_suffix_length(length)
+        try:
+            # fsspec reads a negative start as counted from the end: one request where possible.
+            data = self._fs.cat_file(path, start=-length)
+        except Exception as exc:
+            raise _translate(exc, "read", key) from exc
+        return bytes(data)
+
+    def head(self, key: str) -> ObjectInfo | None:
+        path = self._path(key)
+        try:
+            info = self._fs.info(path)
+        except FileNotFoundError:
+            return None
+        except Exception as exc:
+            raise _translate(exc, "stat", key) from exc
+        if info.get("type") != "file":
+            return None
+        return ObjectInfo(key, int(info["size"]))
+
+    def delete_many(self, keys: Iterable[str]) -> None:
+        paths = [(key, self._path(key)) for key in keys]
+        for key, path in paths:
+            try:
+                self._fs.rm_file(path)
+            except FileNotFoundError:
+                continue
+            except Exception as exc:
+                raise _translate(exc, "delete", key) from exc
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        check_prefix(prefix)
+        return self._list(prefix)
+
+    def _list(self, prefix: str) -> Iterator[ObjectInfo]:
+        dir_part = prefix.rpartition("/")[0]
+        try:
+            top = self._path(dir_part) if dir_part else (self._root or "/")
+        except InvalidArgumentError:
+            return  # a prefix no valid key can have
+        try:
+            found = self._fs.find(top, withdirs=False, detail=True)
+        except FileNotFoundError:
+            return
+        except Exception as exc:
+            raise _translate(exc, "list", None) from exc
+        infos = []
+        for path, info in found.items():
+            key = self._key(path)
+            if not key.startswith(prefix) or info.get("type", "file") != "file":
+                continue
+            try:
+                check_key(key)
+            except InvalidArgumentError:
+                continue
+            infos.append(ObjectInfo(key, int(info["size"])))
+        infos.sort(key=lambda i: i.key)
+        yield from infos
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Rebuilt from the URL on unpickling: fsspec filesystems are not always picklable.
+        return {"url": self._url, "storage_options": self._storage_options}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["url"], **state["storage_options"])  # type: ignore[misc]
+
+
+def from_url(url: str, **storage_options: Any) -> FsspecObjectStore:
+    """Registry factory for every scheme without a dedicated store."""
+    return FsspecObjectStore(url, **storage_options)
+
+
+def _translate(exc: Exception, action: str, key: str | None) -> S3StreamError:
+    if isinstance(exc, S3StreamError):
+        return exc
+    where = f"{action} {key!r}" if key else action
+    if isinstance(exc, (FileNotFoundError, IsADirectoryError, NotADirectoryError)):
+        return ObjectNotFoundError(f"no object {key!r}: {exc}")
+    if isinstance(exc, PermissionError):
+        return S3StreamError(f"cannot {where}: permission denied ({exc}); retrying will not help")
+    if isinstance(exc, OSError):
+        # ConnectionError, TimeoutError and backend I/O errors: may clear up by themselves.
+        return UnavailableError(f"cannot {where}: {exc}")
+    return S3StreamError(f"cannot {where}: {type(exc).__name__}: {exc}")

@@ -1,0 +1,528 @@
+"""An object store on Amazon S3 or any S3-compatible service, through boto3.
+
+One boto3 client per store (created on first use, thread-safe, with a connection pool of
+`max_pool_connections`) serves every thread. Transient failures (5xx, 503 SlowDown,
+throttling, connection errors, timeouts) are retried by botocore's "standard" retry mode up to
+`max_attempts` times; a failure left after that surfaces as `UnavailableError`. Reading a
+response body is retried here too, since botocore does not retry it.
+
+Conditional create (`put_if_absent`) is ``PutObject`` with ``If-None-Match: *``: S3 answers
+412 PreconditionFailed when the key exists, so of concurrent creators exactly one wins.
+
+The store pickles without its client (Spark ships it to executors, each of which builds its own
+client on first use).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .._registry import split_scheme
+from ..clock import Clock, SystemClock
+from ..errors import (
+    InvalidArgumentError,
+    ObjectNotFoundError,
+    S3StreamError,
+    UnavailableError,
+)
+from ._common import as_bytes, check_prefix, check_suffix_length
+from .base import ObjectInfo, ObjectStore, check_key, check_range
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+__all__ = ["S3ObjectStore", "from_url"]
+
+T = TypeVar("T")
+
+#: Most keys one DeleteObjects request may carry.
+DELETE_BATCH = 1000
+
+_NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
+_DENIED_CODES = frozenset(
+    {
+        "AccessDenied",
+        "AllAccessDisabled",
+        "AccountProblem",
+        "ExpiredToken",
+        "InvalidAccessKeyId",
+        "InvalidToken",
+        "SignatureDoesNotMatch",
+        "403",
+    }
+)
+_RETRYABLE_CODES = frozenset(
+    {
+        "BandwidthLimitExceeded",
+        "InternalError",
+        "OperationAborted",
+        "RequestLimitExceeded",
+        "RequestThrottled",
+        "RequestTimeout",
+        "ServiceUnavailable",
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "TooManyRequests",
+    }
+)
+# A concurrent conditional write of the same key was in flight; S3 asks the client to retry.
+_CONFLICT_CODES = frozenset({"ConditionalRequestConflict", "OperationAborted"})
+
+# storage_options accepted by `from_url`, including the names s3fs users already know.
+_OPTION_ALIASES = {
+    "key": "aws_access_key_id",
+    "secret": "aws_secret_access_key",
+    "token": "aws_session_token",
+    "endpoint": "endpoint_url",
+    "region": "region_name",
+    "profile": "profile_name",
+}
+
+
+class S3ObjectStore(ObjectStore):
+    """Objects under ``s3://bucket/prefix/``.
+
+    Args:
+        bucket: Bucket name.
+        prefix: Key prefix inside the bucket (``/``-separated; a trailing ``/`` is implied).
+        endpoint_url: For S3-compatible services (SeaweedFS, MinIO, ...); None means AWS.
+        region_name: AWS region; defaults to ``us-east-1`` when `endpoint_url` is given,
+            else to boto3's configuration.
+        aws_access_key_id, aws_secret_access_key, aws_session_token, profile_name:
+            Credentials; None falls back to boto3's chain (environment, config files, roles).
+        addressing_style: ``"path"`` or ``"virtual"``; defaults to ``"path"`` when
+            `endpoint_url` is given (S3-compatible services rarely have bucket DNS names).
+        max_pool_connections: HTTP connections kept per store (bounds parallel requests).
+        max_attempts: Tries per request, first one included (botocore "standard" mode).
+        connect_timeout_s, read_timeout_s: Socket timeouts per try.
+        conflict_retries: Extra tries of a conditional create after 409 (a concurrent
+            conditional write of the same key in flight).
+        clock, rng: Sleep and jitter of the retries done here (body reads, 409 conflicts).
+        client: A ready boto3 S3 client to use instead of building one; it is not pickled.
+    """
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        region_name: str | None = None,
+        aws_access_key_id: str | None = None,
+        aws_secret_access_key: str | None = None,
+        aws_session_token: str | None = None,
+        profile_name: str | None = None,
+        addressing_style: str | None = None,
+        max_pool_connections: int = 32,
+        max_attempts: int = 5,
+        connect_timeout_s: float = 5.0,
+        read_timeout_s: float = 30.0,
+        conflict_retries: int = 5,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+        client: S3Client | None = None,
+    ) -> None:
+        if not isinstance(bucket, str) or not bucket or "/" in bucket:
+            raise InvalidArgumentError(
+                f"bucket must be a non-empty name without '/', got {bucket!r}"
+            )
+        if not isinstance(prefix, str):
+            raise InvalidArgumentError(f"prefix must be a str, got {prefix!r}")
+        stripped = prefix.strip("/")
+        if stripped:
+            try:
+                check_key(stripped)
+            except InvalidArgumentError as exc:
+                raise InvalidArgumentError(f"invalid prefix {prefix!r}: {exc}") from exc
+        _check_positive_int("max_pool_connections", max_pool_connections)
+        _check_positive_int("max_attempts", max_attempts)
+        _check_positive_number("connect_timeout_s", connect_timeout_s)
+        _check_positive_number("read_timeout_s", read_timeout_s)
+        if type(conflict_retries) is not int or conflict_retries < 0:
+            raise InvalidArgumentError(
+                f"conflict_retries must be an int >= 0, got {conflict_retries!r}"
+            )
+        if addressing_style not in (None, "path", "virtual", "auto"):
+            raise InvalidArgumentError(
+                f"addressing_style must be 'path', 'virtual' or 'auto', got {addressing_style!r}"
+            )
+        self.bucket = bucket
+        #: Key prefix inside the bucket, empty or ending with ``/``.
+        self.prefix = f"{stripped}/" if stripped else ""
+        self.endpoint_url = endpoint_url
+        self.region_name = region_name or ("us-east-1" if endpoint_url else None)
+        self._credentials = (aws_access_key_id, aws_secret_access_key, aws_session_token)
+        self._profile_name = profile_name
+        self._addressing_style = addressing_style or ("path" if endpoint_url else "auto")
+        self._max_pool_connections = max_pool_connections
+        self._max_attempts = max_attempts
+        self._connect_timeout_s = float(connect_timeout_s)
+        self._read_timeout_s = float(read_timeout_s)
+        self._conflict_retries = conflict_retries
+        self._clock = clock if clock is not None else SystemClock()
+        # Jitter only spreads retries; a fixed default seed keeps runs reproducible.
+        self._rng = rng if rng is not None else random.Random(0)
+        self._lock = threading.Lock()
+        self._client: S3Client | None = client
+
+    @classmethod
+    def from_url(cls, url: str, **storage_options: Any) -> S3ObjectStore:
+        """A store for ``s3://bucket/prefix`` (or ``s3a://``).
+
+        `storage_options` are the keyword arguments of the constructor; the s3fs names
+        ``key``, ``secret``, ``token``, ``endpoint``, ``region``, ``profile`` and
+        ``client_kwargs={"endpoint_url": ..., "region_name": ...}`` are accepted too.
+        """
+        scheme, rest = split_scheme(url)
+        if scheme not in ("s3", "s3a"):
+            raise InvalidArgumentError(f"not an s3:// URL: {url!r}")
+        bucket, _, prefix = rest.partition("/")
+        if not bucket:
+            raise InvalidArgumentError(f"the URL {url!r} names no bucket")
+        return cls(bucket, prefix, **_normalize_options(storage_options))
+
+    # -- client ---------------------------------------------------------------------------------
+
+    def _s3(self) -> S3Client:
+        client = self._client
+        if client is not None:
+            return client
+        with self._lock:
+            if self._client is None:
+                self._client = self._make_client()
+            return self._client
+
+    def _make_client(self) -> S3Client:
+        try:
+            import boto3
+            from botocore.config import Config
+        except ImportError as exc:
+            raise S3StreamError("S3ObjectStore needs boto3: pip install 's3stream[s3]'") from exc
+        access_key, secret_key, token = self._credentials
+        config = Config(
+            max_pool_connections=self._max_pool_connections,
+            retries={"mode": "standard", "total_max_attempts": self._max_attempts},
+            connect_timeout=self._connect_timeout_s,
+            read_timeout=self._read_timeout_s,
+            s3={"addressing_style": self._addressing_style},  # type: ignore[arg-type]
+            user_agent_extra="s3stream",
+        )
+        try:
+            # A private session: boto3's default session is not safe to share between threads.
+            session = boto3.session.Session(
+                aws_access_key_id=access_key,
+                aws_secret_access_key=secret_key,
+                aws_session_token=token,
+                region_name=self.region_name,
+                profile_name=self._profile_name,
+            )
+            return session.client("s3", endpoint_url=self.endpoint_url, config=config)
+        except Exception as exc:
+            raise S3StreamError(f"cannot create an S3 client for {self.describe()}: {exc}") from exc
+
+    def close(self) -> None:
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_client"] = None
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def describe(self) -> str:
+        where = f" at {self.endpoint_url}" if self.endpoint_url else ""
+        return f"s3://{self.bucket}/{self.prefix}{where}"
+
+    # -- operations -----------------------------------------------------------------------------
+
+    def put(self, key: str, data: bytes) -> None:
+        full = self._full_key(key)
+        blob = as_bytes(data)
+        client = self._s3()
+        self._call("write", key, lambda: client.put_object(Bucket=self.bucket, Key=full, Body=blob))
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        full = self._full_key(key)
+        blob = as_bytes(data)
+        client = self._s3()
+        # True once some try may have been applied without us seeing the answer (botocore
+        # retried a 5xx or timeout): a later 412 may then be our own object.
+        ambiguous = False
+        for attempt in range(self._conflict_retries + 1):
+            try:
+                client.put_object(Bucket=self.bucket, Key=full, Body=blob, IfNoneMatch="*")
+                return True
+            except Exception as exc:
+                code, status, retries = _error_details(exc)
+                ambiguous = ambiguous or retries > 0
+                if status == 412 or code == "PreconditionFailed":
+                    return self._holds(key, blob) if ambiguous else False
+                if status == 409 and code in _CONFLICT_CODES:
+                    self._backoff(attempt)
+                    continue
+                raise self._translate(exc, "create", key) from exc
+        # Still conflicting: whoever was writing has probably finished by now.
+        if self.head(key) is not None:
+            return self._holds(key, blob) if ambiguous else False
+        raise UnavailableError(
+            f"cannot create {key!r} in {self.describe()}: concurrent conditional writes kept "
+            f"conflicting (409) after {self._conflict_retries + 1} tries"
+        )
+
+    def _holds(self, key: str, blob: bytes) -> bool:
+        """Whether `key` holds exactly `blob` (deciding whether an ambiguous create was ours)."""
+        try:
+            return self.get(key) == blob
+        except ObjectNotFoundError:
+            return False
+
+    def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        full = self._full_key(key)
+        check_range(start, end)
+        if end == start:
+            if self.head(key) is None:
+                raise ObjectNotFoundError(f"no object {key!r} in {self.describe()}")
+            return b""
+        if start == 0 and end is None:
+            return self._get_object(key, full, None)
+        last = "" if end is None else str(end - 1)
+        return self._get_object(key, full, f"bytes={start}-{last}")
+
+    def get_suffix(self, key: str, length: int) -> bytes:
+        full = self._full_key(key)
+        check_suffix_length(length)
+        return self._get_object(key, full, f"bytes=-{length}")
+
+    def _get_object(self, key: str, full: str, byte_range: str | None) -> bytes:
+        client = self._s3()
+        extra = {"Range": byte_range} if byte_range else {}
+        for attempt in range(self._max_attempts):
+            try:
+                response = client.get_object(Bucket=self.bucket, Key=full, **extra)  # type: ignore[arg-type]
+            except Exception as exc:
+                code, status, _ = _error_details(exc)
+                if status == 416 or code == "InvalidRange":
+                    return b""  # the range starts at or past the end (or the object is empty)
+                raise self._translate(exc, "read", key) from exc
+            body = response["Body"]
+            try:
+                return body.read()
+            except Exception as exc:
+                # The headers arrived but the body broke off; botocore does not retry that.
+                if not _is_transient(exc) or attempt + 1 >= self._max_attempts:
+                    raise self._translate(exc, "read", key) from exc
+            finally:
+                body.close()
+            self._backoff(attempt)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def head(self, key: str) -> ObjectInfo | None:
+        full = self._full_key(key)
+        client = self._s3()
+        try:
+            response = client.head_object(Bucket=self.bucket, Key=full)
+        except Exception as exc:
+            code, status, _ = _error_details(exc)
+            if status == 404 and code != "NoSuchBucket":
+                return None
+            raise self._translate(exc, "stat", key) from exc
+        return ObjectInfo(key, int(response["ContentLength"]))
+
+    def delete_many(self, keys: Iterable[str]) -> None:
+        # Validate every key before deleting any; drop duplicates (S3 reports them as errors).
+        fulls = list(dict.fromkeys(self._full_key(key) for key in keys))
+        client = self._s3()
+        failures: list[tuple[str, str]] = []
+        for i in range(0, len(fulls), DELETE_BATCH):
+            batch = fulls[i : i + DELETE_BATCH]
+            request = {"Objects": [{"Key": k} for k in batch], "Quiet": True}
+            response = self._call(
+                "delete",
+                batch[0],
+                lambda request=request: client.delete_objects(  # type: ignore[misc]
+                    Bucket=self.bucket, Delete=request
+                ),
+            )
+            for error in response.get("Errors", []):
+                code = str(error.get("Code", "?"))
+                if code not in _NOT_FOUND_CODES:
+                    failures.append((str(error.get("Key", "?")), code))
+        if failures:
+            shown = ", ".join(f"{k!r} ({c})" for k, c in failures[:5])
+            more = f" and {len(failures) - 5} more" if len(failures) > 5 else ""
+            message = (
+                f"could not delete {len(failures)} objects in {self.describe()}: {shown}{more}"
+            )
+            if all(code in _RETRYABLE_CODES for _, code in failures):
+                raise UnavailableError(message)
+            raise S3StreamError(message)
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        check_prefix(prefix)
+        return self._list(prefix)
+
+    def _list(self, prefix: str) -> Iterator[ObjectInfo]:
+        entries = self._list_pages(prefix)
+        if self.endpoint_url is None:
+            # AWS S3 lists in UTF-8 byte order, which is key order: stream the pages.
+            yield from entries
+            return
+        # Some S3-compatible services (SeaweedFS) list directory by directory, so "a/b"
+        # comes before "a-c": collect and sort to keep the contract.
+        yield from sorted(entries, key=lambda info: info.key)
+
+    def _list_pages(self, prefix: str) -> Iterator[ObjectInfo]:
+        client = self._s3()
+        cut = len(self.prefix)
+        try:
+            paginator = client.get_paginator("list_objects_v2")
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix + prefix):
+                for entry in page.get("Contents", []):
+                    key = entry["Key"][cut:]
+                    if not key.startswith(prefix):
+                        continue  # some services normalize the prefix ("a//" lists "a/")
+                    try:
+                        check_key(key)
+                    except InvalidArgumentError:
+                        continue  # e.g. "dir/" markers made by consoles: never our objects
+                    yield ObjectInfo(key, int(entry["Size"]))
+        except Exception as exc:
+            raise self._translate(exc, "list", None) from exc
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _full_key(self, key: str) -> str:
+        return self.prefix + check_key(key)
+
+    def _call(self, action: str, key: str | None, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except Exception as exc:
+            raise self._translate(exc, action, key) from exc
+
+    def _backoff(self, attempt: int) -> None:
+        cap = min(2.0, 0.05 * (2**attempt))
+        self._clock.sleep(self._rng.uniform(0, cap))
+
+    def _translate(self, exc: Exception, action: str, key: str | None) -> S3StreamError:
+        """Map a boto3/botocore exception onto the s3stream error kinds."""
+        if isinstance(exc, S3StreamError):
+            return exc
+        from botocore import exceptions as bx
+
+        what = f"{action} {key!r} in {self.describe()}" if key else f"{action} {self.describe()}"
+        if isinstance(exc, bx.ClientError):
+            code, status, retries = _error_details(exc)
+            message = exc.response.get("Error", {}).get("Message", "")
+            detail = f"{code} (HTTP {status}){': ' + message if message else ''}"
+            if code == "NoSuchBucket":
+                return S3StreamError(f"cannot {what}: bucket {self.bucket!r} does not exist")
+            if code == "InvalidBucketName":
+                return S3StreamError(f"cannot {what}: invalid bucket name {self.bucket!r}")
+            if code in _NOT_FOUND_CODES or status == 404:
+                return ObjectNotFoundError(f"no object {key!r} in {self.describe()}")
+            if code in _DENIED_CODES or status == 403:
+                return S3StreamError(
+                    f"cannot {what}: access denied, {detail} (check credentials and bucket policy)"
+                )
+            if code in _RETRYABLE_CODES or status >= 500 or status == 429:
+                return UnavailableError(f"cannot {what}: {detail} after {retries + 1} tries")
+            return S3StreamError(f"cannot {what}: {detail}")
+        if isinstance(exc, (bx.NoCredentialsError, bx.PartialCredentialsError)):
+            return S3StreamError(f"cannot {what}: no usable AWS credentials ({exc})")
+        if isinstance(exc, bx.ParamValidationError):
+            return InvalidArgumentError(f"cannot {what}: {exc}")
+        if isinstance(exc, bx.SSLError):
+            return S3StreamError(f"cannot {what}: TLS failed ({exc})")
+        if _is_transient(exc):
+            return UnavailableError(
+                f"cannot {what}: {exc} (after up to {self._max_attempts} tries)"
+            )
+        return S3StreamError(f"cannot {what}: {exc}")
+
+
+def from_url(url: str, **storage_options: Any) -> S3ObjectStore:
+    """Registry factory for ``s3://`` and ``s3a://`` URLs."""
+    return S3ObjectStore.from_url(url, **storage_options)
+
+
+def _normalize_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in options.items():
+        if name == "client_kwargs":
+            if not isinstance(value, Mapping):
+                raise InvalidArgumentError(
+                    f"storage option client_kwargs must be a mapping, got {value!r}"
+                )
+            for inner, inner_value in value.items():
+                if inner not in ("endpoint_url", "region_name"):
+                    raise InvalidArgumentError(f"unsupported client_kwargs entry {inner!r}")
+                out[inner] = inner_value
+            continue
+        out[_OPTION_ALIASES.get(name, name)] = value
+    allowed = _constructor_options()
+    unknown = sorted(set(out) - allowed)
+    if unknown:
+        raise InvalidArgumentError(
+            f"unknown storage_options for s3://: {', '.join(unknown)} "
+            f"(known: {', '.join(sorted(allowed))})"
+        )
+    return out
+
+
+def _constructor_options() -> frozenset[str]:
+    import inspect
+
+    params = inspect.signature(S3ObjectStore.__init__).parameters
+    return frozenset(p.name for p in params.values() if p.kind is p.KEYWORD_ONLY)
+
+
+def _error_details(exc: BaseException) -> tuple[str, int, int]:
+    """(error code, HTTP status, retries botocore made) of a ClientError; ("", 0, 0) else."""
+    response = getattr(exc, "response", None)
+    if not isinstance(response, dict):
+        return "", 0, 0
+    error = response.get("Error", {})
+    meta = response.get("ResponseMetadata", {})
+    code = str(error.get("Code", ""))
+    status = int(meta.get("HTTPStatusCode") or 0)
+    if not status and code.isdigit():
+        status = int(code)
+    return code, status, int(meta.get("RetryAttempts") or 0)
+
+
+def _is_transient(exc: BaseException) -> bool:
+    from botocore import exceptions as bx
+
+    if isinstance(exc, bx.SSLError):
+        return False
+    return isinstance(
+        exc,
+        (
+            bx.ConnectionError,
+            bx.HTTPClientError,
+            bx.IncompleteReadError,
+            OSError,
+        ),
+    )
+
+
+def _check_positive_int(name: str, value: int) -> None:
+    if type(value) is not int or value <= 0:
+        raise InvalidArgumentError(f"{name} must be an int > 0, got {value!r}")
+
+
+def _check_positive_number(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise InvalidArgumentError(f"{name} must be a number > 0, got {value!r}")

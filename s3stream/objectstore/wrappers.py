@@ -1,0 +1,299 @@
+"""Object stores that wrap another one to add a concern: retries, metrics.
+
+Each wrapper is an `ObjectStore` itself, so they stack (``MetricsObjectStore(
+RetryingObjectStore(S3ObjectStore(...), ...))`` counts calls as the application sees them).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, fields
+from typing import TypeVar
+
+from ..clock import Clock
+from ..errors import InvalidArgumentError, ObjectNotFoundError, UnavailableError
+from ._common import as_bytes
+from .base import ObjectInfo, ObjectStore
+
+__all__ = ["MetricsObjectStore", "ObjectStoreMetrics", "RetryingObjectStore"]
+
+T = TypeVar("T")
+
+
+class RetryingObjectStore(ObjectStore):
+    """Retries calls that fail with `UnavailableError`, with capped exponential backoff.
+
+    The n-th retry waits a random time in ``[0, min(max_delay_s, base_delay_s * 2**(n-1))]``
+    ("full jitter", drawn from `rng`, slept on `clock`). A call gives up after `max_attempts`
+    tries, or when the next wait would end past `deadline_s` from its start, raising
+    `UnavailableError` that says how many tries were made. Other errors pass through at once.
+
+    Conditional create needs care: a try that failed with `UnavailableError` may still have
+    created the object (the answer was lost). If a later try then reports that the key
+    exists, the wrapper reads the object back and returns True when its bytes equal ours. So
+    a writer whose bytes are identical to a competitor's could be told it won; s3stream's
+    contenders always write distinct bytes (each carries its writer's identity).
+
+    `list` resumes after the last key it yielded when a page fails midway.
+    """
+
+    def __init__(
+        self,
+        inner: ObjectStore,
+        *,
+        clock: Clock,
+        rng: random.Random,
+        max_attempts: int = 5,
+        base_delay_s: float = 0.05,
+        max_delay_s: float = 2.0,
+        deadline_s: float = 30.0,
+    ) -> None:
+        if not isinstance(inner, ObjectStore):
+            raise InvalidArgumentError(f"inner must be an ObjectStore, got {inner!r}")
+        if type(max_attempts) is not int or max_attempts < 1:
+            raise InvalidArgumentError(f"max_attempts must be an int >= 1, got {max_attempts!r}")
+        for name, value in (
+            ("base_delay_s", base_delay_s),
+            ("max_delay_s", max_delay_s),
+            ("deadline_s", deadline_s),
+        ):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise InvalidArgumentError(f"{name} must be a number >= 0, got {value!r}")
+        self._inner = inner
+        self._clock = clock
+        self._rng = rng
+        self._rng_lock = threading.Lock()
+        self._max_attempts = max_attempts
+        self._base_delay_s = float(base_delay_s)
+        self._max_delay_s = float(max_delay_s)
+        self._deadline_s = float(deadline_s)
+
+    @property
+    def inner(self) -> ObjectStore:
+        """The wrapped store."""
+        return self._inner
+
+    def describe(self) -> str:
+        return f"retrying({self._inner.describe()})"
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def put(self, key: str, data: bytes) -> None:
+        blob = as_bytes(data)
+        self._run("put", key, lambda: self._inner.put(key, blob))
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        blob = as_bytes(data)
+        failed_tries = 0
+
+        def attempt() -> bool:
+            nonlocal failed_tries
+            try:
+                return self._inner.put_if_absent(key, blob)
+            except UnavailableError:
+                failed_tries += 1
+                raise
+
+        created = self._run("put_if_absent", key, attempt)
+        if created or failed_tries == 0:
+            return created
+        # An earlier try may have created the object without us hearing back.
+        try:
+            return self._run("get", key, lambda: self._inner.get(key)) == blob
+        except ObjectNotFoundError:
+            return False
+
+    def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        return self._run("get", key, lambda: self._inner.get(key, start, end))
+
+    def get_suffix(self, key: str, length: int) -> bytes:
+        return self._run("get_suffix", key, lambda: self._inner.get_suffix(key, length))
+
+    def head(self, key: str) -> ObjectInfo | None:
+        return self._run("head", key, lambda: self._inner.head(key))
+
+    def delete_many(self, keys: Iterable[str]) -> None:
+        # Materialized so that a retry deletes the same keys (deleting twice is harmless).
+        key_list = list(keys)
+        self._run("delete_many", None, lambda: self._inner.delete_many(key_list))
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        return self._list(prefix)
+
+    def _list(self, prefix: str) -> Iterator[ObjectInfo]:
+        last: str | None = None
+        failures = 0
+        started = self._clock.monotonic()
+        while True:
+            try:
+                for info in self._inner.list(prefix):
+                    if last is not None and info.key <= last:
+                        continue  # already yielded before the failure
+                    last = info.key
+                    yield info
+                return
+            except UnavailableError as exc:
+                failures += 1
+                self._wait_or_give_up("list", None, exc, failures, started)
+
+    def _run(self, op: str, key: str | None, fn: Callable[[], T]) -> T:
+        failures = 0
+        started = self._clock.monotonic()
+        while True:
+            try:
+                return fn()
+            except UnavailableError as exc:
+                failures += 1
+                self._wait_or_give_up(op, key, exc, failures, started)
+
+    def _wait_or_give_up(
+        self, op: str, key: str | None, exc: UnavailableError, failures: int, started: float
+    ) -> None:
+        """Sleep before the next try, or raise if the budget is spent (called in `except`)."""
+        cap = min(self._max_delay_s, self._base_delay_s * (2 ** (failures - 1)))
+        with self._rng_lock:
+            delay = self._rng.uniform(0.0, cap)
+        elapsed = self._clock.monotonic() - started
+        if failures >= self._max_attempts or elapsed + delay > self._deadline_s:
+            target = f" {key!r}" if key else ""
+            raise UnavailableError(
+                f"{op}{target} on {self._inner.describe()} failed {failures} times in "
+                f"{elapsed:.2f}s (max_attempts={self._max_attempts}, "
+                f"deadline_s={self._deadline_s}); last error: {exc}"
+            ) from exc
+        self._clock.sleep(delay)
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectStoreMetrics:
+    """Counts of calls made through a `MetricsObjectStore` (a snapshot).
+
+    Calls are counted when made, whether they succeed or not; byte counts only on success.
+    """
+
+    #: `put` calls and the bytes they wrote.
+    puts: int = 0
+    put_bytes: int = 0
+    #: `put_if_absent` calls, the bytes of those that created, and those that found the key.
+    conditional_puts: int = 0
+    conditional_put_bytes: int = 0
+    conditional_put_conflicts: int = 0
+    #: `get` and `get_suffix` calls and the bytes they returned.
+    gets: int = 0
+    get_bytes: int = 0
+    #: `head` calls.
+    heads: int = 0
+    #: `delete_many` calls and the keys passed to them.
+    deletes: int = 0
+    deleted_keys: int = 0
+    #: `list` calls and the entries they yielded.
+    lists: int = 0
+    listed_objects: int = 0
+    #: Calls of any kind that raised.
+    errors: int = 0
+
+    @property
+    def requests(self) -> int:
+        """All calls counted above."""
+        return (
+            self.puts + self.conditional_puts + self.gets + self.heads + self.deletes + self.lists
+        )
+
+
+class MetricsObjectStore(ObjectStore):
+    """Counts calls and bytes per operation; thread-safe. Read `metrics`, clear with `reset`."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        if not isinstance(inner, ObjectStore):
+            raise InvalidArgumentError(f"inner must be an ObjectStore, got {inner!r}")
+        self._inner = inner
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = dict.fromkeys(_METRIC_NAMES, 0)
+
+    @property
+    def inner(self) -> ObjectStore:
+        """The wrapped store."""
+        return self._inner
+
+    @property
+    def metrics(self) -> ObjectStoreMetrics:
+        """A consistent snapshot of the counters."""
+        with self._lock:
+            return ObjectStoreMetrics(**self._counts)
+
+    def reset(self) -> ObjectStoreMetrics:
+        """Zero the counters; returns their values from just before."""
+        with self._lock:
+            snapshot = ObjectStoreMetrics(**self._counts)
+            self._counts = dict.fromkeys(_METRIC_NAMES, 0)
+        return snapshot
+
+    def describe(self) -> str:
+        return f"metrics({self._inner.describe()})"
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def _add(self, **amounts: int) -> None:
+        with self._lock:
+            for name, amount in amounts.items():
+                self._counts[name] += amount
+
+    def _count(self, calls: str, fn: Callable[[], T]) -> T:
+        self._add(**{calls: 1})
+        try:
+            return fn()
+        except BaseException:
+            self._add(errors=1)
+            raise
+
+    def put(self, key: str, data: bytes) -> None:
+        self._count("puts", lambda: self._inner.put(key, data))
+        self._add(put_bytes=len(data))
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        created = self._count("conditional_puts", lambda: self._inner.put_if_absent(key, data))
+        if created:
+            self._add(conditional_put_bytes=len(data))
+        else:
+            self._add(conditional_put_conflicts=1)
+        return created
+
+    def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        data = self._count("gets", lambda: self._inner.get(key, start, end))
+        self._add(get_bytes=len(data))
+        return data
+
+    def get_suffix(self, key: str, length: int) -> bytes:
+        data = self._count("gets", lambda: self._inner.get_suffix(key, length))
+        self._add(get_bytes=len(data))
+        return data
+
+    def head(self, key: str) -> ObjectInfo | None:
+        return self._count("heads", lambda: self._inner.head(key))
+
+    def delete_many(self, keys: Iterable[str]) -> None:
+        key_list = list(keys)
+        self._count("deletes", lambda: self._inner.delete_many(key_list))
+        self._add(deleted_keys=len(key_list))
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        entries = self._count("lists", lambda: self._inner.list(prefix))
+        return self._count_entries(entries)
+
+    def _count_entries(self, entries: Iterator[ObjectInfo]) -> Iterator[ObjectInfo]:
+        try:
+            for info in entries:
+                self._add(listed_objects=1)
+                yield info
+        except GeneratorExit:
+            raise
+        except BaseException:
+            self._add(errors=1)
+            raise
+
+
+_METRIC_NAMES = tuple(f.name for f in fields(ObjectStoreMetrics))

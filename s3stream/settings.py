@@ -1,0 +1,121 @@
+"""Settings: frozen, keyword-only dataclasses of plain values, units in the names.
+
+Settings configure behaviour; components (object store, WAL, clock) are passed in as objects,
+never chosen by flags here. Each class validates itself so a bad value fails at construction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from .errors import InvalidArgumentError
+
+__all__ = ["ClientSettings", "FileWalSettings", "ObjectWalSettings"]
+
+KiB = 1 << 10
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+def _require_positive(obj: object, *, allow_zero: tuple[str, ...] = ()) -> None:
+    for f in fields(obj):  # type: ignore[arg-type]
+        value = getattr(obj, f.name)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        if value < 0 or (value == 0 and f.name not in allow_zero):
+            raise InvalidArgumentError(f"{type(obj).__name__}.{f.name} must be > 0, got {value}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ClientSettings:
+    """How a `StreamClient` batches, uploads, caches and waits."""
+
+    #: Upload once this many bytes sit in the WAL un-uploaded.
+    upload_threshold_bytes: int = 64 * MiB
+    #: Upload at least this often while anything is pending (0 disables the timer).
+    upload_interval_ms: int = 30_000
+    #: A stream with at least this many pending bytes gets its own stream object.
+    stream_split_bytes: int = 16 * MiB
+    #: Target size of one data block inside an object (one stream per block).
+    block_target_bytes: int = 1 * MiB
+    #: Compress data blocks with zstd when it saves space ("none" or "zstd").
+    block_compression: str = "none"
+    #: zstd level for block compression.
+    zstd_level: int = 3
+    #: Parallel PUTs during one upload.
+    upload_parallelism: int = 4
+    #: Un-uploaded bytes at which appends block until an upload frees room.
+    max_pending_bytes: int = 512 * MiB
+    #: Longest an append waits for room before `BackpressureError`.
+    backpressure_timeout_ms: int = 30_000
+    #: Bytes of already-uploaded batches the LogCache keeps for tail readers.
+    log_cache_bytes: int = 128 * MiB
+    #: Write a metadata checkpoint after this many log entries.
+    metadata_checkpoint_interval: int = 64
+    #: Times a metadata commit re-reads and retries after losing a race.
+    metadata_commit_attempts: int = 32
+    #: Bytes of object blocks the BlockCache keeps.
+    block_cache_bytes: int = 256 * MiB
+
+    def __post_init__(self) -> None:
+        _require_positive(
+            self, allow_zero=("upload_interval_ms", "log_cache_bytes", "block_cache_bytes")
+        )
+        if self.block_compression not in ("none", "zstd"):
+            raise InvalidArgumentError(
+                f"block_compression must be 'none' or 'zstd', got {self.block_compression!r}"
+            )
+        if self.max_pending_bytes < self.upload_threshold_bytes:
+            raise InvalidArgumentError("max_pending_bytes must be >= upload_threshold_bytes")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FileWalSettings:
+    """The file / block-device write-ahead log."""
+
+    #: Size of the ring buffer (ignored for an existing WAL, whose header records it).
+    capacity_bytes: int = 2 * GiB
+    #: Write with O_DIRECT from aligned buffers, bypassing the page cache, where the filesystem
+    #: allows it (tmpfs does not: buffered writes are used there, equally durable).
+    direct_io: bool = True
+    #: Largest group commit written with one vectored write.
+    max_group_bytes: int = 8 * MiB
+    #: Longest an append waits for ring space before `WalFullError` (0: fail at once).
+    full_wait_ms: int = 30_000
+    #: Positions past the last write that are promised (in the header) before data goes there;
+    #: nothing is ever written past the promise, so recovery and `reset()` never trust bytes
+    #: beyond it. Larger means rarer extra header writes (one per window).
+    recovery_window_bytes: int = 64 * MiB
+    #: Size of one read while recovery scans the ring.
+    recovery_read_bytes: int = 8 * MiB
+
+    def __post_init__(self) -> None:
+        _require_positive(self, allow_zero=("full_wait_ms",))
+        if self.capacity_bytes % (4 * KiB) or self.capacity_bytes < 16 * KiB:
+            raise InvalidArgumentError(
+                "FileWalSettings.capacity_bytes must be a multiple of 4096 and >= 16 KiB, "
+                f"got {self.capacity_bytes}"
+            )
+        if self.max_group_bytes < 4 * KiB:
+            raise InvalidArgumentError(
+                f"FileWalSettings.max_group_bytes must be >= 4096, got {self.max_group_bytes}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ObjectWalSettings:
+    """The write-ahead log kept in object storage (the "S3 WAL")."""
+
+    #: Write pending records as one WAL object at least this often.
+    wal_batch_interval_ms: int = 250
+    #: ... or as soon as this many bytes are pending.
+    wal_batch_max_bytes: int = 8 * MiB
+    #: WAL object PUTs allowed in flight at once.
+    max_inflight_puts: int = 4
+    #: Un-trimmed WAL bytes at which appends block.
+    max_unflushed_bytes: int = 256 * MiB
+    #: Longest an append waits for room before `WalFullError`.
+    full_wait_ms: int = 30_000
+
+    def __post_init__(self) -> None:
+        _require_positive(self)

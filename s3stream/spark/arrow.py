@@ -1,0 +1,365 @@
+"""Executor side, decoding: fetched batches → Kafka-like rows, as Arrow batches or tuples.
+
+The Arrow path never loops over records in Python: each records payload is decoded into
+numpy columns (`s3stream.records.decode_columns`), the columns of many batches are
+concatenated, and lengths become Arrow offsets with one cumulative sum; the bytes are joined
+once per column. `arrow_batches` emits `pyarrow.RecordBatch`es of about `batch_rows` rows.
+The tuple path (`tuple_rows`) yields one Python tuple per row; it exists for comparison and
+for environments without Arrow, and is an order of magnitude slower.
+
+Row rules: records of a RECORDS batch appear at their own offsets, filtered to the slice's
+range; a RAW batch is one row (key null, value = payload, timestampType 0, ``record_count``
+= its record count) in the slice that holds its base offset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from ..errors import CorruptionError
+from ..records import CREATE_TIME, decode_columns
+from ..types import BatchKind, FetchedBatch
+from .planning import ReadSlice
+
+__all__ = ["COLUMNS", "MAX_TIMESTAMP_MS", "arrow_batches", "arrow_schema", "tuple_rows"]
+
+#: Column names, in order; ``headers`` only with ``includeHeaders``.
+COLUMNS = (
+    "key",
+    "value",
+    "topic",
+    "partition",
+    "offset",
+    "timestamp",
+    "timestampType",
+    "headers",
+    "stream_id",
+    "record_count",
+)
+#: Largest |timestamp| in ms that Spark can hold (microseconds in an i64); beyond: null.
+MAX_TIMESTAMP_MS = ((1 << 63) - 1) // 1000
+_MAX_ARROW_BYTES = (1 << 31) - 1
+_DEFAULT_MAX_BATCH_BYTES = 64 << 20
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_HEADER_TYPE = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
+_HEADERS_TYPE = pa.list_(pa.field("element", _HEADER_TYPE))
+_TIMESTAMP_TYPE = pa.timestamp("us", tz="UTC")
+
+I64 = npt.NDArray[np.int64]
+
+
+def arrow_schema(include_headers: bool) -> pa.Schema:
+    """The Arrow schema of the rows (what Spark's ``to_arrow_schema`` makes of ours)."""
+    fields = [
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("topic", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()),
+        pa.field("timestamp", _TIMESTAMP_TYPE),
+        pa.field("timestampType", pa.int32()),
+    ]
+    if include_headers:
+        fields.append(pa.field("headers", _HEADERS_TYPE))
+    fields += [pa.field("stream_id", pa.int64()), pa.field("record_count", pa.int32())]
+    return pa.schema(fields)
+
+
+class _Chunk:
+    """Columns of the rows gathered for the next Arrow batch (one stream at a time)."""
+
+    def __init__(self, include_headers: bool) -> None:
+        self.headers = include_headers
+        self.rows = 0
+        self.bytes = 0
+        self.offsets: list[I64] = []
+        self.stamps: list[I64] = []
+        self.kinds: list[npt.NDArray[np.int32]] = []
+        self.key_lens: list[I64] = []
+        self.key_data: list[memoryview | bytes] = []
+        self.value_lens: list[I64] = []
+        self.value_data: list[memoryview | bytes] = []
+        self.counts: list[npt.NDArray[np.int32]] = []
+        self.h_counts: list[I64] = []
+        self.hkey_lens: list[I64] = []
+        self.hkey_data: list[memoryview | bytes] = []
+        self.hval_lens: list[I64] = []
+        self.hval_data: list[memoryview | bytes] = []
+
+    def add_raw(self, batch: FetchedBatch) -> None:
+        self.rows += 1
+        self.bytes += len(batch.payload)
+        self.offsets.append(np.array([batch.base_offset], dtype=np.int64))
+        self.stamps.append(np.array([batch.base_timestamp], dtype=np.int64))
+        self.kinds.append(np.array([CREATE_TIME], dtype=np.int32))
+        self.key_lens.append(np.array([-1], dtype=np.int64))
+        self.value_lens.append(np.array([len(batch.payload)], dtype=np.int64))
+        self.value_data.append(batch.payload)
+        self.counts.append(np.array([batch.count], dtype=np.int32))
+        if self.headers:
+            self.h_counts.append(np.zeros(1, dtype=np.int64))
+
+    def add_records(self, batch: FetchedBatch, lo: int, hi: int, location: str) -> None:
+        cols = decode_columns(batch.payload, expected_count=batch.count, location=location)
+        stamps, kinds = cols.resolve_timestamps(batch.base_timestamp)
+        whole = lo == 0 and hi == cols.count
+        n = hi - lo
+        self.rows += n
+        self.offsets.append(np.arange(batch.base_offset + lo, batch.base_offset + hi))
+        self.stamps.append(stamps if whole else stamps[lo:hi])
+        self.kinds.append(kinds if whole else kinds[lo:hi])
+        self.counts.append(np.ones(n, dtype=np.int32))
+        for lens, data, out_lens, out_data in (
+            (cols.key_lengths, cols.key_data, self.key_lens, self.key_data),
+            (cols.value_lengths, cols.value_data, self.value_lens, self.value_data),
+        ):
+            if whole:
+                out_lens.append(lens)
+                out_data.append(data)
+                self.bytes += len(data)
+            else:
+                part = _slice_data(data, lens, lo, hi)
+                out_lens.append(lens[lo:hi])
+                out_data.append(part)
+                self.bytes += len(part)
+        if self.headers:
+            counts = cols.header_counts
+            self.h_counts.append(counts if whole else counts[lo:hi])
+            if cols.has_headers:
+                h0 = int(counts[:lo].sum())
+                h1 = h0 + int(counts[lo:hi].sum())
+                for lens, data, out_lens, out_data in (
+                    (cols.header_key_lengths, cols.header_key_data, self.hkey_lens, self.hkey_data),
+                    (
+                        cols.header_value_lengths,
+                        cols.header_value_data,
+                        self.hval_lens,
+                        self.hval_data,
+                    ),
+                ):
+                    out_lens.append(lens[h0:h1])
+                    out_data.append(_slice_data(data, lens, h0, h1))
+
+    def build(self, s: ReadSlice, schema: pa.Schema) -> pa.RecordBatch:
+        n = self.rows
+        stamps = np.concatenate(self.stamps)
+        ok = np.abs(stamps) <= MAX_TIMESTAMP_MS
+        micros = np.where(ok, stamps, 0) * 1000
+        ts_nulls = n - int(ok.sum())
+        arrays: list[pa.Array] = [
+            _binary(pa.binary(), self.key_lens, self.key_data),
+            _binary(pa.binary(), self.value_lens, self.value_data),
+            pa.nulls(n, pa.string()) if s.topic is None else pa.repeat(pa.scalar(s.topic), n),
+            pa.nulls(n, pa.int32())
+            if s.partition is None
+            else pa.repeat(pa.scalar(s.partition, pa.int32()), n),
+            pa.array(np.concatenate(self.offsets), type=pa.int64()),
+            pa.Array.from_buffers(
+                _TIMESTAMP_TYPE,
+                n,
+                [_validity(ok, ts_nulls), pa.py_buffer(micros)],
+                null_count=ts_nulls,
+            ),
+            pa.array(np.concatenate(self.kinds), type=pa.int32()),
+        ]
+        if self.headers:
+            arrays.append(self._headers(n, s))
+        arrays.append(pa.repeat(pa.scalar(s.stream_id, pa.int64()), n))
+        arrays.append(pa.array(np.concatenate(self.counts), type=pa.int32()))
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+    def _headers(self, n: int, s: ReadSlice) -> pa.Array:
+        counts = np.concatenate(self.h_counts)
+        total = int(counts.sum())
+        keys = _binary(pa.string(), self.hkey_lens, self.hkey_data, rows=total)
+        try:
+            keys.validate(full=True)
+        except pa.ArrowInvalid as exc:
+            raise CorruptionError(
+                f"header key of stream {s.stream_id} in {s.key} is not UTF-8", location=s.key
+            ) from exc
+        values = _binary(pa.binary(), self.hval_lens, self.hval_data, rows=total)
+        structs = pa.StructArray.from_arrays([keys, values], fields=list(_HEADER_TYPE))
+        # As in Spark's Kafka source, a record without headers has null, not [].
+        has = counts > 0
+        nulls = n - int(has.sum())
+        offsets = np.zeros(n + 1, dtype=np.int32)
+        np.cumsum(counts, out=offsets[1:], dtype=np.int32)
+        return pa.Array.from_buffers(
+            _HEADERS_TYPE,
+            n,
+            [_validity(has, nulls), pa.py_buffer(offsets)],
+            null_count=nulls,
+            children=[structs],
+        )
+
+
+def _slice_data(data: memoryview | bytes, lens: I64, lo: int, hi: int) -> memoryview | bytes:
+    if lo == 0 and hi == len(lens):
+        return data
+    sizes = np.maximum(lens, 0)
+    a = int(sizes[:lo].sum())
+    return data[a : a + int(sizes[lo:hi].sum())]
+
+
+def _validity(valid: npt.NDArray[np.bool_], nulls: int) -> pa.Buffer | None:
+    if nulls == 0:
+        return None
+    return pa.py_buffer(np.packbits(valid, bitorder="little"))
+
+
+def _binary(
+    typ: pa.DataType,
+    lens_parts: list[I64],
+    data_parts: list[memoryview | bytes],
+    *,
+    rows: int | None = None,
+) -> pa.Array:
+    lens = np.concatenate(lens_parts) if lens_parts else np.zeros(0, dtype=np.int64)
+    n = len(lens) if rows is None else rows
+    valid = lens >= 0
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.where(valid, lens, 0), out=offsets[1:])
+    if offsets[-1] > _MAX_ARROW_BYTES:
+        raise CorruptionError(f"{offsets[-1]} bytes in one Arrow column chunk exceed 2 GiB")
+    nulls = n - int(valid.sum())
+    data = b"".join(data_parts)
+    return pa.Array.from_buffers(
+        typ,
+        n,
+        [_validity(valid, nulls), pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)],
+        null_count=nulls,
+    )
+
+
+def _pieces(
+    fetched: Iterable[tuple[ReadSlice, list[FetchedBatch]]],
+) -> Iterator[tuple[ReadSlice, FetchedBatch, int, int]]:
+    """``(slice, batch, lo, hi)``: the record indexes of each batch that the slice owns."""
+    for s, batches in fetched:
+        for b in batches:
+            if b.kind is BatchKind.RAW:
+                if s.start_offset <= b.base_offset < s.end_offset:
+                    yield s, b, 0, 1
+                continue
+            lo = max(s.start_offset - b.base_offset, 0)
+            hi = min(s.end_offset - b.base_offset, b.count)
+            if lo < hi:
+                yield s, b, lo, hi
+
+
+def arrow_batches(
+    fetched: Iterable[tuple[ReadSlice, list[FetchedBatch]]],
+    *,
+    include_headers: bool,
+    batch_rows: int = 65536,
+    max_batch_bytes: int = _DEFAULT_MAX_BATCH_BYTES,
+) -> Iterator[pa.RecordBatch]:
+    """Rows of the fetched batches as Arrow record batches of about `batch_rows` rows.
+
+    A batch closes early when its keys and values pass `max_batch_bytes`, or when the next
+    row belongs to another stream (topic, partition and stream id are per-batch constants).
+    """
+    schema = arrow_schema(include_headers)
+    chunk = _Chunk(include_headers)
+    current: ReadSlice | None = None
+    for s, b, lo, hi in _pieces(fetched):
+        if current is not None and (
+            s.stream_id != current.stream_id
+            or chunk.rows >= batch_rows
+            or chunk.bytes >= max_batch_bytes
+        ):
+            yield chunk.build(current, schema)
+            chunk = _Chunk(include_headers)
+        current = s
+        if b.kind is BatchKind.RAW:
+            chunk.add_raw(b)
+        else:
+            chunk.add_records(b, lo, hi, f"{s.key} (stream {s.stream_id})")
+    if current is not None and chunk.rows:
+        yield chunk.build(current, schema)
+
+
+def _split(data: memoryview | bytes, lens: list[int]) -> list[bytes | None]:
+    out: list[bytes | None] = []
+    pos = 0
+    for n in lens:
+        if n < 0:
+            out.append(None)
+        else:
+            out.append(bytes(data[pos : pos + n]))
+            pos += n
+    return out
+
+
+def _datetime(ms: int) -> datetime | None:
+    if abs(ms) > MAX_TIMESTAMP_MS:
+        return None
+    try:
+        return _EPOCH + timedelta(milliseconds=ms)
+    except OverflowError:
+        return None
+
+
+def tuple_rows(
+    fetched: Iterable[tuple[ReadSlice, list[FetchedBatch]]], *, include_headers: bool
+) -> Iterator[tuple[Any, ...]]:
+    """The same rows as `arrow_batches`, one Python tuple each (the slow path)."""
+    for s, b, lo, hi in _pieces(fetched):
+        if b.kind is BatchKind.RAW:
+            row: list[Any] = [
+                None,
+                b.payload,
+                s.topic,
+                s.partition,
+                b.base_offset,
+                _datetime(b.base_timestamp),
+                CREATE_TIME,
+            ]
+            if include_headers:
+                row.append(None)
+            yield (*row, s.stream_id, b.count)
+            continue
+        cols = decode_columns(
+            b.payload, expected_count=b.count, location=f"{s.key} (stream {s.stream_id})"
+        )
+        stamps, kinds = cols.resolve_timestamps(b.base_timestamp)
+        keys = _split(cols.key_data, cols.key_lengths.tolist())
+        values = _split(cols.value_data, cols.value_lengths.tolist())
+        headers: list[list[tuple[str, bytes | None]] | None] = [None] * cols.count
+        if include_headers and cols.has_headers:
+            hkeys = _split(cols.header_key_data, cols.header_key_lengths.tolist())
+            hvals = _split(cols.header_value_data, cols.header_value_lengths.tolist())
+            at = 0
+            for i, c in enumerate(cols.header_counts.tolist()):
+                if c:
+                    try:
+                        names = [bytes(k or b"").decode("utf-8") for k in hkeys[at : at + c]]
+                    except UnicodeDecodeError as exc:
+                        raise CorruptionError(
+                            f"header key of stream {s.stream_id} in {s.key} is not UTF-8",
+                            location=s.key,
+                        ) from exc
+                    headers[i] = list(zip(names, hvals[at : at + c], strict=True))
+                    at += c
+        stamp_list = stamps.tolist()
+        kind_list = kinds.tolist()
+        for i in range(lo, hi):
+            row = [
+                keys[i],
+                values[i],
+                s.topic,
+                s.partition,
+                b.base_offset + i,
+                _datetime(stamp_list[i]),
+                kind_list[i],
+            ]
+            if include_headers:
+                row.append(headers[i])
+            yield (*row, s.stream_id, 1)

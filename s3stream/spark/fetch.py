@@ -1,0 +1,125 @@
+"""Executor side, I/O: ranged GETs of the blocks a partition names, a few in flight at once.
+
+If a planned object is gone when a task reads it (compaction replaced it and its retention
+delay passed), the task asks a `Relocator` for the same offsets from the live objects: the
+records did not change, only where they are stored.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
+
+from ..errors import CorruptionError, ObjectNotFoundError, OffsetOutOfRangeError
+from ..format.objects import BlockInfo, decode_block
+from ..objectstore.base import ObjectStore
+from ..types import FetchedBatch
+from .planning import ReadSlice
+
+__all__ = ["DEFAULT_MAX_RUN_BYTES", "Relocator", "fetch_slices"]
+
+#: Largest ranged GET: adjacent blocks are fetched together up to this many bytes.
+DEFAULT_MAX_RUN_BYTES = 8 << 20
+
+
+#: ``relocate(stream_id, start, end) -> (batches, first)``: the batches holding ``[first, end)``
+#: of a stream, read from the objects live now; `first` > `start` when offsets below it are
+#: gone (trimmed; `end` when the stream was deleted).
+Relocator = Callable[[int, int, int], tuple[list[FetchedBatch], int]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """Adjacent blocks of one slice, fetched with one ranged GET."""
+
+    slice_index: int
+    key: str
+    blocks: tuple[BlockInfo, ...]
+
+
+def _runs(slices: Sequence[ReadSlice], max_run_bytes: int) -> list[_Run]:
+    runs: list[_Run] = []
+    for i, s in enumerate(slices):
+        current: list[BlockInfo] = []
+        for b in s.blocks:
+            if current and (
+                b.position != current[-1].end_position
+                or b.end_position - current[0].position > max_run_bytes
+            ):
+                runs.append(_Run(i, s.key, tuple(current)))
+                current = []
+            current.append(b)
+        if current:
+            runs.append(_Run(i, s.key, tuple(current)))
+    return runs
+
+
+def _fetch(store: ObjectStore, run: _Run) -> list[FetchedBatch]:
+    start = run.blocks[0].position
+    end = run.blocks[-1].end_position
+    data = store.get(run.key, start, end)
+    if len(data) != end - start:
+        raise CorruptionError(
+            f"object {run.key} ends at byte {start + len(data)}, before block end {end}",
+            location=run.key,
+            position=start + len(data),
+        )
+    view = memoryview(data)
+    out: list[FetchedBatch] = []
+    for b in run.blocks:
+        out.extend(decode_block(view[b.position - start : b.end_position - start], b, run.key))
+    return out
+
+
+def fetch_slices(
+    store: ObjectStore,
+    slices: Sequence[ReadSlice],
+    *,
+    concurrency: int,
+    fail_on_data_loss: bool,
+    relocate: Relocator | None = None,
+    max_run_bytes: int = DEFAULT_MAX_RUN_BYTES,
+) -> Iterator[tuple[ReadSlice, list[FetchedBatch]]]:
+    """Fetch and decode the blocks of `slices`, in order, with `concurrency` GETs in flight.
+
+    Yields ``(slice, batches)`` per ranged GET; batches may extend beyond the slice's offsets
+    (whole blocks), the caller clips them. When an object no longer exists, `relocate` reads
+    the same offsets from the live objects; offsets that are truly gone (trimmed) raise
+    `OffsetOutOfRangeError` when `fail_on_data_loss`, else they are skipped.
+    """
+    runs = _runs(slices, max_run_bytes)
+    if not runs:
+        return
+    pool = ThreadPoolExecutor(max(1, min(concurrency, len(runs))), "s3stream-fetch")
+    try:
+        pending: deque[tuple[_Run, Future[list[FetchedBatch]]]] = deque()
+        todo = iter(runs)
+        for run in todo:
+            pending.append((run, pool.submit(_fetch, store, run)))
+            if len(pending) >= concurrency:
+                break
+        while pending:
+            run, fut = pending.popleft()
+            nxt = next(todo, None)
+            if nxt is not None:
+                pending.append((nxt, pool.submit(_fetch, store, nxt)))
+            s = slices[run.slice_index]
+            try:
+                batches = fut.result()
+            except ObjectNotFoundError as exc:
+                start = max(s.start_offset, run.blocks[0].start_offset)
+                end = min(s.end_offset, run.blocks[-1].end_offset)
+                batches, first = relocate(s.stream_id, start, end) if relocate else ([], end)
+                if first > start and fail_on_data_loss:
+                    raise OffsetOutOfRangeError(
+                        f"offsets {start}..{end} of stream {s.stream_id} are gone: object "
+                        f"{run.key} was deleted and they were trimmed meanwhile; set "
+                        "failOnDataLoss=false to skip lost data"
+                    ) from exc
+                # The live objects' blocks may reach into other runs' offsets: clip.
+                s = replace(s, start_offset=first, end_offset=end)
+            yield s, batches
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,570 @@
+"""Storage: the append path, the uploader, the read path and WAL recovery, wired together.
+
+Append: a batch gets its offsets and is written to the WAL under one append lock, so WAL order
+equals offset order within each stream and completion callbacks run in WAL order. When the WAL
+acknowledges it, the batch enters the LogCache (pinned until uploaded) and the stream's
+confirm offset advances.
+
+Upload: when pending bytes reach the threshold, the interval passes, or on flush/close, the
+uploader takes every pending batch, packs objects, PUTs them in parallel, commits them to the
+metadata log strictly in order, unpins them in the LogCache and trims the WAL.
+
+Read: LogCache first; below what it holds, objects found through the metadata and their index.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from ..cache.log_cache import CachedBatch, LogCache
+from ..clock import Clock
+from ..errors import (
+    BackpressureError,
+    CorruptionError,
+    FencedError,
+    S3StreamError,
+    StreamClosedError,
+    UnavailableError,
+)
+from ..format.batch import WAL_PREFIX, WAL_RECORD_VERSION, decode_wal_record, encode_batch
+from ..metadata import (
+    CommitObjects,
+    MetadataManager,
+    MetadataState,
+    ObjectKind,
+    ObjectMeta,
+    StreamRange,
+)
+from ..objectstore.base import ObjectStore
+from ..settings import ClientSettings
+from ..types import AppendResult, FetchedBatch, RecordBatch, StreamState
+from ..wal.base import WalPosition, WriteAheadLog
+from .packing import KeyFactory, PackedObject, pack_objects
+from .reader import IndexCache, ObjectDataReader
+
+__all__ = ["RecoveryReport", "Storage", "StorageMetrics", "WriterState"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class WriterState:
+    """Per-stream append state of the owning client."""
+
+    stream_id: int
+    epoch: int
+    next_offset: int
+    confirm_offset: int
+    wal_prefix: bytes
+    #: Set once the stream can take no more appends (fenced, closed, WAL failure).
+    error: S3StreamError | None = None
+
+
+@dataclass(slots=True)
+class RecoveryReport:
+    """What `Storage.recover` found in the WAL and did with it."""
+
+    records: int = 0
+    bytes: int = 0
+    already_committed: int = 0
+    fenced: int = 0
+    uploaded_batches: int = 0
+
+
+@dataclass(slots=True)
+class StorageMetrics:
+    """Counters of the storage pipeline (a snapshot)."""
+
+    appends: int = 0
+    append_bytes: int = 0
+    uploads: int = 0
+    objects_uploaded: int = 0
+    uploaded_bytes: int = 0
+    fetches_from_cache: int = 0
+    fetches_from_objects: int = 0
+
+
+@dataclass(slots=True)
+class _Upload:
+    entries: list[CachedBatch]
+    objects: list[PackedObject]
+    puts: list[Future[None]] = field(default_factory=list)
+    attempts: int = 0
+
+
+def _stream_epoch_prefix(epoch: int) -> bytes:
+    return WAL_PREFIX.pack(WAL_RECORD_VERSION, epoch)
+
+
+class Storage:
+    """The storage pipeline of one client (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        store: ObjectStore,
+        wal: WriteAheadLog,
+        meta: MetadataManager,
+        settings: ClientSettings,
+        clock: Clock,
+        keys: KeyFactory,
+        node_id: str,
+    ) -> None:
+        self._store = store
+        self._wal = wal
+        self._meta = meta
+        self._settings = settings
+        self._clock = clock
+        self._keys = keys
+        self._node_id = node_id
+        self._cache = LogCache(settings.log_cache_bytes)
+        self._indexes = IndexCache(store)
+        self._objects = ObjectDataReader(store, self._indexes)
+        self._metrics = StorageMetrics()
+        # One lock orders offsets, WAL appends and completion callbacks (see module docstring).
+        self._append_lock = threading.RLock()
+        self._cond = threading.Condition(threading.Lock())
+        self._writers: dict[int, WriterState] = {}
+        self._outstanding = 0
+        self._closing = False
+        self._failed: S3StreamError | None = None
+        self._upload_requested = False
+        self._upload_error: S3StreamError | None = None
+        self._last_upload_mono = clock.monotonic()
+        self._stop = False
+        self._abandoned = False
+        self._put_pool = ThreadPoolExecutor(
+            max_workers=settings.upload_parallelism, thread_name_prefix="s3stream-put"
+        )
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def log_cache(self) -> LogCache:
+        """The hot-tail cache."""
+        return self._cache
+
+    @property
+    def metrics(self) -> StorageMetrics:
+        """A snapshot of the counters."""
+        m = self._metrics
+        return StorageMetrics(
+            m.appends,
+            m.append_bytes,
+            m.uploads,
+            m.objects_uploaded,
+            m.uploaded_bytes,
+            m.fetches_from_cache,
+            m.fetches_from_objects,
+        )
+
+    def start(self) -> None:
+        """Start the background uploader."""
+        self._thread = threading.Thread(target=self._run, name="s3stream-uploader", daemon=True)
+        self._thread.start()
+
+    def recover(self) -> RecoveryReport:
+        """Replay the WAL: drop what is committed or fenced, upload the rest, reset the WAL."""
+        report = RecoveryReport()
+        state = self._meta.state
+        expected: dict[int, int] = {}
+        for pos, data in self._wal.recover():
+            report.records += 1
+            report.bytes += len(data)
+            epoch, batch, record = decode_wal_record(data, f"{self._wal.describe()}@{pos}")
+            sid = batch.stream_id
+            try:
+                s = state.get_stream(sid)
+            except S3StreamError:
+                report.fenced += 1
+                continue
+            if batch.next_offset <= s.end_offset:
+                report.already_committed += 1
+                continue
+            if epoch != s.epoch:
+                report.fenced += 1
+                continue
+            want = expected.get(sid, s.end_offset)
+            if batch.base_offset != want:
+                raise CorruptionError(
+                    f"WAL record at {pos} holds stream {sid} offsets from {batch.base_offset}, "
+                    f"expected {want}: acknowledged data is missing",
+                    location=self._wal.describe(),
+                    position=pos,
+                )
+            expected[sid] = batch.next_offset
+            self._cache.put(CachedBatch(batch, record, pos, epoch))
+            report.uploaded_batches += 1
+            if self._cache.pending_bytes >= self._settings.upload_threshold_bytes:
+                self._upload_sync()
+        self._upload_sync()
+        self._wal.reset()
+        return report
+
+    def register_writer(self, stream_id: int, epoch: int, end_offset: int) -> WriterState:
+        """Make this client the appender of a stream it has just opened."""
+        w = WriterState(stream_id, epoch, end_offset, end_offset, _stream_epoch_prefix(epoch))
+        with self._append_lock:
+            self._writers[stream_id] = w
+        return w
+
+    def release_writer(self, stream_id: int, error: S3StreamError) -> None:
+        """Stop appends to a stream (closed, destroyed or fenced)."""
+        with self._append_lock:
+            w = self._writers.pop(stream_id, None)
+            if w is not None and w.error is None:
+                w.error = error
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Upload and commit everything acknowledged so far; raise if uploads keep failing."""
+        target = self._cache.last_seq
+        deadline = None if timeout_s is None else self._clock.monotonic() + timeout_s
+        if not self._thread_alive():
+            self._upload_sync()
+        with self._cond:
+            self._upload_requested = True
+            self._cond.notify_all()
+            while not self._flushed(target):
+                if self._upload_error is not None and (
+                    self._current_attempts >= 3 or not self._thread_alive()
+                ):
+                    raise UnavailableError(
+                        f"upload keeps failing: {self._upload_error}"
+                    ) from self._upload_error
+                remaining = None if deadline is None else deadline - self._clock.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise UnavailableError("flush timed out waiting for the upload")
+                self._cond.wait(0.05 if remaining is None else min(remaining, 0.05))
+
+    def _flushed(self, target: int) -> bool:
+        oldest = self._cache.oldest_unfinished_seq()
+        return oldest is None or oldest > target
+
+    def close(self) -> None:
+        """Refuse new appends, wait for in-flight ones, upload everything, close the WAL."""
+        with self._append_lock:
+            if self._closing:
+                return
+            self._closing = True
+        with self._cond:
+            while self._outstanding > 0:
+                self._cond.wait(0.05)
+        try:
+            if self._failed is None:
+                self.flush()
+        finally:
+            with self._cond:
+                self._stop = True
+                self._cond.notify_all()
+            if self._thread is not None:
+                self._thread.join()
+            self._put_pool.shutdown(wait=True)
+            self._wal.close()
+
+    def abandon(self) -> None:
+        """Stop background work without uploading (tests: simulate a crash in-process)."""
+        with self._append_lock:
+            self._closing = True
+        with self._cond:
+            self._stop = True
+            self._abandoned = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+        self._put_pool.shutdown(wait=True)
+
+    # ------------------------------------------------------------------ append path
+
+    def append(self, w: WriterState, batch: RecordBatch) -> Future[AppendResult]:
+        """Assign offsets, write the WAL record; the future resolves once it is durable."""
+        ts = batch.base_timestamp
+        if ts is None:
+            ts = self._clock.now_ms()
+        payload = batch.payload
+        with self._append_lock:
+            if w.error is not None:
+                raise w.error
+            if self._closing:
+                raise StreamClosedError("the client is closed")
+            if self._failed is not None:
+                raise self._failed
+            if self._cache.pending_bytes >= self._settings.max_pending_bytes:
+                self._wait_for_room()
+            base = w.next_offset
+            record = encode_batch(
+                w.stream_id,
+                base,
+                batch.count,
+                batch.kind,
+                ts,
+                batch.properties,
+                payload,
+                prefix=w.wal_prefix,
+            )
+            fetched = FetchedBatch(
+                w.stream_id, base, batch.count, payload, ts, batch.properties, batch.kind
+            )
+            result: Future[AppendResult] = Future()
+            try:
+                wal_future = self._wal.append(record)
+            except S3StreamError as exc:
+                self._fail(exc)
+                raise
+            w.next_offset = base + batch.count
+            with self._cond:
+                self._outstanding += 1
+            wal_future.add_done_callback(lambda f: self._on_durable(f, w, fetched, record, result))
+        return result
+
+    def _on_durable(
+        self,
+        wal_future: Future[WalPosition],
+        w: WriterState,
+        batch: FetchedBatch,
+        record: bytes,
+        result: Future[AppendResult],
+    ) -> None:
+        exc = wal_future.exception()
+        if exc is not None:
+            err = exc if isinstance(exc, S3StreamError) else UnavailableError(f"WAL write: {exc}")
+            if err is not exc:
+                err.__cause__ = exc
+            self._fail(err)
+            result.set_exception(err)
+        else:
+            pos = wal_future.result()
+            entry = CachedBatch(batch, memoryview(record)[WAL_PREFIX.size :], pos, w.epoch)
+            pending = self._cache.put(entry)
+            w.confirm_offset = batch.next_offset
+            m = self._metrics
+            m.appends += 1
+            m.append_bytes += len(batch.payload)
+            if pending >= self._settings.upload_threshold_bytes and not self._upload_requested:
+                self.request_upload()
+            result.set_result(AppendResult(batch.stream_id, batch.base_offset, batch.count))
+        with self._cond:
+            self._outstanding -= 1
+            if self._outstanding == 0:
+                self._cond.notify_all()
+
+    def _fail(self, err: S3StreamError) -> None:
+        # A failed WAL write leaves a hole in offsets: nothing after it may be acknowledged.
+        if self._failed is None:
+            log.error("WAL failed, the client takes no more appends: %s", err)
+            self._failed = err
+
+    def _wait_for_room(self) -> None:
+        deadline = self._clock.monotonic() + self._settings.backpressure_timeout_ms / 1000
+        with self._cond:
+            self._upload_requested = True
+            self._cond.notify_all()
+            while self._cache.pending_bytes >= self._settings.max_pending_bytes:
+                remaining = deadline - self._clock.monotonic()
+                if remaining <= 0:
+                    raise BackpressureError(
+                        f"{self._cache.pending_bytes} bytes wait for upload "
+                        f"(max_pending_bytes={self._settings.max_pending_bytes}); "
+                        "the object store is too slow or unreachable"
+                    )
+                self._cond.wait(min(remaining, 0.05))
+
+    def request_upload(self) -> None:
+        """Ask the uploader to upload now (also the WAL's callback when it is full)."""
+        with self._cond:
+            self._upload_requested = True
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ uploader
+
+    _current_attempts = 0
+
+    def _thread_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _due(self) -> bool:
+        if self._upload_requested:
+            return True
+        pending = self._cache.pending_bytes
+        if pending >= self._settings.upload_threshold_bytes:
+            return True
+        interval = self._settings.upload_interval_ms / 1000
+        return bool(
+            pending
+            and interval > 0
+            and self._clock.monotonic() - self._last_upload_mono >= interval
+        )
+
+    def _run(self) -> None:
+        inflight: deque[_Upload] = deque()
+        max_inflight = max(1, self._settings.upload_parallelism // 2)
+        while True:
+            with self._cond:
+                while not self._stop and not inflight and not self._due():
+                    self._cond.wait(0.05)
+                if self._abandoned:
+                    return
+                stop = self._stop
+                due = self._due() or stop
+                self._upload_requested = False
+            if due:
+                entries = self._cache.take_pending()
+                if entries:
+                    inflight.append(self._start_upload(entries))
+            try:
+                while inflight and (
+                    stop
+                    or len(inflight) >= max_inflight
+                    or all(f.done() for f in inflight[0].puts)
+                    or not self._due()
+                ):
+                    self._finish_upload(inflight.popleft())
+            except S3StreamError:
+                # Only raised while stopping: what is not uploaded stays in the WAL.
+                return
+            if stop and not inflight and self._cache.pending_bytes == 0:
+                return
+
+    def _start_upload(self, entries: list[CachedBatch]) -> _Upload:
+        self._last_upload_mono = self._clock.monotonic()
+        up = _Upload(entries, pack_objects(entries, self._settings, self._keys))
+        self._submit_puts(up)
+        return up
+
+    def _submit_puts(self, up: _Upload) -> None:
+        up.puts = [self._put_pool.submit(self._store.put, o.key, o.data) for o in up.objects]
+
+    def _finish_upload(self, up: _Upload) -> None:
+        """Wait for the PUTs of the oldest upload and commit it; retry until it succeeds."""
+        while True:
+            try:
+                for f in up.puts:
+                    f.result()
+                self._commit(up)
+                with self._cond:
+                    self._upload_error = None
+                    self._current_attempts = 0
+                    self._cond.notify_all()
+                return
+            except S3StreamError as exc:
+                up.attempts += 1
+                log.warning("upload attempt %d failed: %s", up.attempts, exc)
+                with self._cond:
+                    self._upload_error = exc
+                    self._current_attempts = up.attempts
+                    self._cond.notify_all()
+                    if self._stop and up.attempts >= 3:
+                        # Closing: leave the data in the WAL for the next open to recover.
+                        raise
+                    self._cond.wait(min(2.0, 0.05 * 2**up.attempts))
+                self._submit_puts(up)
+
+    def _commit(self, up: _Upload) -> None:
+        first: dict[int, CachedBatch] = {}
+        for e in up.entries:
+            first.setdefault(e.batch.stream_id, e)
+        fenced: set[int] = set()
+        now = self._clock.now_ms()
+
+        def build(state: MetadataState) -> Sequence[CommitObjects]:
+            fenced.clear()
+            for sid, e in first.items():
+                s = state.streams.get(sid)
+                if s is None or s.state is StreamState.DELETED or s.epoch != e.epoch:
+                    fenced.add(sid)
+                elif s.end_offset != e.batch.base_offset:
+                    raise CorruptionError(
+                        f"stream {sid}: upload starts at {e.batch.base_offset} but the "
+                        f"committed end is {s.end_offset}"
+                    )
+            metas = []
+            for o in up.objects:
+                ranges = tuple(
+                    StreamRange(sid, a, b) for sid, a, b in o.ranges if sid not in fenced
+                )
+                if ranges:
+                    metas.append(
+                        ObjectMeta(
+                            key=o.key,
+                            kind=ObjectKind(o.kind),
+                            size=len(o.data),
+                            ranges=ranges,
+                            committed_ms=now,
+                            node_id=self._node_id,
+                        )
+                    )
+            if not metas:
+                return []
+            epochs = {sid: e.epoch for sid, e in first.items() if sid not in fenced}
+            return [CommitObjects(objects=tuple(metas), epochs=epochs)]
+
+        self._meta.commit(build)
+        live = [e for e in up.entries if e.batch.stream_id not in fenced]
+        self._cache.mark_uploaded(live)
+        for sid in fenced:
+            log.warning(
+                "stream %d was fenced by a newer owner; its unuploaded data is dropped", sid
+            )
+            self._cache.discard_stream(sid)
+            self.release_writer(sid, FencedError(f"stream {sid} is owned by a newer epoch"))
+        dead = [o.key for o in up.objects if all(r[0] in fenced for r in o.ranges)]
+        if dead:
+            self._store.delete_many(dead)
+        m = self._metrics
+        m.uploads += 1
+        m.objects_uploaded += len(up.objects)
+        m.uploaded_bytes += sum(len(o.data) for o in up.objects)
+        try:
+            self._wal.trim(up.entries[-1].wal_position)
+        except S3StreamError as exc:
+            # Harmless for correctness: recovery drops what is committed.
+            log.warning("WAL trim failed: %s", exc)
+
+    def _upload_sync(self) -> None:
+        """Upload everything pending from the calling thread (recovery, no uploader yet)."""
+        entries = self._cache.take_pending()
+        if entries:
+            self._finish_upload(self._start_upload(entries))
+
+    # ------------------------------------------------------------------ read path
+
+    def read_committed(
+        self, state: MetadataState, stream_id: int, start: int, end: int, max_bytes: int
+    ) -> list[FetchedBatch]:
+        """Batches from objects only, as the metadata snapshot `state` lists them."""
+        return self._objects.read(state, stream_id, start, end, max_bytes)
+
+    def read(self, stream_id: int, start: int, end: int, max_bytes: int) -> list[FetchedBatch]:
+        """Batches of the stream overlapping ``[start, end)``: at least one, about `max_bytes`."""
+        out: list[FetchedBatch] = []
+        pos = start
+        remaining = max_bytes
+        m = self._metrics
+        while pos < end:
+            got, complete = self._cache.read(stream_id, pos, end, max(remaining, 1))
+            if complete:
+                if got:
+                    m.fetches_from_cache += 1
+                out.extend(b for b in got if not out or b.base_offset >= out[-1].next_offset)
+                break
+            first_cached = self._cache.first_offset(stream_id)
+            obj_end = end if first_cached is None else min(end, max(first_cached, pos + 1))
+            got = self._objects.read(self._meta.state, stream_id, pos, obj_end, max(remaining, 1))
+            if not got:
+                if first_cached is not None and first_cached > pos:
+                    raise CorruptionError(
+                        f"stream {stream_id}: offsets {pos}..{first_cached} are in no object"
+                    )
+                break
+            m.fetches_from_objects += 1
+            out.extend(got)
+            pos = got[-1].next_offset
+            remaining -= sum(len(b.payload) for b in got)
+            if remaining <= 0:
+                break
+        return out

@@ -1,0 +1,108 @@
+"""Packing pending batches into objects: which streams get their own object, which share one.
+
+Streams with at least `stream_split_bytes` pending become *stream objects*; all the others
+share one *stream-set object*. Keys are unique by construction (node id, node epoch registered
+in the metadata log, and a per-client counter), so no randomness and no coordination is needed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ..cache.log_cache import CachedBatch
+from ..errors import InvalidArgumentError
+from ..format.objects import ObjectWriter
+from ..settings import ClientSettings
+
+__all__ = ["KeyFactory", "PackedObject", "check_node_id", "pack_objects"]
+
+_NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+KIND_STREAM = "stream"
+KIND_STREAM_SET = "stream_set"
+
+
+def check_node_id(node_id: str) -> str:
+    """Node ids become parts of object keys: letters, digits, ``._-``, at most 64 chars."""
+    if not isinstance(node_id, str) or not _NODE_ID.match(node_id):
+        raise InvalidArgumentError(
+            f"node_id must match {_NODE_ID.pattern} (letters, digits, '._-'), got {node_id!r}"
+        )
+    return node_id
+
+
+class KeyFactory:
+    """Makes unique data-object keys for one client session."""
+
+    def __init__(self, node_id: str, node_epoch: int, prefix: str = "data") -> None:
+        self._base = f"{prefix}/{check_node_id(node_id)}/{node_epoch:08d}"
+        self._counter = itertools.count()
+        self._lock = threading.Lock()
+
+    def next_key(self, kind: str) -> str:
+        """A key never used before by any client on the same store."""
+        with self._lock:
+            n = next(self._counter)
+        tag = "s" if kind == KIND_STREAM else "m"
+        return f"{self._base}/{n:012d}-{tag}.s3o"
+
+
+@dataclass(frozen=True, slots=True)
+class PackedObject:
+    """An object ready to PUT, with what it holds."""
+
+    key: str
+    kind: str
+    data: bytes
+    #: (stream_id, start_offset, end_offset) of each stream inside, sorted by stream id.
+    ranges: list[tuple[int, int, int]]
+
+
+def pack_objects(
+    entries: Iterable[CachedBatch], settings: ClientSettings, keys: KeyFactory
+) -> list[PackedObject]:
+    """Turn pending entries (WAL order, so each stream's in offset order) into objects."""
+    by_stream: dict[int, list[CachedBatch]] = {}
+    sizes: dict[int, int] = {}
+    for e in entries:
+        sid = e.batch.stream_id
+        lst = by_stream.get(sid)
+        if lst is None:
+            lst = by_stream[sid] = []
+            sizes[sid] = 0
+        lst.append(e)
+        sizes[sid] += len(e.record)
+
+    def writer() -> ObjectWriter:
+        return ObjectWriter(
+            block_target_bytes=settings.block_target_bytes,
+            compression=settings.block_compression,
+            zstd_level=settings.zstd_level,
+        )
+
+    out: list[PackedObject] = []
+    shared: ObjectWriter | None = None
+    for sid in sorted(by_stream):
+        own = sizes[sid] >= settings.stream_split_bytes
+        if own:
+            w = writer()
+        else:
+            if shared is None:
+                shared = writer()
+            w = shared
+        for e in by_stream[sid]:
+            b = e.batch
+            w.add(sid, b.base_offset, b.count, b.base_timestamp, e.record)
+        if own:
+            ranges = w.ranges()
+            out.append(PackedObject(keys.next_key(KIND_STREAM), KIND_STREAM, w.finish(), ranges))
+    if shared is not None and not shared.is_empty():
+        ranges = shared.ranges()
+        out.append(
+            PackedObject(keys.next_key(KIND_STREAM_SET), KIND_STREAM_SET, shared.finish(), ranges)
+        )
+    return out

@@ -1,0 +1,78 @@
+"""The public conformance kit: prove that a WAL or an object store keeps its contract.
+
+Roles:
+
+- `WalTests` (`s3stream.testing.wal`): a pytest base class; a subclass that says how to open a
+  WAL over a durable medium inherits every test of the `WriteAheadLog` contract, gated by the
+  capabilities the WAL claims, plus `WalStateMachine`, a Hypothesis state machine that checks
+  the WAL against a plain list across appends, trims, resets, crashes and torn writes.
+- `ObjectStoreTests` and `ObjectStoreStateMachine` (`s3stream.testing.objectstore`): the same
+  for the `ObjectStore` contract, checked against a dict.
+- `FaultyObjectStore` (`s3stream.testing.faults`): a seeded fault-injecting wrapper (transient
+  errors, latency, ambiguous writes) for testing code that uses an object store.
+- `s3stream.testing.strategies`: Hypothesis strategies for records, keys and ranges.
+- `s3stream.testing.plugin`: the pytest plugin (Hypothesis profiles ``s3stream-quick`` and
+  ``s3stream-long``), registered through the ``pytest11`` entry point.
+- `s3stream.testing.seaweedfs`: a launcher for a local SeaweedFS S3 server.
+
+This package imports nothing heavy itself: names are loaded from their submodule on first use,
+so `s3stream.testing.seaweedfs` and `FaultyObjectStore` work without pytest or Hypothesis. The
+modules that need them raise an `ImportError` that says to ``pip install 's3stream[testing]'``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .faults import FaultCounters, FaultRule, FaultyObjectStore
+    from .objectstore import (
+        ObjectStoreStateMachine,
+        ObjectStoreTests,
+        make_object_store_state_machine,
+    )
+    from .wal import WalStateMachine, WalTests, make_wal_state_machine
+
+__all__ = [
+    "MISSING_DEPENDENCIES_MESSAGE",
+    "FaultCounters",
+    "FaultRule",
+    "FaultyObjectStore",
+    "ObjectStoreStateMachine",
+    "ObjectStoreTests",
+    "WalStateMachine",
+    "WalTests",
+    "make_object_store_state_machine",
+    "make_wal_state_machine",
+]
+
+#: What the kit's modules say when pytest or Hypothesis is not installed.
+MISSING_DEPENDENCIES_MESSAGE = (
+    "s3stream.testing needs pytest and hypothesis: pip install 's3stream[testing]'"
+)
+
+_LAZY = {
+    "FaultCounters": "faults",
+    "FaultRule": "faults",
+    "FaultyObjectStore": "faults",
+    "ObjectStoreStateMachine": "objectstore",
+    "ObjectStoreTests": "objectstore",
+    "make_object_store_state_machine": "objectstore",
+    "WalStateMachine": "wal",
+    "WalTests": "wal",
+    "make_wal_state_machine": "wal",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

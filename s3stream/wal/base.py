@@ -1,0 +1,104 @@
+"""The WriteAheadLog contract.
+
+A WAL stores opaque records durably and cheaply-fast, before the data moves to object storage.
+Each record gets a `WalPosition`: an int that strictly increases in append order (a byte
+position for the file WAL, a sequence for others; positions need not be dense).
+
+Contract, checked by `s3stream.testing.WalTests` for every implementation:
+
+1. Lifecycle: a WAL is usable for appends only after `recover()` has been iterated to its end
+   or `reset()` was called; before that, `append` raises `S3StreamError`.
+2. `append(data)` returns a Future; futures complete in append order. A future resolves with
+   the record's position once the record is durable (per `capabilities.durable_on_ack`), or
+   fails; after one failure every later append fails too (no holes are ever acknowledged).
+3. `recover()` yields, in order, every acknowledged record with a position above the trim point
+   and nothing else: never a torn or trimmed record, never garbage.
+4. `trim(position)` declares records at positions <= `position` no longer needed; trimmed
+   records never come back from `recover()`. Trimming is idempotent and monotonic.
+5. `reset()` drops every record; later positions stay above every earlier one.
+6. `close()` waits for in-flight appends, then releases the medium; later calls raise
+   `StreamClosedError`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from types import TracebackType
+from typing import NamedTuple
+
+__all__ = ["WalCapabilities", "WalPosition", "WalRecord", "WriteAheadLog"]
+
+#: Position of a record in a WAL; strictly increasing in append order.
+WalPosition = int
+
+
+class WalRecord(NamedTuple):
+    """A record handed back by `WriteAheadLog.recover`."""
+
+    position: WalPosition
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class WalCapabilities:
+    """What an implementation claims; the conformance kit tests exactly these claims."""
+
+    #: An acknowledged record survives the death of the writing process.
+    persistent: bool
+    #: Appends are acknowledged only once durable on the medium (fsync / PUT done).
+    durable_on_ack: bool
+    #: A crash can leave a partially written record that recovery must detect.
+    torn_writes: bool
+    #: Fixed capacity: appends block (then fail with `WalFullError`) when it is full.
+    bounded_capacity: bool
+    #: A newer owner (node epoch) can fence an older writer off the medium.
+    fencing: bool
+    #: Largest record accepted, in bytes.
+    max_record_bytes: int = 64 << 20
+
+
+class WriteAheadLog(ABC):
+    """Durable, ordered, trimmable log of opaque records."""
+
+    @property
+    @abstractmethod
+    def capabilities(self) -> WalCapabilities:
+        """What this WAL guarantees."""
+
+    @abstractmethod
+    def recover(self) -> Iterator[WalRecord]:
+        """Yield every live record above the trim point, in position order."""
+
+    @abstractmethod
+    def append(self, data: bytes) -> Future[WalPosition]:
+        """Append one record; the future resolves with its position once acknowledged."""
+
+    @abstractmethod
+    def trim(self, position: WalPosition) -> None:
+        """Records at positions <= `position` are no longer needed."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Drop every record (used after recovered records were uploaded)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Finish in-flight appends and release the medium."""
+
+    def describe(self) -> str:
+        """A short human-readable name (for messages and `inspect`)."""
+        return type(self).__name__
+
+    def __enter__(self) -> WriteAheadLog:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

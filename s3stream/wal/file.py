@@ -1,0 +1,1005 @@
+"""The file / block-device WAL: a fixed-capacity ring on a preallocated file or a raw device.
+
+Layout, framing and the recovery argument are in ``docs/file-wal.md``; the byte codecs are in
+`s3stream.wal.framing`. In short: two alternating header slots, then a ring of frames addressed
+by logical positions that grow forever (physical offset = data_start + position % capacity).
+Appends get their position under a lock; one writer thread group-commits every pending record
+with one vectored write and one ``fdatasync`` and then completes the futures in order. Space is
+reclaimed only once a trim is durable in the header, so untrimmed bytes are never overwritten.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import errno
+import fcntl
+import logging
+import mmap
+import os
+import stat
+import threading
+from array import array
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
+from pathlib import Path
+from typing import NamedTuple
+
+from ..clock import Clock, SystemClock
+from ..errors import (
+    CorruptionError,
+    FencedError,
+    InvalidArgumentError,
+    S3StreamError,
+    StreamClosedError,
+    UnavailableError,
+    WalFullError,
+)
+from ..settings import FileWalSettings
+from .base import WalCapabilities, WalPosition, WalRecord, WriteAheadLog
+from .framing import (
+    BLOCK_BYTES,
+    DATA_START,
+    FRAME_HEADER,
+    MAX_NODE_ID_BYTES,
+    SLOT_BYTES,
+    FrameScanner,
+    HeaderSlot,
+    SlotStatus,
+    align_down,
+    align_up,
+    body_crc,
+    choose_slot,
+    decode_slot,
+    encode_frame_header,
+    frame_size,
+)
+
+__all__ = ["FileWal", "read_wal_header"]
+
+_log = logging.getLogger(__name__)
+
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+_ZEROS = bytes(BLOCK_BYTES)
+#: Records up to this size are copied into one buffer with their header at append time (one
+#: iovec each); larger ones are written from the caller's bytes without a copy.
+_INLINE_RECORD_BYTES = 16 << 10
+_MIN_DATA_CAPACITY = 4 * BLOCK_BYTES
+#: Bytes of a slot that hold the header fields and their checksum.
+_SLOT_PROBE_BYTES = 160
+#: The contract's default `WalCapabilities.max_record_bytes`.
+_MAX_RECORD_BYTES = 64 << 20
+#: How often a waiting append re-reads the clock (a ManualClock never wakes a waiter itself).
+_WAIT_SLICE_S = 0.05
+
+
+class _Pending(NamedTuple):
+    position: int
+    #: The frame's bytes: header, record and padding (joined for small records).
+    parts: tuple[bytes | memoryview, ...]
+    size: int
+    future: Future[WalPosition]
+
+
+def read_wal_header(path: str | Path) -> HeaderSlot:
+    """The current header of the WAL at `path` (read-only; for tools such as ``inspect``)."""
+    p = Path(path)
+    try:
+        with open(p, "rb") as f:
+            raw = f.read(DATA_START)
+    except OSError as exc:
+        raise InvalidArgumentError(f"cannot read WAL {p}: {exc.strerror or exc}") from exc
+    slots = [decode_slot(raw[i * SLOT_BYTES : (i + 1) * SLOT_BYTES]) for i in range(2)]
+    header = _choose(slots)
+    if header is None:
+        raise _no_header_error(p, slots)
+    return header
+
+
+def _choose(slots: list[tuple[SlotStatus, HeaderSlot | None]]) -> HeaderSlot | None:
+    # A slot whose generation parity does not match its place was not written by us there.
+    checked: list[tuple[SlotStatus, HeaderSlot | None]] = []
+    for index, (status, header) in enumerate(slots):
+        if header is not None and header.slot_index != index:
+            checked.append((SlotStatus.CORRUPT, None))
+        else:
+            checked.append((status, header))
+    return choose_slot(checked)
+
+
+def _no_header_error(
+    path: Path, slots: list[tuple[SlotStatus, HeaderSlot | None]]
+) -> S3StreamError:
+    statuses = {status for status, _ in slots}
+    if SlotStatus.UNSUPPORTED in statuses:
+        return InvalidArgumentError(
+            f"{path} is a WAL of a newer format version than this s3stream supports"
+        )
+    if SlotStatus.CORRUPT in statuses:
+        return CorruptionError(
+            f"WAL {path}: both header slots are damaged (checksum mismatch)", location=str(path)
+        )
+    return InvalidArgumentError(
+        f"{path} is not an s3stream WAL (no header magic in either slot); refusing to overwrite it"
+    )
+
+
+def _os_error(action: str, path: Path, exc: OSError) -> S3StreamError:
+    """Translate an OSError into the library's errors, naming the path."""
+    reason = exc.strerror or str(exc)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return UnavailableError(f"{action} {path}: no space left on the device ({reason})")
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return InvalidArgumentError(f"{action} {path}: permission denied ({reason})")
+    if exc.errno in (errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ENOENT, errno.ENAMETOOLONG):
+        return InvalidArgumentError(f"{action} {path}: {reason}")
+    return UnavailableError(f"{action} {path}: {reason}")
+
+
+class FileWal(WriteAheadLog):
+    """A durable ring-buffer WAL on a preallocated file or a raw block device.
+
+    `path` is created (with missing parent directories) when absent and `create` is true. An
+    existing WAL is opened with its own capacity (the header wins over `settings`); it must
+    belong to `node_id`, and a header carrying a newer `node_epoch` fences this opener off.
+    `on_full` is called (without locks held) whenever an append starts waiting for ring space,
+    so the owner can force an upload and trim.
+
+    Opening *claims* the WAL (a header write); the last opener owns it. Every group commit and
+    header write runs under an exclusive ``flock`` and first checks that nobody else wrote a
+    header since this writer's last one, so an older owner (process or instance) that was taken
+    over fails its next write with `FencedError` instead of ever writing again.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        node_id: str = "",
+        node_epoch: int = 0,
+        settings: FileWalSettings | None = None,
+        clock: Clock | None = None,
+        on_full: Callable[[], None] | None = None,
+        create: bool = True,
+    ) -> None:
+        if not isinstance(node_id, str) or len(node_id.encode()) > MAX_NODE_ID_BYTES:
+            raise InvalidArgumentError(
+                f"node_id must be a str of at most {MAX_NODE_ID_BYTES} UTF-8 bytes, got {node_id!r}"
+            )
+        if isinstance(node_epoch, bool) or not isinstance(node_epoch, int) or node_epoch < 0:
+            raise InvalidArgumentError(f"node_epoch must be an int >= 0, got {node_epoch!r}")
+        if not isinstance(path, str | Path) or not str(path):
+            raise InvalidArgumentError(f"path must be a non-empty str or Path, got {path!r}")
+        self._path = Path(path)
+        self._node_id = node_id
+        self._node_epoch = node_epoch
+        self._settings = settings if settings is not None else FileWalSettings()
+        self._clock = clock if clock is not None else SystemClock()
+        self._on_full = on_full
+
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        #: Serialises appenders so a waiting (blocked on space) append keeps its turn.
+        self._order_lock = threading.Lock()
+        self._pending: deque[_Pending] = deque()
+        #: Positions of live (untrimmed) records, ascending; maps a trim point to a frame end.
+        self._positions: array[int] = array("q")
+        self._ready = False
+        self._closing = False
+        self._closed = False
+        self._abandoned = False
+        self._failed: S3StreamError | None = None
+        self._close_error: S3StreamError | None = None
+        self._finish_in_writer = False
+        self._writer: threading.Thread | None = None
+        self._writer_ident: int | None = None
+        self._tail = 0
+        self._session = 0
+        self._requested_start = 0
+        self._durable_start = 0
+        self._durable_tail = 0
+        self._window_end = 0
+        #: Direct I/O rewrites whole blocks: the bytes of the last partial block already on disk.
+        self._tail_block = b""
+        self._group_buf: mmap.mmap | None = None
+
+        self._fd = -1
+        self._wfd = -1
+        self._header: HeaderSlot
+        #: Leading bytes of the current header's slot, and of the other slot, as last seen.
+        self._header_image = b""
+        self._other_image = b""
+        self._is_device = False
+        self._create = create
+        self._open_medium()
+        self._seed: int = self._header.seed
+        self._capacity: int = self._header.capacity
+        self._max_record: int = min(
+            _MAX_RECORD_BYTES,
+            self._capacity - 2 * BLOCK_BYTES - FRAME_HEADER.size,
+        )
+        self._capabilities = WalCapabilities(
+            persistent=True,
+            durable_on_ack=True,
+            torn_writes=True,
+            bounded_capacity=True,
+            fencing=True,
+            max_record_bytes=self._max_record,
+        )
+
+    # ------------------------------------------------------------------ introspection
+
+    @property
+    def capabilities(self) -> WalCapabilities:
+        return self._capabilities
+
+    @property
+    def path(self) -> Path:
+        """The file or device holding the WAL."""
+        return self._path
+
+    @property
+    def data_start(self) -> int:
+        """File offset of the ring (after the two header slots)."""
+        return self._header.data_start
+
+    @property
+    def data_capacity(self) -> int:
+        """Size of the ring in bytes."""
+        return self._capacity
+
+    @property
+    def direct_io(self) -> bool:
+        """Whether writes bypass the page cache (O_DIRECT): asked for and supported."""
+        return self._wfd != self._fd
+
+    @property
+    def header(self) -> HeaderSlot:
+        """The header most recently read or written."""
+        return self._header
+
+    def physical_offset(self, position: WalPosition) -> int:
+        """File offset of the byte at logical `position`."""
+        return self._header.data_start + position % self._capacity
+
+    @staticmethod
+    def read_raw(path: str | Path, offset: int, length: int) -> bytes:
+        """Read `length` bytes at file `offset` of a WAL medium, bypassing the WAL (for tests)."""
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read(length)
+
+    def describe(self) -> str:
+        return f"FileWal({self._path})"
+
+    # ------------------------------------------------------------------ opening
+
+    def _open_medium(self) -> None:
+        path, create = self._path, self._create
+        existed = path.exists()
+        if not existed:
+            if not create:
+                raise InvalidArgumentError(f"WAL {path} does not exist (and create=False)")
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise _os_error("cannot create the directory of WAL", path, exc) from exc
+        flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+        try:
+            self._fd = os.open(path, flags, 0o644)
+        except OSError as exc:
+            raise _os_error("cannot open WAL", path, exc) from exc
+        self._wfd = self._fd
+        try:
+            self._open_fd(created=not existed)
+        except BaseException:
+            self._release_fds()
+            raise
+
+    def _open_fd(self, *, created: bool) -> None:
+        path, fd = self._path, self._fd
+        try:
+            st = os.fstat(fd)
+            if not (stat.S_ISREG(st.st_mode) or stat.S_ISBLK(st.st_mode)):
+                raise InvalidArgumentError(
+                    f"WAL {path} is neither a regular file nor a block device"
+                )
+            self._is_device = stat.S_ISBLK(st.st_mode)
+            if self._settings.direct_io:
+                self._open_direct()
+            with self._exclusive():
+                size = os.lseek(fd, 0, os.SEEK_END) if self._is_device else os.fstat(fd).st_size
+                if size == 0 and not self._is_device:
+                    self._format(size, created=created)
+                else:
+                    self._load_header(size, created=created)
+                # Claim: from this header write on, any earlier opener is fenced, so whatever
+                # recovery reads next can no longer change under it.
+                self._persist_header(self._header.next(node_epoch=self._node_epoch))
+        except OSError as exc:
+            raise _os_error("cannot open WAL", path, exc) from exc
+
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """Hold the medium's flock: openers and commits of all instances take turns."""
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def _verify_owner(self) -> None:
+        """Raise `FencedError` if another opener wrote a header since our last one (flock held).
+
+        Headers alternate slots, so a foreign write always lands in the slot we did not write
+        last, with a newer generation; reading that one small slot is enough.
+        """
+        mine = self._header
+        other = (mine.generation + 1) % 2 * SLOT_BYTES
+        probe = os.pread(self._fd, _SLOT_PROBE_BYTES, other)
+        if probe == self._other_image:
+            return  # exactly what we left there: the common case, without decoding
+        status, header = decode_slot(probe)
+        if status is SlotStatus.EMPTY or (
+            header is not None
+            and header.generation < mine.generation
+            and header.wal_uid == mine.wal_uid
+        ):
+            return
+        owner = f"node epoch {header.node_epoch}" if header is not None else "a damaged header"
+        raise FencedError(
+            f"WAL {self._path} was taken over by another writer ({owner}); this writer "
+            f"(node epoch {mine.node_epoch}) must stop"
+        )
+
+    def _load_header(self, size: int, *, created: bool) -> None:
+        path = self._path
+        raw = os.pread(self._fd, DATA_START, 0) if size >= DATA_START else b""
+        if len(raw) < DATA_START:
+            raise InvalidArgumentError(
+                f"{path} is not an s3stream WAL: {size} bytes, too small to hold the headers"
+            )
+        slots = [decode_slot(raw[i * SLOT_BYTES : (i + 1) * SLOT_BYTES]) for i in range(2)]
+        header = _choose(slots)
+        if header is None:
+            empty = all(status is SlotStatus.EMPTY for status, _ in slots)
+            # A zero header area is an unformatted device, or a file whose creation crashed
+            # before its first header reached the disk.
+            wanted = DATA_START + self._settings.capacity_bytes
+            if empty and (self._is_device or size == wanted):
+                self._format(size, created=created)
+                return
+            raise _no_header_error(path, slots)
+        self._check_header(header, size)
+        self._header = header
+        at = header.slot_index * SLOT_BYTES
+        self._header_image = raw[at : at + _SLOT_PROBE_BYTES]
+
+    def _check_header(self, header: HeaderSlot, size: int) -> None:
+        path = self._path
+        if (
+            header.data_start != DATA_START
+            or header.capacity % BLOCK_BYTES
+            or header.capacity < _MIN_DATA_CAPACITY
+        ):
+            raise CorruptionError(
+                f"WAL {path}: header describes an impossible layout "
+                f"(data_start={header.data_start}, capacity={header.capacity})",
+                location=str(path),
+            )
+        expected = header.data_start + header.capacity
+        if (self._is_device and size < expected) or (not self._is_device and size != expected):
+            raise InvalidArgumentError(
+                f"WAL {path} is {size} bytes but its header says {expected} "
+                f"(capacity {header.capacity}): the file was truncated or resized"
+            )
+        if header.node_id != self._node_id:
+            raise InvalidArgumentError(
+                f"WAL {path} belongs to node {header.node_id!r}, not node_id={self._node_id!r}"
+            )
+        if header.node_epoch > self._node_epoch:
+            raise FencedError(
+                f"WAL {path} is owned by node {header.node_id!r} epoch {header.node_epoch}; "
+                f"this writer has the older epoch {self._node_epoch}"
+            )
+        if header.capacity != self._settings.capacity_bytes and not self._is_device:
+            _log.info(
+                "WAL %s: using the capacity in its header (%d bytes), not capacity_bytes=%d",
+                path,
+                header.capacity,
+                self._settings.capacity_bytes,
+            )
+
+    def _format(self, size: int, *, created: bool) -> None:
+        path, fd = self._path, self._fd
+        if not self._create:
+            raise InvalidArgumentError(f"{path} holds no WAL yet (and create=False)")
+        if self._is_device:
+            capacity = align_down(size - DATA_START, BLOCK_BYTES)
+            if capacity < _MIN_DATA_CAPACITY:
+                raise InvalidArgumentError(f"block device {path} is too small for a WAL")
+        else:
+            capacity = self._settings.capacity_bytes
+            try:
+                os.posix_fallocate(fd, 0, DATA_START + capacity)
+            except OSError as exc:
+                if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                    # No preallocation on this filesystem: a sparse file still works.
+                    os.ftruncate(fd, DATA_START + capacity)
+                else:
+                    self._undo_create(created)
+                    raise _os_error(
+                        f"cannot preallocate {capacity} bytes for WAL", path, exc
+                    ) from exc
+        header = HeaderSlot(
+            generation=1,
+            capacity=capacity,
+            data_start=DATA_START,
+            wal_uid=self._clock.now_ms(),
+            start=0,
+            tail=0,
+            window_end=0,
+            node_epoch=self._node_epoch,
+            session=0,
+            node_id=self._node_id,
+            clean=True,
+        )
+        self._header = header
+        os.pwrite(fd, _ZEROS, 0)
+        self._persist_header(header)
+        if created:
+            _fsync_dir(path.parent)
+
+    def _undo_create(self, created: bool) -> None:
+        try:
+            if created:
+                self._path.unlink()
+            else:
+                os.ftruncate(self._fd, 0)
+        except OSError:
+            _log.warning("WAL %s: could not remove the partially created file", self._path)
+
+    def _open_direct(self) -> None:
+        try:
+            self._wfd = os.open(self._path, os.O_RDWR | os.O_CLOEXEC | os.O_DIRECT)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            # Some filesystems refuse O_DIRECT (tmpfs before Linux 6.6, some FUSE and network
+            # filesystems). Durability is the same without it (fdatasync either way); only
+            # the page cache gets the writes too.
+            _log.info("WAL %s: no O_DIRECT on this filesystem, using buffered I/O", self._path)
+
+    def _release_fds(self) -> None:
+        for fd in {self._wfd, self._fd}:
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._fd = self._wfd = -1
+        if self._group_buf is not None:
+            self._group_buf.close()
+            self._group_buf = None
+
+    # ------------------------------------------------------------------ low-level I/O
+
+    def _persist_header(self, header: HeaderSlot) -> None:
+        self._write_header(header)
+        os.fdatasync(self._wfd)
+
+    def _write_header(self, header: HeaderSlot) -> None:
+        image = header.encode()
+        offset = header.slot_index * SLOT_BYTES
+        if self._wfd != self._fd:
+            buf = mmap.mmap(-1, SLOT_BYTES)
+            try:
+                buf[:] = image
+                _pwrite_all(self._wfd, [memoryview(buf)], offset)
+            finally:
+                buf.close()
+        else:
+            _pwrite_all(self._wfd, [image], offset)
+        self._header = header
+        # Headers alternate slots: the previous header now sits in the slot a rival would hit.
+        self._other_image = self._header_image
+        self._header_image = image[:_SLOT_PROBE_BYTES]
+
+    def _read_logical(self, position: int, length: int) -> bytes:
+        """Bytes of the logical range ``[position, position + length)``, across the ring end."""
+        phys = position % self._capacity
+        first = min(length, self._capacity - phys)
+        try:
+            data = _pread_all(self._fd, first, DATA_START + phys)
+            if length > first and len(data) == first:
+                data += _pread_all(self._fd, length - first, DATA_START)
+        except OSError as exc:
+            raise _os_error(f"cannot read position {position} of WAL", self._path, exc) from exc
+        return data
+
+    def _write_ring(self, position: int, parts: Sequence[bytes | memoryview]) -> None:
+        total = sum(len(p) for p in parts)
+        phys = position % self._capacity
+        first = self._capacity - phys
+        if total <= first:
+            _pwrite_all(self._wfd, parts, DATA_START + phys)
+            return
+        head, rest = _split_parts(parts, first)
+        _pwrite_all(self._wfd, head, DATA_START + phys)
+        _pwrite_all(self._wfd, rest, DATA_START)
+
+    def _write_frames(self, group: list[_Pending]) -> None:
+        lo = group[0].position
+        hi = group[-1].position + group[-1].size
+        if self._wfd == self._fd:
+            self._write_ring(lo, [part for rec in group for part in rec.parts])
+            return
+        # O_DIRECT: whole aligned blocks from an aligned buffer, re-writing the bytes of the
+        # partial first block exactly as they already are on disk.
+        a_lo, a_hi = align_down(lo), align_up(hi)
+        buf = self._aligned_buffer(a_hi - a_lo)
+        buf[: lo - a_lo] = self._tail_block
+        off = lo - a_lo
+        for rec in group:
+            for part in rec.parts:
+                buf[off : off + len(part)] = part
+                off += len(part)
+        buf[off : a_hi - a_lo] = _ZEROS[: a_hi - a_lo - off]
+        self._tail_block = buf[align_down(hi) - a_lo : hi - a_lo]
+        view = memoryview(buf)
+        try:
+            self._write_ring(a_lo, [view[: a_hi - a_lo]])
+        finally:
+            view.release()
+
+    def _aligned_buffer(self, size: int) -> mmap.mmap:
+        if self._group_buf is None or len(self._group_buf) < size:
+            if self._group_buf is not None:
+                self._group_buf.close()
+            usual = min(align_up(self._settings.max_group_bytes), self._capacity)
+            want = max(size, usual + 2 * BLOCK_BYTES)
+            self._group_buf = mmap.mmap(-1, want)
+        return self._group_buf
+
+    # ------------------------------------------------------------------ recovery and reset
+
+    def recover(self) -> Iterator[WalRecord]:
+        with self._cond:
+            self._check_open()
+            if self._ready:
+                live = (self._requested_start, self._durable_tail, self._session)
+            else:
+                live = None
+            header = self._header
+        if live is not None:
+            # Already serving appends: replay what is acknowledged now, touching no state.
+            start, bound, session = live
+            for pos, data in self._scan_frames(start, bound, header, session):
+                yield WalRecord(pos, data)
+            return
+        if header.clean:
+            bound, strict = header.tail, True
+        else:
+            bound, strict = self._unclean_bound(header), False
+        positions: array[int] = array("q")
+        scanner = self._scan_frames(header.start, bound, header, header.session)
+        for pos, data in scanner:
+            positions.append(pos)
+            yield WalRecord(pos, data)
+        if strict and scanner.problem is not None:
+            raise CorruptionError(
+                f"WAL {self._path}: damaged record at position {scanner.end} before the "
+                f"clean-shutdown tail {bound}: {scanner.problem}",
+                location=str(self._path),
+                position=self.physical_offset(scanner.end),
+            )
+        if scanner.problem is not None:
+            _log.info(
+                "WAL %s: recovery stopped at position %d: %s",
+                self._path,
+                scanner.end,
+                scanner.problem,
+            )
+        with self._cond:
+            self._check_open()
+            if not self._ready:
+                self._become_ready(start=header.start, tail=scanner.end, positions=positions)
+
+    def _scan_frames(
+        self, start: int, bound: int, header: HeaderSlot, session: int
+    ) -> FrameScanner:
+        return FrameScanner(
+            self._read_logical,
+            start=start,
+            bound=bound,
+            seed=header.seed,
+            max_session=session,
+            max_length=self._max_record,
+            chunk_bytes=self._settings.recovery_read_bytes,
+        )
+
+    def _unclean_bound(self, header: HeaderSlot) -> int:
+        # Nothing was ever written at or past window_end (the header promising it is made
+        # durable first), and nothing at or past start + capacity (that would overwrite start).
+        return max(header.start, min(header.window_end, header.start + self._capacity))
+
+    def _become_ready(self, *, start: int, tail: int, positions: array[int]) -> None:
+        h = self._header
+        window_end = max(h.window_end, tail + self._settings.recovery_window_bytes)
+        new = h.next(
+            start=start,
+            tail=tail,
+            window_end=window_end,
+            session=h.session + 1,
+            node_epoch=self._node_epoch,
+            clean=False,
+        )
+        try:
+            # The new session is durable before any of its frames is written, so frames of
+            # this session can always be told from leftovers of earlier ones.
+            with self._exclusive():
+                self._verify_owner()
+                self._persist_header(new)
+            if self._wfd != self._fd:
+                self._tail_block = self._read_logical(align_down(tail), tail - align_down(tail))
+        except OSError as exc:
+            raise _os_error("cannot write the header of WAL", self._path, exc) from exc
+        self._session = new.session
+        self._tail = tail
+        self._requested_start = self._durable_start = start
+        self._durable_tail = tail
+        self._window_end = window_end
+        self._positions = positions
+        self._ready = True
+        self._writer = threading.Thread(
+            target=self._writer_main, name=f"s3stream-file-wal:{self._path.name}", daemon=True
+        )
+        self._writer.start()
+
+    def reset(self) -> None:
+        with self._cond:
+            self._check_open()
+            self._raise_if_failed()
+            if not self._ready:
+                h = self._header
+                # Without a scan the tail is unknown; the window end is past every frame ever
+                # written, so positions from there on are above every earlier one.
+                tail = h.tail if h.clean else self._unclean_bound(h)
+                self._become_ready(start=tail, tail=tail, positions=array("q"))
+                return
+            self._positions = array("q")
+            self._request_start(self._tail)
+
+    # ------------------------------------------------------------------ append
+
+    def append(self, data: bytes) -> Future[WalPosition]:
+        if type(data) is not bytes:
+            raise InvalidArgumentError(f"WAL records must be bytes, not {type(data).__name__}")
+        length = len(data)
+        if length > self._max_record:
+            raise InvalidArgumentError(
+                f"record of {length} bytes exceeds the largest the WAL {self._path} takes "
+                f"({self._max_record} bytes)"
+            )
+        size = frame_size(length)
+        crc = body_crc(data, self._seed)
+        pad = size - FRAME_HEADER.size - length
+        fut: Future[WalPosition] = Future()
+        fut.set_running_or_notify_cancel()
+        # On the writer thread (a future's callback) the order lock may be held by an append
+        # that waits for this very thread: skip the queue rather than deadlock.
+        on_writer = threading.get_ident() == self._writer_ident
+        with contextlib.nullcontext() if on_writer else self._order_lock:
+            waiting_since: float | None = None
+            while True:
+                with self._cond:
+                    self._check_appendable()
+                    if self._failed is not None:
+                        fut.set_exception(self._failed)
+                        return fut
+                    if self._fits(size):
+                        pos = self._tail
+                        head = encode_frame_header(pos, self._session, length, crc, self._seed)
+                        if length <= _INLINE_RECORD_BYTES:
+                            parts: tuple[bytes | memoryview, ...] = (head + data + _ZEROS[:pad],)
+                        else:
+                            parts = (head, data, _ZEROS[:pad])
+                        self._pending.append(_Pending(pos, parts, size, fut))
+                        self._positions.append(pos)
+                        self._tail = pos + size
+                        self._cond.notify_all()
+                        return fut
+                    if on_writer:
+                        raise WalFullError(self._full_message(size, 0))
+                    if waiting_since is not None:
+                        waited = self._clock.monotonic() - waiting_since
+                        remaining = self._settings.full_wait_ms / 1000 - waited
+                        if remaining <= 0:
+                            raise WalFullError(self._full_message(size, waited))
+                        self._cond.wait(min(remaining, _WAIT_SLICE_S))
+                        continue
+                waiting_since = self._clock.monotonic()
+                self._notify_full()
+
+    def _fits(self, size: int) -> bool:
+        # Whole blocks are written (O_DIRECT) or written back (page cache), so the block holding
+        # the oldest live byte is never reused until all of it is trimmed.
+        return align_up(self._tail + size) <= align_down(self._durable_start) + self._capacity
+
+    def _full_message(self, size: int, waited: float) -> str:
+        used = self._tail - self._durable_start
+        return (
+            f"WAL {self._path} is full: a {size}-byte frame does not fit while {used} of "
+            f"{self._capacity} bytes hold untrimmed records (waited {waited * 1000:.0f} ms; "
+            "records must be uploaded and trimmed)"
+        )
+
+    def _notify_full(self) -> None:
+        if self._on_full is None:
+            return
+        try:
+            self._on_full()
+        except Exception:
+            _log.exception("WAL %s: the on_full callback failed", self._path)
+
+    # ------------------------------------------------------------------ trim
+
+    def trim(self, position: WalPosition) -> None:
+        if isinstance(position, bool) or not isinstance(position, int):
+            raise InvalidArgumentError(f"position must be an int, got {position!r}")
+        with self._cond:
+            self._check_open()
+            self._raise_if_failed()
+            if not self._ready:
+                raise S3StreamError("WAL: recover() or reset() must run before trim()")
+            if position >= self._tail:
+                raise InvalidArgumentError(
+                    f"cannot trim to {position}: nothing was appended at or after it"
+                )
+            index = bisect.bisect_right(self._positions, position)
+            new_start = self._positions[index] if index < len(self._positions) else self._tail
+            del self._positions[:index]
+            self._request_start(new_start)
+
+    def _request_start(self, new_start: int) -> None:
+        """Ask the writer to persist `new_start`; wait until it is durable (lock held)."""
+        if new_start > self._requested_start:
+            self._requested_start = new_start
+            self._cond.notify_all()
+        if threading.get_ident() == self._writer_ident:
+            return  # called from a future's callback: the writer persists it right after
+        while self._durable_start < new_start:
+            self._raise_if_failed()
+            if self._closed:
+                raise StreamClosedError(f"WAL {self._path} was closed during a trim")
+            self._cond.wait()
+
+    # ------------------------------------------------------------------ the writer
+
+    def _writer_main(self) -> None:
+        self._writer_ident = threading.get_ident()
+        try:
+            self._writer_loop()
+        finally:
+            if self._finish_in_writer:
+                self._finish_close()
+            self._writer_ident = None  # thread idents are reused after a thread ends
+
+    def _writer_loop(self) -> None:
+        max_group = self._settings.max_group_bytes
+        while True:
+            with self._cond:
+                while (
+                    not self._pending
+                    and self._requested_start <= self._durable_start
+                    and not self._closing
+                ):
+                    self._cond.wait()
+                if self._abandoned:
+                    return
+                if not self._pending and self._requested_start <= self._durable_start:
+                    return  # closing, and everything is durable
+                group: list[_Pending] = []
+                total = 0
+                while self._pending and (not group or total + self._pending[0].size <= max_group):
+                    rec = self._pending.popleft()
+                    group.append(rec)
+                    total += rec.size
+                start_target = self._requested_start
+            try:
+                with self._exclusive():
+                    self._verify_owner()
+                    self._commit(group, start_target)
+            except OSError as exc:
+                self._fail(group, self._write_error(group, exc))
+                return
+            except FencedError as exc:
+                self._fail(group, exc)
+                return
+            except Exception as exc:  # a bug must not leave futures hanging forever
+                self._fail(group, S3StreamError(f"WAL {self._path}: writer failed: {exc!r}"))
+                return
+            with self._cond:
+                self._durable_start = max(self._durable_start, start_target)
+                if group:
+                    self._durable_tail = group[-1].position + group[-1].size
+                self._cond.notify_all()
+            for rec in group:
+                rec.future.set_result(rec.position)
+
+    def _commit(self, group: list[_Pending], start_target: int) -> None:
+        """Make `group` and the trim point `start_target` durable with one fdatasync."""
+        if group:
+            lo = group[0].position
+            hi = group[-1].position + group[-1].size
+            if hi > self._window_end:
+                # The promise must be durable before any byte past the old window is written.
+                window_end = hi + self._settings.recovery_window_bytes
+                self._persist_header(
+                    self._header.next(start=start_target, tail=lo, window_end=window_end)
+                )
+                self._window_end = window_end
+            self._write_frames(group)
+        if start_target > self._header.start:
+            tail = group[-1].position + group[-1].size if group else self._header.tail
+            self._write_header(self._header.next(start=start_target, tail=tail))
+        os.fdatasync(self._wfd)
+
+    def _write_error(self, group: list[_Pending], exc: OSError) -> UnavailableError:
+        where = group[0].position if group else self._durable_tail
+        reason = exc.strerror or str(exc)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            reason = f"no space left on the device ({reason})"
+        return UnavailableError(
+            f"WAL {self._path}: write failed at position {where}: {reason}; nothing from there "
+            "on is acknowledged, and the WAL must be reopened (recovery) to take appends again"
+        )
+
+    def _fail(self, group: list[_Pending], err: S3StreamError) -> None:
+        """Fail `group`, everything pending and every later append with `err`."""
+        _log.error("%s", err)
+        with self._cond:
+            self._failed = err
+            doomed = group + list(self._pending)
+            self._pending.clear()
+            self._cond.notify_all()
+        for rec in doomed:
+            rec.future.set_exception(err)
+
+    # ------------------------------------------------------------------ close
+
+    def close(self) -> None:
+        with self._cond:
+            first = not (self._closed or self._closing)
+            self._closing = True
+            self._cond.notify_all()
+            writer = self._writer
+            if writer is not None and writer.ident == threading.get_ident():
+                # Called from a future's callback: the writer finishes the close when it stops.
+                self._finish_in_writer = True
+                return
+        if writer is not None:
+            writer.join()
+        self._finish_close()
+        if first and self._close_error is not None:
+            raise self._close_error
+
+    def _finish_close(self) -> None:
+        with self._cond:
+            if self._closed:
+                return
+            try:
+                if self._ready and self._failed is None and not self._abandoned:
+                    clean = self._header.next(
+                        start=self._durable_start, tail=self._durable_tail, clean=True
+                    )
+                    with self._exclusive():
+                        self._verify_owner()
+                        self._persist_header(clean)
+            except FencedError as exc:
+                _log.info("%s; closed without a clean-shutdown header", exc)
+            except OSError as exc:
+                self._close_error = _os_error(
+                    "cannot write the clean-shutdown header of WAL", self._path, exc
+                )
+            finally:
+                self._release_fds()
+                self._closed = True
+                self._cond.notify_all()
+
+    def _abandon(self) -> None:
+        """Stop like a crash, for tests: no clean-shutdown header, un-synced records dropped."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closing = self._abandoned = True
+            self._cond.notify_all()
+            writer = self._writer
+        if writer is not None and writer.ident != threading.get_ident():
+            writer.join()  # a group already being written finishes, like a crash after it
+        with self._cond:
+            doomed = list(self._pending)
+            self._pending.clear()
+        err = StreamClosedError(f"WAL {self._path} was abandoned")
+        for rec in doomed:
+            rec.future.set_exception(err)
+        self._finish_close()
+
+    # ------------------------------------------------------------------ state checks
+
+    def _check_open(self) -> None:
+        if self._closed or self._closing:
+            raise StreamClosedError(f"WAL {self._path} is closed")
+
+    def _check_appendable(self) -> None:
+        self._check_open()
+        if not self._ready:
+            raise S3StreamError("WAL: recover() or reset() must run before append()")
+
+    def _raise_if_failed(self) -> None:
+        if self._failed is not None:
+            raise self._failed
+
+
+def _split_parts(
+    parts: Sequence[bytes | memoryview], n: int
+) -> tuple[list[bytes | memoryview], list[bytes | memoryview]]:
+    """Split a list of buffers after its first `n` bytes."""
+    head: list[bytes | memoryview] = []
+    rest: list[bytes | memoryview] = []
+    remaining = n
+    for part in parts:
+        if remaining <= 0:
+            rest.append(part)
+        elif len(part) <= remaining:
+            head.append(part)
+            remaining -= len(part)
+        else:
+            view = memoryview(part)
+            head.append(view[:remaining])
+            rest.append(view[remaining:])
+            remaining = 0
+    return head, rest
+
+
+def _pwrite_all(fd: int, parts: Sequence[bytes | memoryview], offset: int) -> None:
+    """Vectored write of every byte of `parts` at `offset` (IOV_MAX buffers per call)."""
+    views = [memoryview(p) for p in parts if len(p)]
+    i = 0
+    while i < len(views):
+        written = os.pwritev(fd, views[i : i + _IOV_MAX], offset)
+        if written <= 0:
+            raise OSError(errno.EIO, "write made no progress")
+        offset += written
+        while written:
+            if written >= len(views[i]):
+                written -= len(views[i])
+                i += 1
+            else:
+                views[i] = views[i][written:]
+                written = 0
+
+
+def _pread_all(fd: int, length: int, offset: int) -> bytes:
+    chunks: list[bytes] = []
+    while length > 0:
+        chunk = os.pread(fd, length, offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        length -= len(chunk)
+        offset += len(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _fsync_dir(directory: Path) -> None:
+    # Makes the new file's directory entry durable; some filesystems refuse, which is harmless.
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,211 @@
+"""Choosing a write-ahead log by URL scheme.
+
+Built in: ``memory://`` (a fresh `MemoryWal`), and ``file://`` URLs or plain paths (a `FileWal`
+on a file or a raw block device such as ``/dev/nvme1n1``). A ``file://`` URL may carry
+settings in its query, overriding `FileWalSettings`::
+
+    file:///mnt/ebs/s3stream.wal?capacity=2GiB&direct=1&max_group=8MiB&full_wait_ms=30000
+
+Sizes take binary units (``4096``, ``64K``, ``64MiB``, ``2GiB``; ``KB``/``MB``/``GB`` mean the
+same as ``KiB``/``MiB``/``GiB`` here). A factory is called as ``factory(url, node_id=...,
+node_epoch=..., clock=..., on_full=..., file_settings=..., object_settings=...,
+storage_options=..., **options)`` and returns a `WriteAheadLog`; it uses the arguments its kind
+needs. Third parties register one under the entry-point group ``s3stream.wals``
+(``name = "package.module:factory"``) or at run time with `register_wal`. The registry is the
+one piece of process-wide state here, like fsspec's, by design.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from .._registry import SchemeRegistry, split_scheme
+from ..clock import Clock
+from ..errors import InvalidArgumentError
+from ..settings import FileWalSettings, ObjectWalSettings
+from .base import WriteAheadLog
+from .file import FileWal
+from .memory import MemoryWal
+
+__all__ = ["ENTRY_POINT_GROUP", "open_wal", "parse_size", "register_wal"]
+
+#: Entry-point group through which installed packages add WAL schemes.
+ENTRY_POINT_GROUP = "s3stream.wals"
+
+_SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*$")
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+_registry: SchemeRegistry[WriteAheadLog] = SchemeRegistry(
+    "WAL",
+    ENTRY_POINT_GROUP,
+    {
+        "file": "s3stream.wal.registry:open_file_wal",
+        "memory": "s3stream.wal.registry:open_memory_wal",
+    },
+)
+
+
+def open_wal(
+    url: str,
+    *,
+    node_id: str,
+    clock: Clock,
+    settings: FileWalSettings | None = None,
+    node_epoch: int = 0,
+    on_full: Callable[[], None] | None = None,
+    file_settings: FileWalSettings | None = None,
+    object_settings: ObjectWalSettings | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    **options: Any,
+) -> WriteAheadLog:
+    """Open the WAL a URL names: ``"memory://"``, ``"file:///path?capacity=2GiB"``, a path.
+
+    `settings` (or its alias `file_settings`) configures a file WAL; the URL's query overrides
+    single fields. `object_settings` and `storage_options` are for object-store WALs.
+    `options` go to the factory as they are (for a file WAL: ``create``).
+    """
+    if settings is not None and file_settings is not None:
+        raise InvalidArgumentError("pass settings or file_settings, not both")
+    scheme, _ = split_scheme(url)
+    factory = _registry.resolve(scheme)
+    wal = factory(
+        url,
+        node_id=node_id,
+        node_epoch=node_epoch,
+        clock=clock,
+        on_full=on_full,
+        file_settings=settings if settings is not None else file_settings,
+        object_settings=object_settings,
+        storage_options=storage_options,
+        **options,
+    )
+    if not isinstance(wal, WriteAheadLog):
+        raise InvalidArgumentError(
+            f"the WAL factory for {scheme!r} returned {type(wal).__name__}, not a WriteAheadLog"
+        )
+    return wal
+
+
+def register_wal(
+    scheme: str, target: str | Callable[..., WriteAheadLog], *, clobber: bool = False
+) -> None:
+    """Make `scheme` open WALs through `target`, a factory or its ``"module:attribute"`` path.
+
+    Re-registering a scheme needs ``clobber=True``.
+    """
+    if not isinstance(scheme, str) or not _SCHEME.match(scheme):
+        raise InvalidArgumentError(
+            f"scheme must be lower-case letters, digits, '+', '.' or '-', got {scheme!r}"
+        )
+    if not (callable(target) or (isinstance(target, str) and ":" in target)):
+        raise InvalidArgumentError(
+            f"target must be a callable or 'module:attribute', got {target!r}"
+        )
+    _registry.register(scheme, target, clobber=clobber)
+
+
+def parse_size(text: str, *, name: str = "size") -> int:
+    """Bytes in a size such as ``"4096"``, ``"64MiB"`` or ``"2G"`` (binary units)."""
+    match = _SIZE.match(text) if isinstance(text, str) else None
+    if match is None:
+        raise InvalidArgumentError(f"{name} must be a size like 4096, 64MiB or 2GiB, got {text!r}")
+    digits, unit, _ = match.groups()
+    return int(digits) << _UNITS[unit.lower()]
+
+
+def open_memory_wal(url: str, **_ignored: Any) -> WriteAheadLog:
+    """Factory of ``memory://``: a new, empty `MemoryWal` (nothing survives the process)."""
+    _, rest = split_scheme(url)
+    if rest.strip("/"):
+        raise InvalidArgumentError(f"a memory WAL URL takes no path or options, got {url!r}")
+    return MemoryWal()
+
+
+def open_file_wal(
+    url: str,
+    *,
+    node_id: str,
+    node_epoch: int = 0,
+    clock: Clock,
+    on_full: Callable[[], None] | None = None,
+    file_settings: FileWalSettings | None = None,
+    create: bool = True,
+    **_other_kinds: Any,
+) -> WriteAheadLog:
+    """Factory of ``file://`` URLs and plain paths: a `FileWal` (file or block device)."""
+    path, query = _file_target(url)
+    settings = file_settings if file_settings is not None else FileWalSettings()
+    if query:
+        settings = dataclasses.replace(settings, **_settings_from_query(query, url))
+    return FileWal(
+        path,
+        node_id=node_id,
+        node_epoch=node_epoch,
+        settings=settings,
+        clock=clock,
+        on_full=on_full,
+        create=create,
+    )
+
+
+def _file_target(url: str) -> tuple[str, str]:
+    """The path and the query of a file WAL URL (a plain path has no query)."""
+    if "://" not in url:
+        return url, ""
+    parts = urlsplit(url)
+    if parts.fragment:
+        raise InvalidArgumentError(f"a file WAL URL takes no #fragment, got {url!r}")
+    netloc = "" if parts.netloc in ("", "localhost") else parts.netloc
+    path = unquote(netloc + parts.path)
+    if not path:
+        raise InvalidArgumentError(f"a file WAL URL needs a path, got {url!r}")
+    return path, parts.query
+
+
+def _settings_from_query(query: str, url: str) -> dict[str, Any]:
+    parsers: dict[str, tuple[str, Callable[[str, str], Any]]] = {
+        "capacity": ("capacity_bytes", _size_value),
+        "direct": ("direct_io", _bool_value),
+        "max_group": ("max_group_bytes", _size_value),
+        "full_wait_ms": ("full_wait_ms", _int_value),
+        "recovery_window": ("recovery_window_bytes", _size_value),
+    }
+    changes: dict[str, Any] = {}
+    for key, value in parse_qsl(query, keep_blank_values=True, strict_parsing=False):
+        if key not in parsers:
+            known = ", ".join(sorted(parsers))
+            raise InvalidArgumentError(
+                f"unknown file WAL option {key!r} in {url!r} (known: {known})"
+            )
+        field, parse = parsers[key]
+        if field in changes:
+            raise InvalidArgumentError(f"file WAL option {key!r} given twice in {url!r}")
+        changes[field] = parse(value, key)
+    return changes
+
+
+def _size_value(value: str, key: str) -> int:
+    return parse_size(value, name=key)
+
+
+def _bool_value(value: str, key: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise InvalidArgumentError(f"{key} must be 0/1/true/false, got {value!r}")
+
+
+def _int_value(value: str, key: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise InvalidArgumentError(f"{key} must be an integer, got {value!r}") from None

@@ -1,0 +1,363 @@
+"""End-to-end behaviour of StreamClient and Stream on the memory WAL over real stores."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import s3stream
+from s3stream import (
+    ClientSettings,
+    CorruptionError,
+    FencedError,
+    InvalidArgumentError,
+    OffsetOutOfRangeError,
+    RecordBatch,
+    StreamClosedError,
+    StreamNotFoundError,
+)
+from s3stream.objectstore.local import LocalObjectStore
+from s3stream.wal.memory import MemoryWal
+
+SMALL = ClientSettings(
+    upload_threshold_bytes=64 * 1024,
+    stream_split_bytes=32 * 1024,
+    block_target_bytes=8 * 1024,
+    max_pending_bytes=1 << 20,
+    upload_interval_ms=0,
+)
+
+
+def open_local(path: Path, **kw: object) -> s3stream.StreamClient:
+    kw.setdefault("wal", "memory://")
+    kw.setdefault("settings", SMALL)
+    return s3stream.open(str(path), **kw)  # type: ignore[arg-type]
+
+
+def payload(i: int, size: int = 100) -> bytes:
+    return (f"{i:08d}".encode() * (size // 8 + 1))[:size]
+
+
+def read_all(stream: s3stream.Stream, start: int | None = None) -> list[s3stream.FetchedBatch]:
+    out = []
+    offset = stream.start_offset if start is None else start
+    while offset < stream.confirm_offset:
+        res = stream.fetch(offset, max_bytes=10_000)
+        assert res.batches, f"no progress at {offset}"
+        out.extend(res.batches)
+        offset = res.next_offset
+    return out
+
+
+def test_append_fetch_offsets(tmp_path: Path) -> None:
+    with open_local(tmp_path) as client:
+        s = client.create_stream(tags={"topic": "t"})
+        assert (s.start_offset, s.confirm_offset, s.next_offset, s.epoch) == (0, 0, 0, 1)
+        r1 = s.append(RecordBatch(b"a", count=3, base_timestamp=5, properties={"k": "v"}))
+        r2 = s.append(RecordBatch(b"bb"))
+        assert (r1.base_offset, r1.next_offset, r2.base_offset) == (0, 3, 3)
+        assert s.confirm_offset == 4
+        res = s.fetch(1)
+        assert [(b.base_offset, b.count, b.payload) for b in res.batches] == [
+            (0, 3, b"a"),
+            (3, 1, b"bb"),
+        ]
+        assert res.batches[0].properties == {"k": "v"}
+        assert res.batches[0].base_timestamp == 5
+        assert res.batches[0].last_offset == 2
+        assert res.next_offset == 4
+        assert s.fetch(4).batches == []
+
+
+def test_reopen_sees_everything_after_close(tmp_path: Path) -> None:
+    expected: dict[int, list[bytes]] = {}
+    with open_local(tmp_path) as client:
+        streams = [client.create_stream(tags={"p": str(i)}) for i in range(5)]
+        for i in range(2000):
+            s = streams[i % 5]
+            s.append(RecordBatch(payload(i, 50 + i % 300), count=1 + i % 3))
+            expected.setdefault(s.stream_id, []).append(payload(i, 50 + i % 300))
+        client.flush()
+        assert client.metrics.storage.uploads >= 1
+    with open_local(tmp_path) as client2:
+        for sid, payloads in expected.items():
+            s = client2.open_stream(sid)
+            assert s.epoch == 2
+            got = read_all(s)
+            assert [b.payload for b in got] == payloads
+            offs = [b.base_offset for b in got]
+            assert offs == sorted(offs) and offs[0] == 0
+        infos = client2.list_streams()
+        assert sorted(i.stream_id for i in infos) == sorted(expected)
+        assert [i.stream_id for i in client2.list_streams(tags={"p": "3"})] == [
+            streams[3].stream_id
+        ]
+
+
+def test_threshold_triggers_upload_without_flush(tmp_path: Path) -> None:
+    with open_local(tmp_path) as client:
+        s = client.create_stream()
+        for i in range(100):
+            s.append(RecordBatch(payload(i, 1000)))  # 100 KB > 64 KiB threshold
+        deadline = time.monotonic() + 10
+        while client.metrics.storage.uploads == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert client.metrics.storage.uploads >= 1
+        assert client.metadata.state.get_stream(s.stream_id).end_offset > 0
+
+
+def test_stream_objects_and_stream_set_objects(tmp_path: Path) -> None:
+    with open_local(tmp_path) as client:
+        big = client.create_stream()
+        small = client.create_stream()
+        for i in range(40):
+            big.append(RecordBatch(payload(i, 1000)))
+        small.append(RecordBatch(b"x"))
+        client.flush()
+        kinds = sorted(o.kind.value for o in client.metadata.state.objects.values())
+        assert "stream" in kinds and "stream_set" in kinds
+        # reads now come from objects (the LogCache is bypassed for offsets it never held)
+        assert [b.payload for b in read_all(big)] == [payload(i, 1000) for i in range(40)]
+
+
+def test_concurrent_appends_many_threads(tmp_path: Path) -> None:
+    with open_local(tmp_path) as client:
+        streams = [client.create_stream() for _ in range(4)]
+        errors: list[BaseException] = []
+
+        def worker(t: int) -> None:
+            try:
+                for i in range(300):
+                    streams[(t + i) % 4].append(RecordBatch(f"{t}:{i}".encode()))
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors
+        total = 0
+        for s in streams:
+            got = read_all(s)
+            assert [b.base_offset for b in got] == list(range(len(got)))
+            total += len(got)
+        assert total == 8 * 300
+        # per thread, the order of its appends to one stream is preserved
+        for s in streams:
+            seen: dict[str, int] = {}
+            for b in read_all(s):
+                t, i = b.payload.decode().split(":")
+                assert seen.get(t, -1) < int(i)
+                seen[t] = int(i)
+
+
+def test_append_async_futures_resolve_in_order(tmp_path: Path) -> None:
+    with open_local(tmp_path) as client:
+        s = client.create_stream()
+        order: list[int] = []
+        futs = [s.append_async(RecordBatch(b"x", count=2)) for _ in range(100)]
+        for f in futs:
+            f.add_done_callback(lambda f: order.append(f.result().base_offset))
+        assert [f.result().base_offset for f in futs] == list(range(0, 200, 2))
+        assert order == sorted(order)
+
+
+def test_trim(tmp_path: Path) -> None:
+    with open_local(tmp_path) as client:
+        s = client.create_stream()
+        for i in range(10):
+            s.append(RecordBatch(payload(i), count=2))
+        s.trim(7)  # beyond the committed end: flushes first
+        assert s.start_offset == 7
+        with pytest.raises(OffsetOutOfRangeError):
+            s.fetch(6)
+        first = s.fetch(7).batches[0]
+        assert first.base_offset == 6  # whole batches: the first may begin before start
+        with pytest.raises(OffsetOutOfRangeError):
+            s.trim(21)
+        sid = s.stream_id
+    with open_local(tmp_path) as client:
+        s = client.open_stream(sid)
+        assert s.start_offset == 7
+
+
+def test_destroy_and_unknown_stream(tmp_path: Path) -> None:
+    with open_local(tmp_path) as client:
+        s = client.create_stream()
+        s.append(RecordBatch(b"x"))
+        sid = s.stream_id
+        s.destroy()
+        with pytest.raises(StreamClosedError):
+            s.append(RecordBatch(b"y"))
+        with pytest.raises(StreamClosedError):
+            s.fetch(0)
+        with pytest.raises(StreamNotFoundError):
+            client.open_stream(sid)
+        with pytest.raises(StreamNotFoundError):
+            client.open_stream(12345)
+        assert client.list_streams() == []
+
+
+def test_closed_stream_and_client(tmp_path: Path) -> None:
+    client = open_local(tmp_path)
+    s = client.create_stream()
+    s.append(RecordBatch(b"x"))
+    s.close()
+    with pytest.raises(StreamClosedError):
+        s.append(RecordBatch(b"y"))
+    s2 = client.open_stream(s.stream_id)
+    assert s2.fetch(0).batches[0].payload == b"x"
+    client.close()
+    with pytest.raises(StreamClosedError):
+        s2.append(RecordBatch(b"z"))
+    with pytest.raises(StreamClosedError):
+        client.create_stream()
+    client.close()  # idempotent
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: RecordBatch("text"),  # type: ignore[arg-type]
+        lambda: RecordBatch(b"x", count=0),
+        lambda: RecordBatch(b"x", count=-1),
+        lambda: RecordBatch(b"x", count=1.5),  # type: ignore[arg-type]
+        lambda: RecordBatch(b"x", base_timestamp="now"),  # type: ignore[arg-type]
+        lambda: RecordBatch(b"x", properties={"a": 1}),  # type: ignore[dict-item]
+    ],
+)
+def test_bad_batches(make: object) -> None:
+    with pytest.raises(InvalidArgumentError):
+        make()  # type: ignore[operator]
+
+
+def test_bad_fetch_and_trim_arguments(tmp_path: Path) -> None:
+    with open_local(tmp_path) as client:
+        s = client.create_stream()
+        s.append(RecordBatch(b"x", count=5))
+        for bad in (-1, "0", 1.0, True, None):
+            with pytest.raises(InvalidArgumentError):
+                s.fetch(bad)  # type: ignore[arg-type]
+        with pytest.raises(OffsetOutOfRangeError):
+            s.fetch(6)
+        with pytest.raises(InvalidArgumentError):
+            s.fetch(3, 2)
+        with pytest.raises(InvalidArgumentError):
+            s.fetch(0, max_bytes=0)
+        with pytest.raises(InvalidArgumentError):
+            s.trim(-3)
+        with pytest.raises(InvalidArgumentError):
+            s.append(b"raw bytes")  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgumentError):
+            client.open_stream("1")  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgumentError):
+            client.create_stream(tags={"a": 1})  # type: ignore[dict-item]
+        # nothing was lost by the bad calls
+        assert s.fetch(0).batches[0].count == 5
+
+
+def test_max_bytes_is_soft(tmp_path: Path) -> None:
+    with open_local(tmp_path) as client:
+        s = client.create_stream()
+        for i in range(20):
+            s.append(RecordBatch(payload(i, 1000)))
+        assert len(s.fetch(0, max_bytes=1).batches) == 1
+        assert len(s.fetch(0, max_bytes=3000).batches) == 3
+        client.flush()
+    with open_local(tmp_path) as client:
+        s = client.open_stream(s.stream_id)
+        assert len(s.fetch(0, max_bytes=1).batches) == 1
+        got = s.fetch(0, max_bytes=3000).batches
+        assert 1 <= len(got) <= 3
+        assert s.fetch(5, 7).batches[0].base_offset == 5
+
+
+def test_fencing_between_two_clients(tmp_path: Path) -> None:
+    store_a = open_local(tmp_path, node_id="a")
+    s_a = store_a.create_stream()
+    s_a.append(RecordBatch(b"committed"))
+    store_a.flush()
+    s_a.append(RecordBatch(b"never committed"))
+    with open_local(tmp_path, node_id="b") as client_b:
+        s_b = client_b.open_stream(s_a.stream_id)
+        assert s_b.epoch == 2
+        assert s_b.next_offset == 1  # B starts at the committed end
+        s_b.append(RecordBatch(b"from b"))
+        client_b.flush()
+        # A's upload loses: its stream is fenced and its uncommitted batch dropped.
+        store_a.flush()
+        with pytest.raises(FencedError):
+            s_a.append(RecordBatch(b"zombie"))
+        assert [b.payload for b in read_all(s_b, 0)] == [b"committed", b"from b"]
+    store_a.close()
+    with open_local(tmp_path, node_id="c") as c:
+        assert [b.payload for b in c.read(s_a.stream_id, 0).batches] == [b"committed", b"from b"]
+
+
+def test_read_without_opening(tmp_path: Path) -> None:
+    with open_local(tmp_path, node_id="w") as writer:
+        s = writer.create_stream()
+        for i in range(10):
+            s.append(RecordBatch(payload(i)))
+        writer.flush()
+        with open_local(tmp_path, node_id="r") as reader:
+            got = reader.read(s.stream_id, 0).batches
+            assert [b.payload for b in got] == [payload(i) for i in range(10)]
+            assert reader.stream_info(s.stream_id).epoch == 1  # not fenced
+        s.append(RecordBatch(b"still the owner"))
+
+
+def test_corrupted_object_names_object_and_position(tmp_path: Path) -> None:
+    with open_local(tmp_path) as client:
+        s = client.create_stream()
+        for i in range(10):
+            s.append(RecordBatch(payload(i, 500)))
+        sid = s.stream_id
+    store = LocalObjectStore(tmp_path)
+    (key,) = [o.key for o in store.list("data/")]
+    path = tmp_path / key
+    raw = bytearray(path.read_bytes())
+    raw[100] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    with open_local(tmp_path) as client:
+        with pytest.raises(CorruptionError) as err:
+            client.read(sid, 0)
+        assert key in str(err.value)
+        assert err.value.location == key
+        assert err.value.position is not None
+
+
+def test_no_list_on_append_and_fetch_path(tmp_path: Path) -> None:
+    with open_local(tmp_path) as client:
+        s = client.create_stream()
+        lists_before = client.metrics.object_store.lists
+        for i in range(500):
+            s.append(RecordBatch(payload(i, 300)))
+        client.flush()
+        read_all(s)
+        assert client.metrics.object_store.lists == lists_before == 0
+
+
+def test_wal_records_recovered_after_crash(tmp_path: Path) -> None:
+    """A client that dies without closing leaves its batches in the WAL; the next one
+    recovers and uploads them (memory WAL medium shared across the 'crash')."""
+    wal = MemoryWal()
+    client = s3stream.StreamClient(LocalObjectStore(tmp_path), wal, settings=SMALL)
+    s = client.create_stream()
+    s.append(RecordBatch(b"committed"))
+    client.flush()
+    for i in range(5):
+        s.append(RecordBatch(payload(i)))
+    client._storage.abandon()  # crash: no upload, no WAL close
+    medium = wal.medium
+    client2 = s3stream.StreamClient(LocalObjectStore(tmp_path), MemoryWal(medium), settings=SMALL)
+    assert client2.recovery.uploaded_batches == 5
+    assert client2.recovery.already_committed == 0
+    s2 = client2.open_stream(s.stream_id)
+    assert [b.payload for b in read_all(s2)] == [b"committed"] + [payload(i) for i in range(5)]
+    client2.close()

@@ -1,0 +1,379 @@
+"""Every object store of the library through the conformance kit (`ObjectStoreTests`)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from s3stream.clock import ManualClock
+from s3stream.errors import InvalidArgumentError, UnavailableError
+from s3stream.objectstore.base import ObjectStore
+from s3stream.objectstore.fsspec_store import FsspecObjectStore
+from s3stream.objectstore.local import LocalObjectStore
+from s3stream.objectstore.memory import MemoryObjectStore
+from s3stream.objectstore.wrappers import MetricsObjectStore, RetryingObjectStore
+from s3stream.testing.faults import OPERATIONS, FaultRule, FaultyObjectStore
+from s3stream.testing.objectstore import ObjectStoreTests
+
+
+class TestMemoryObjectStore(ObjectStoreTests):
+    def make_store(self, tmp_path: Path) -> ObjectStore:
+        return MemoryObjectStore()
+
+
+# The state machine as a plain unittest.TestCase, as a runner other than pytest would use it.
+TestMemoryObjectStoreStateMachine = TestMemoryObjectStore.state_machine()
+
+
+class TestLocalObjectStore(ObjectStoreTests):
+    def make_store(self, tmp_path: Path) -> ObjectStore:
+        return LocalObjectStore(tmp_path / "objects")
+
+    def raw_get(self, store: ObjectStore, key: str) -> bytes | None:
+        assert isinstance(store, LocalObjectStore)
+        path = store.root / key
+        return path.read_bytes() if path.is_file() else None
+
+    def raw_put(self, store: ObjectStore, key: str, data: bytes) -> None:
+        assert isinstance(store, LocalObjectStore)
+        path = store.root / key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+    def reopen_store(self, store: ObjectStore) -> ObjectStore:
+        assert isinstance(store, LocalObjectStore)
+        return LocalObjectStore(store.root)
+
+
+class TestLocalObjectStoreWithoutFsync(TestLocalObjectStore):
+    def make_store(self, tmp_path: Path) -> ObjectStore:
+        return LocalObjectStore(tmp_path / "objects", fsync=False)
+
+    def reopen_store(self, store: ObjectStore) -> ObjectStore:
+        assert isinstance(store, LocalObjectStore)
+        return LocalObjectStore(store.root, fsync=False)
+
+
+class TestFsspecMemoryObjectStore(ObjectStoreTests):
+    """fsspec's in-memory filesystem: one process-wide tree, so each store gets its own root."""
+
+    _roots = itertools.count()
+
+    def make_store(self, tmp_path: Path) -> ObjectStore:
+        return FsspecObjectStore(f"memory://kit-{os.getpid()}-{next(self._roots)}")
+
+    def raw_get(self, store: ObjectStore, key: str) -> bytes | None:
+        assert isinstance(store, FsspecObjectStore)
+        path = f"{store.describe()}/{key}"
+        return bytes(store.fs.cat_file(path)) if store.fs.isfile(path) else None
+
+    def raw_put(self, store: ObjectStore, key: str, data: bytes) -> None:
+        assert isinstance(store, FsspecObjectStore)
+        store.fs.pipe_file(f"{store.describe()}/{key}", data)
+
+    def reopen_store(self, store: ObjectStore) -> ObjectStore:
+        return FsspecObjectStore(store.describe())
+
+
+class TestFsspecLocalObjectStore(ObjectStoreTests):
+    """fsspec's local filesystem through the fsspec store (``fsspec+file://``): a hierarchical
+    backend, unlike the object stores fsspec is meant for here. It needs ``auto_mkdir``."""
+
+    def make_store(self, tmp_path: Path) -> ObjectStore:
+        root = tmp_path / "fsspec-objects"
+        root.mkdir()
+        return FsspecObjectStore(f"file://{root}", auto_mkdir=True)
+
+    @pytest.mark.xfail(
+        strict=True,
+        reason="fsspec's LocalFileSystem.pipe_file truncates and rewrites in place, so a "
+        "reader can see an empty or partial object: FsspecObjectStore.put is not atomic there",
+    )
+    def test_put_is_atomic_for_readers(self, tmp_path: Path) -> None:
+        super().test_put_is_atomic_for_readers(tmp_path)
+
+
+@pytest.mark.s3
+class TestS3ObjectStore(ObjectStoreTests):
+    """The S3 store against the session's SeaweedFS server, a fresh prefix per store."""
+
+    race_rounds = 3  # each round of conditional-create races costs seconds of 409 back-off
+    _prefixes = itertools.count()
+
+    @pytest.fixture(autouse=True)
+    def _server(self, seaweedfs: Any) -> None:
+        self.server = seaweedfs
+
+    def make_store(self, tmp_path: Path) -> ObjectStore:
+        from s3stream.objectstore.s3 import S3ObjectStore
+
+        prefix = f"kit/{os.getpid()}-{next(self._prefixes)}"
+        return S3ObjectStore(self.server.bucket, prefix, **self.server.storage_options())
+
+    def raw_get(self, store: ObjectStore, key: str) -> bytes | None:
+        client = self.server.client()
+        try:
+            reply = client.get_object(Bucket=self.server.bucket, Key=self._full_key(store, key))
+        except client.exceptions.NoSuchKey:
+            return None
+        return bytes(reply["Body"].read())
+
+    def raw_put(self, store: ObjectStore, key: str, data: bytes) -> None:
+        self.server.client().put_object(
+            Bucket=self.server.bucket, Key=self._full_key(store, key), Body=data
+        )
+
+    def reopen_store(self, store: ObjectStore) -> ObjectStore:
+        from s3stream.objectstore.s3 import S3ObjectStore
+
+        assert isinstance(store, S3ObjectStore)
+        return S3ObjectStore(store.bucket, store.prefix, **self.server.storage_options())
+
+    @staticmethod
+    def _full_key(store: ObjectStore, key: str) -> str:
+        from s3stream.objectstore.s3 import S3ObjectStore
+
+        assert isinstance(store, S3ObjectStore)
+        return store.prefix + key
+
+
+# -- wrappers through the kit --------------------------------------------------------------------
+
+
+class TestMetricsObjectStore(ObjectStoreTests):
+    def make_store(self, tmp_path: Path) -> ObjectStore:
+        return MetricsObjectStore(MemoryObjectStore())
+
+
+class TestHealthyFaultyObjectStore(ObjectStoreTests):
+    """With no faults configured the wrapper is a plain, correct store."""
+
+    def make_store(self, tmp_path: Path) -> ObjectStore:
+        inner = LocalObjectStore(tmp_path / "objects", fsync=False)
+        return FaultyObjectStore(inner, rng=random.Random(1))
+
+
+class TestRetryingOverFaultyObjectStore(ObjectStoreTests):
+    """Retries hide transient and ambiguous failures completely: the kit cannot tell.
+
+    Conditional creates get no ambiguous faults: after a lost reply the retrying store decides
+    by comparing bytes, which cannot tell an identical competitor's object from its own (as its
+    docstring says), and the kit's state machine does write identical bytes."""
+
+    def make_store(self, tmp_path: Path) -> ObjectStore:
+        clock = ManualClock()
+        faulty = FaultyObjectStore(
+            MemoryObjectStore(),
+            rng=random.Random(str(tmp_path)),
+            clock=clock,
+            error_rate=0.2,
+            latency_s=(0.0, 0.05),
+            rules=[FaultRule(ambiguous_rate=0.1, operations=OPERATIONS - {"put_if_absent"})],
+        )
+        # One manual clock advanced by every thread's injected latency: only the attempt
+        # budget may end the retries, not the (shared) elapsed time.
+        return RetryingObjectStore(
+            faulty, clock=clock, rng=random.Random(2), max_attempts=40, deadline_s=1e9
+        )
+
+
+# -- FaultyObjectStore itself ---------------------------------------------------------------------
+
+
+def _outcomes(store: FaultyObjectStore, n: int) -> list[str]:
+    seen = []
+    for i in range(n):
+        try:
+            store.put(f"k/{i}.0", b"x")
+            seen.append("ok")
+        except UnavailableError:
+            seen.append("error" if store.inner.head(f"k/{i}.0") is None else "ambiguous")
+    return seen
+
+
+def test_faults_same_seed_same_faults() -> None:
+    def run(seed: int) -> list[str]:
+        faulty = FaultyObjectStore(
+            MemoryObjectStore(), rng=random.Random(seed), error_rate=0.2, ambiguous_rate=0.2
+        )
+        return _outcomes(faulty, 300)
+
+    assert run(7) == run(7)
+    assert run(7) != run(8)
+    assert {"ok", "error", "ambiguous"} == set(run(7))
+
+
+def test_faults_error_rate_and_counters() -> None:
+    faulty = FaultyObjectStore(MemoryObjectStore(), rng=random.Random(3), error_rate=0.1)
+    seen = _outcomes(faulty, 2000)
+    errors = seen.count("error")
+    # 2000 draws at p=0.1: mean 200, standard deviation ~13.4.
+    assert 140 <= errors <= 260, errors
+    assert seen.count("ambiguous") == 0, "an error must leave nothing behind"
+    c = faulty.counters
+    assert c.errors == {"put": errors}
+    assert c.calls == {"put": 2000}
+    assert c.injected == errors and not c.ambiguous and not c.delays
+    keys = [i.key for i in faulty.inner.list()]
+    assert len(keys) == 2000 - errors
+
+
+def test_faults_ambiguous_writes_take_effect() -> None:
+    faulty = FaultyObjectStore(MemoryObjectStore(), rng=random.Random(4), ambiguous_rate=1.0)
+    with pytest.raises(UnavailableError, match="reply was lost"):
+        faulty.put("a.0", b"put data")
+    assert faulty.inner.get("a.0") == b"put data"
+    with pytest.raises(UnavailableError):
+        faulty.put_if_absent("b.0", b"created")
+    with faulty.healthy():
+        # The retry of a conditional create whose reply was lost finds its own object.
+        assert faulty.put_if_absent("b.0", b"created") is False
+        assert faulty.get("b.0") == b"created"
+    assert faulty.counters.ambiguous == {"put": 1, "put_if_absent": 1}
+
+
+def test_faults_ambiguous_delete_many_deletes_a_prefix() -> None:
+    inner = MemoryObjectStore()
+    faulty = FaultyObjectStore(inner, rng=random.Random(5), ambiguous_rate=1.0)
+    sizes = set()
+    for round_ in range(20):
+        keys = [f"r{round_}/{i:02d}.0" for i in range(12)]
+        for k in keys:
+            inner.put(k, b"x")
+        with pytest.raises(UnavailableError):
+            faulty.delete_many(keys)
+        gone = [inner.head(k) is None for k in keys]
+        deleted = gone.count(True)
+        assert gone == [True] * deleted + [False] * (12 - deleted), "not a prefix"
+        sizes.add(deleted)
+    assert len(sizes) > 3, f"the partial deletes always stopped at the same place: {sizes}"
+
+
+def test_faults_ambiguous_list_yields_a_prefix_then_fails() -> None:
+    inner = MemoryObjectStore()
+    for i in range(30):
+        inner.put(f"l/{i:02d}.0", b"x")
+    everything = list(inner.list())
+    faulty = FaultyObjectStore(inner, rng=random.Random(6), ambiguous_rate=1.0)
+    lengths = set()
+    for _ in range(20):
+        got = []
+        with pytest.raises(UnavailableError):
+            for info in faulty.list("l/"):
+                got.append(info)
+        assert got == everything[: len(got)]
+        lengths.add(len(got))
+    assert len(lengths) > 3, lengths
+
+
+def test_faults_rules_target_operations_and_prefixes() -> None:
+    faulty = FaultyObjectStore(
+        MemoryObjectStore(),
+        rng=random.Random(7),
+        rules=[FaultRule(error_rate=1.0, operations=frozenset({"put"}), key_prefix="wal/")],
+    )
+    with pytest.raises(UnavailableError, match="injected fault"):
+        faulty.put("wal/1.0", b"x")
+    faulty.put("data/1.0", b"x")
+    assert faulty.get("data/1.0") == b"x"
+    assert faulty.head("wal/1.0") is None
+    assert faulty.put_if_absent("wal/2.0", b"y") is True
+    assert [i.key for i in faulty.list("wal/")] == ["wal/2.0"]
+    faulty.delete_many(["wal/2.0", "data/1.0"])
+    assert faulty.counters.errors == {"put": 1}
+    list_rule = FaultRule(error_rate=1.0, operations=frozenset({"list"}), key_prefix="wal/")
+    assert list_rule.matches("list", [""])  # listing everything includes wal/
+    assert list_rule.matches("list", ["wal/x"])
+    assert not list_rule.matches("list", ["data/"])
+
+
+def test_faults_healthy_suspends_injection() -> None:
+    faulty = FaultyObjectStore(MemoryObjectStore(), rng=random.Random(8), error_rate=1.0)
+    with faulty.healthy():
+        faulty.put("a.0", b"x")
+        with faulty.healthy():
+            assert faulty.get("a.0") == b"x"
+        assert faulty.head("a.0") is not None
+    with pytest.raises(UnavailableError):
+        faulty.get("a.0")
+    assert faulty.counters.errors == {"get": 1}
+    assert faulty.counters.calls == {"put": 1, "get": 2, "head": 1}
+
+
+def test_faults_latency_sleeps_on_the_clock() -> None:
+    clock = ManualClock()
+    faulty = FaultyObjectStore(
+        MemoryObjectStore(), rng=random.Random(9), clock=clock, latency_s=(0.01, 0.03)
+    )
+    before = clock.monotonic()
+    for i in range(100):
+        faulty.put(f"{i}.0", b"x")
+    slept = clock.monotonic() - before
+    c = faulty.counters
+    assert c.delays == {"put": 100}
+    assert 1.0 <= slept <= 3.0
+    assert slept == pytest.approx(c.delay_s)
+    with faulty.healthy():
+        faulty.put("free.0", b"x")
+    assert clock.monotonic() - before == pytest.approx(slept)
+
+
+def test_faults_bad_arguments_beat_faults() -> None:
+    faulty = FaultyObjectStore(MemoryObjectStore(), rng=random.Random(10), error_rate=1.0)
+    for call in (
+        lambda: faulty.put("/bad", b"x"),
+        lambda: faulty.put_if_absent("a//b", b"x"),
+        lambda: faulty.get("k.0", -1),
+        lambda: faulty.get_suffix("k.0", 0),
+        lambda: faulty.head(""),
+        lambda: faulty.delete_many(["ok.0", "../x"]),
+        lambda: faulty.list(None),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(InvalidArgumentError):
+            call()
+    assert faulty.counters.injected == 0
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"error_rate": 1.5},
+        {"error_rate": -0.1},
+        {"error_rate": "0.1"},
+        {"error_rate": True},
+        {"error_rate": 0.6, "ambiguous_rate": 0.6},
+        {"latency_s": (0.2, 0.1)},
+        {"latency_s": (0.0, 0.1)},  # latency without a clock
+        {"latency_s": [0.0, 0.1]},
+        {"rules": [FaultRule()], "rng": 5},
+        {"rules": ["not a rule"]},
+    ],
+)
+def test_faults_invalid_configuration(kwargs: dict[str, Any]) -> None:
+    options: dict[str, Any] = {"rng": random.Random(0), **kwargs}
+    with pytest.raises(InvalidArgumentError):
+        FaultyObjectStore(MemoryObjectStore(), **options)
+
+
+def test_faults_invalid_rules() -> None:
+    with pytest.raises(InvalidArgumentError, match="unknown operations"):
+        FaultRule(error_rate=1.0, operations=frozenset({"upload"}))
+    with pytest.raises(InvalidArgumentError):
+        FaultRule(operations="put")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError):
+        FaultRule(key_prefix=None)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError):
+        FaultyObjectStore("not a store", rng=random.Random(0))  # type: ignore[arg-type]
+
+
+def test_faults_wrapper_passes_close_and_describe_through() -> None:
+    inner = MemoryObjectStore()
+    faulty = FaultyObjectStore(inner, rng=random.Random(0))
+    assert faulty.describe() == f"faulty({inner.describe()})"
+    with faulty:
+        pass

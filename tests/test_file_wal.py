@@ -1,0 +1,900 @@
+"""The file / block-device WAL: round trips, crashes, torn writes, the ring, errors, fencing.
+
+Crashes are simulated with `FileWal._abandon()` (writer stopped, no clean-shutdown header) and,
+in `test_sigkill_crash_loop`, by SIGKILLing a child process in the middle of its appends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from s3stream.clock import SystemClock
+from s3stream.errors import (
+    CorruptionError,
+    FencedError,
+    InvalidArgumentError,
+    S3StreamError,
+    StreamClosedError,
+    UnavailableError,
+    WalFullError,
+)
+from s3stream.settings import FileWalSettings
+from s3stream.testing.wal import WalTests
+from s3stream.wal import FileWal, MemoryWal, WalRecord, open_wal
+from s3stream.wal.file import read_wal_header
+from s3stream.wal.framing import DATA_START, SLOT_BYTES, FrameScanner, frame_size
+from s3stream.wal.registry import parse_size
+
+KiB = 1 << 10
+MiB = 1 << 20
+REPO = Path(__file__).resolve().parents[1]
+
+
+def small(capacity: int = 256 * KiB, **kw: object) -> FileWalSettings:
+    return FileWalSettings(capacity_bytes=capacity, **kw)  # type: ignore[arg-type]
+
+
+def data_for(i: int, size: int) -> bytes:
+    """Deterministic, position-independent record contents."""
+    block = hashlib.sha256(i.to_bytes(8, "little")).digest()
+    return (block * (size // 32 + 1))[:size]
+
+
+def recover_all(wal: FileWal) -> list[WalRecord]:
+    return list(wal.recover())
+
+
+def append_all(wal: FileWal, payloads: list[bytes]) -> list[WalRecord]:
+    futures = [wal.append(p) for p in payloads]
+    return [WalRecord(f.result(timeout=30), p) for f, p in zip(futures, payloads, strict=True)]
+
+
+def direct_io_supported(directory: Path) -> bool:
+    probe = directory / ".odirect-probe"
+    try:
+        fd = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o600)
+    except OSError:
+        return False
+    os.close(fd)
+    probe.unlink()
+    return True
+
+
+@pytest.fixture(params=[False, True], ids=["buffered", "direct"])
+def direct(request: pytest.FixtureRequest, tmp_path: Path) -> bool:
+    if request.param and not direct_io_supported(tmp_path):
+        pytest.skip("the filesystem of tmp_path does not support O_DIRECT")
+    return bool(request.param)
+
+
+@pytest.fixture
+def wal_path(tmp_path: Path) -> Path:
+    return tmp_path / "wal" / "node.wal"
+
+
+# -- the conformance kit ----------------------------------------------------------------------
+
+
+def tear_after_tail(path: Path, rng: random.Random) -> None:
+    """Garble bytes right after the last complete frame, as a crash mid-write leaves them."""
+    header = read_wal_header(path)
+    cap = header.capacity
+    with open(path, "r+b") as f:
+
+        def read(pos: int, n: int) -> bytes:
+            out = b""
+            while n:
+                phys = pos % cap
+                k = min(n, cap - phys)
+                f.seek(DATA_START + phys)
+                out += f.read(k)
+                n -= k
+                pos += k
+            return out
+
+        bound = max(header.start, min(header.window_end, header.start + cap))
+        scanner = FrameScanner(
+            read,
+            start=header.start,
+            bound=bound,
+            seed=header.seed,
+            max_session=header.session,
+            max_length=cap,
+            chunk_bytes=MiB,
+        )
+        for _ in scanner:
+            pass
+        at = scanner.end + rng.randrange(0, 512)
+        n = rng.randrange(1, 2048)
+        junk = bytes(n) if rng.random() < 0.5 else rng.randbytes(n)
+        for i in range(n):
+            f.seek(DATA_START + (at + i) % cap)
+            f.write(junk[i : i + 1])
+
+
+class TestFileWalConformance(WalTests):
+    """The public WAL contract (`s3stream.testing.WalTests`) on the file WAL."""
+
+    def make_medium(self, tmp_path: Path) -> Path:
+        return tmp_path / "kit" / "file.wal"
+
+    def open_wal(self, medium: Path) -> FileWal:
+        return FileWal(medium, settings=small(4 * MiB))
+
+    def raw_bytes(self, medium: Path) -> bytes:
+        return medium.read_bytes()
+
+    def tear_tail(self, medium: Path, rng: random.Random) -> None:
+        tear_after_tail(medium, rng)
+
+    def open_small_wal(self, medium: Path, capacity_bytes: int, full_wait_ms: int) -> FileWal:
+        return FileWal(medium, settings=small(capacity_bytes, full_wait_ms=full_wait_ms))
+
+    def open_wal_as(self, medium: Path, node_epoch: int) -> FileWal:
+        return FileWal(medium, node_epoch=node_epoch, settings=small(4 * MiB))
+
+
+# -- round trips --------------------------------------------------------------------------------
+
+
+def test_round_trip_after_close_and_after_crash(wal_path: Path, direct: bool) -> None:
+    st_ = small(direct_io=direct)
+    wal = FileWal(wal_path, settings=st_)
+    assert wal.direct_io is direct
+    assert recover_all(wal) == []
+    sizes = [0, 1, 31, 32, 33, 4095, 4096, 4097, 20_000, 70_000]
+    acked = append_all(wal, [data_for(i, s) for i, s in enumerate(sizes)])
+    assert [r.position for r in acked] == sorted({r.position for r in acked})
+    wal.close()
+    assert read_wal_header(wal_path).clean
+
+    wal = FileWal(wal_path, settings=st_)
+    assert recover_all(wal) == acked
+    more = append_all(wal, [data_for(100 + i, 500) for i in range(5)])
+    assert more[0].position > acked[-1].position
+    wal._abandon()
+    assert not read_wal_header(wal_path).clean
+
+    wal = FileWal(wal_path, settings=st_)
+    assert recover_all(wal) == acked + more
+    wal.close()
+
+
+def test_recover_while_ready_replays_live_records(wal_path: Path) -> None:
+    wal = FileWal(wal_path, settings=small())
+    recover_all(wal)
+    acked = append_all(wal, [data_for(i, 300) for i in range(10)])
+    wal.trim(acked[3].position)
+    assert recover_all(wal) == acked[4:]
+    assert wal.append(b"still usable").result(timeout=10) > acked[-1].position
+    wal.close()
+
+
+def test_largest_record_fits_at_any_alignment(wal_path: Path, direct: bool) -> None:
+    wal = FileWal(wal_path, settings=small(64 * KiB, direct_io=direct))
+    recover_all(wal)
+    biggest = wal.capabilities.max_record_bytes
+    assert biggest == 64 * KiB - 2 * 4096 - 32
+    with pytest.raises(InvalidArgumentError, match="exceeds"):
+        wal.append(bytes(biggest + 1))
+    first = append_all(wal, [b"x" * 100])  # leaves the tail unaligned
+    wal.trim(first[0].position)
+    big = append_all(wal, [data_for(7, biggest)])
+    wal._abandon()
+    wal = FileWal(wal_path, settings=small(64 * KiB, direct_io=direct))
+    assert recover_all(wal) == big
+    wal.close()
+
+
+def test_trimmed_records_never_return(wal_path: Path) -> None:
+    wal = FileWal(wal_path, settings=small())
+    recover_all(wal)
+    acked = append_all(wal, [data_for(i, 100 + i) for i in range(20)])
+    wal.trim(acked[4].position)
+    wal.trim(acked[2].position)  # lower: no effect
+    # Between two records: drops exactly those at or below the point.
+    wal.trim(acked[9].position + 1)
+    with pytest.raises(InvalidArgumentError):
+        wal.trim(acked[-1].position + frame_size(len(acked[-1].data)))
+    with pytest.raises(InvalidArgumentError):
+        wal.trim(1.5)  # type: ignore[arg-type]
+    wal._abandon()
+    wal = FileWal(wal_path, settings=small())
+    assert recover_all(wal) == acked[10:]
+    wal.trim(acked[-1].position)
+    wal.close()
+    wal = FileWal(wal_path, settings=small())
+    assert recover_all(wal) == []
+    nxt = append_all(wal, [b"after"])
+    assert nxt[0].position > acked[-1].position
+    wal.close()
+
+
+def test_wrap_around_many_laps(wal_path: Path, direct: bool) -> None:
+    rng = random.Random(1234)
+    capacity = 128 * KiB
+    st_ = small(capacity, direct_io=direct, full_wait_ms=1000)
+    wal = FileWal(wal_path, settings=st_)
+    recover_all(wal)
+    live: list[WalRecord] = []
+    n = 0
+    while True:
+        batch = [data_for(n + i, rng.choice([0, 5, 100, 999, 4000, 9000])) for i in range(6)]
+        n += len(batch)
+        live += append_all(wal, batch)
+        last = live[-1].position
+        keep = rng.randrange(0, 6)
+        if len(live) > keep:
+            wal.trim(live[-keep - 1].position)
+            live = live[len(live) - keep :]
+        if rng.random() < 0.15:
+            wal._abandon() if rng.random() < 0.5 else wal.close()
+            wal = FileWal(wal_path, settings=st_)
+            assert recover_all(wal) == live
+        if last > 40 * capacity:
+            break
+    wal._abandon()
+    wal = FileWal(wal_path, settings=st_)
+    assert recover_all(wal) == live
+    wal.close()
+
+
+def test_reset_before_recover_skips_past_every_old_record(wal_path: Path) -> None:
+    wal = FileWal(wal_path, settings=small())
+    recover_all(wal)
+    old = append_all(wal, [data_for(i, 700) for i in range(30)])
+    wal._abandon()  # dirty header: the tail is unknown without a scan
+    wal = FileWal(wal_path, settings=small())
+    wal.reset()
+    new = append_all(wal, [b"new"])
+    assert new[0].position > old[-1].position
+    wal._abandon()
+    wal = FileWal(wal_path, settings=small())
+    assert recover_all(wal) == new
+    wal.reset()
+    wal.close()
+    wal = FileWal(wal_path, settings=small())
+    assert recover_all(wal) == []
+    wal.close()
+
+
+# -- torn writes and damage ---------------------------------------------------------------------
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    sizes=st.lists(st.integers(0, 3000), min_size=1, max_size=10),
+    first_torn=st.integers(0, 9),
+    offset=st.integers(0, 4000),
+    length=st.integers(1, 6000),
+    mode=st.sampled_from(["zero", "random", "flip"]),
+    near_ring_end=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_torn_writes_recover_exactly_a_prefix(
+    tmp_path: Path,
+    sizes: list[int],
+    first_torn: int,
+    offset: int,
+    length: int,
+    mode: str,
+    near_ring_end: bool,
+    seed: int,
+) -> None:
+    """Damage anywhere from record k on leaves records [0, k) intact and nothing else odd.
+
+    Records from k on were, in this story, one unfinished group commit: recovery returns a
+    prefix of the written records, at least k long, never garbage and never an exception.
+    A new session then writes over the torn region and none of its stale frames comes back.
+    """
+    capacity = 64 * KiB
+    path = Path(tempfile.mkdtemp(dir=tmp_path)) / "torn.wal"
+    wal = FileWal(path, settings=small(capacity))
+    recover_all(wal)
+    if near_ring_end:  # make the records straddle the physical end of the ring
+        filler = append_all(wal, [bytes(capacity // 2 - 2000)])
+        wal.trim(filler[0].position)
+    written = append_all(wal, [data_for(i, s) for i, s in enumerate(sizes)])
+    wal._abandon()
+
+    k = first_torn % len(written)
+    first = written[0].position
+    lo = written[k].position + offset
+    hi = min(lo + length, first + capacity)  # never past one lap: that is records [0, k)
+    rng = random.Random(seed)
+    with open(path, "r+b") as f:
+        for pos in range(lo, hi):
+            phys = DATA_START + pos % capacity
+            f.seek(phys)
+            if mode == "zero":
+                f.write(b"\0")
+            elif mode == "random":
+                f.write(bytes([rng.randrange(256)]))
+            elif pos == lo:
+                old = f.read(1)
+                f.seek(phys)
+                f.write(bytes([(old[0] if old else 0) ^ (1 << rng.randrange(8))]))
+
+    wal = FileWal(path, settings=small(capacity))
+    got = recover_all(wal)
+    assert len(got) >= k
+    assert got == written[: len(got)]
+    again = append_all(wal, [data_for(999, sizes[0])])
+    wal._abandon()
+    wal = FileWal(path, settings=small(capacity))
+    assert recover_all(wal) == got + again
+    wal.close()
+
+
+def test_header_slot_damage_falls_back_to_the_other_slot(wal_path: Path) -> None:
+    wal = FileWal(wal_path, settings=small())
+    recover_all(wal)
+    acked = append_all(wal, [data_for(i, 2000) for i in range(12)])
+    wal.close()
+    newest = read_wal_header(wal_path)
+    for slot in (newest.slot_index, 1 - newest.slot_index):
+        image = wal_path.read_bytes()[: 2 * SLOT_BYTES]
+        with open(wal_path, "r+b") as f:
+            f.seek(slot * SLOT_BYTES + 20)
+            f.write(b"\xff\x00\xff")  # inside the checksummed fields
+        wal = FileWal(wal_path, settings=small())
+        assert recover_all(wal) == acked, f"with slot {slot} damaged"
+        wal.close()
+        with open(wal_path, "r+b") as f:  # put both slots back as they were
+            f.write(image)
+
+
+def test_both_header_slots_damaged_is_corruption(wal_path: Path) -> None:
+    wal = FileWal(wal_path, settings=small())
+    recover_all(wal)
+    wal.close()
+    with open(wal_path, "r+b") as f:
+        for slot in (0, 1):
+            f.seek(slot * SLOT_BYTES + 30)
+            f.write(b"\x55\xaa")
+    with pytest.raises(CorruptionError, match="both header slots"):
+        FileWal(wal_path, settings=small())
+
+
+def test_damage_before_a_clean_tail_is_reported(wal_path: Path) -> None:
+    wal = FileWal(wal_path, settings=small())
+    recover_all(wal)
+    acked = append_all(wal, [data_for(i, 1000) for i in range(5)])
+    wal.close()
+    bad = acked[2].position
+    with open(wal_path, "r+b") as f:
+        f.seek(DATA_START + bad + 100)
+        f.write(b"\x00\x01\x02")
+    wal = FileWal(wal_path, settings=small())
+    got: list[WalRecord] = []
+    with pytest.raises(CorruptionError, match=f"position {bad}") as info:
+        got.extend(wal.recover())
+    assert got == acked[:2]
+    assert info.value.position == DATA_START + bad
+    with pytest.raises(S3StreamError):
+        wal.append(b"not ready")
+    wal.close()
+
+
+# -- capacity and backpressure ------------------------------------------------------------------
+
+
+def test_full_ring_blocks_until_trim_then_times_out(wal_path: Path) -> None:
+    calls: list[float] = []
+    wal = FileWal(
+        wal_path,
+        settings=small(16 * KiB, full_wait_ms=10_000),
+        on_full=lambda: calls.append(time.monotonic()),
+    )
+    recover_all(wal)
+    acked: list[WalRecord] = []
+    blocked: Future[int] | None = None
+    for i in range(64):
+        data = data_for(i, 1000)
+        box: list[Future[int]] = []
+        t = threading.Thread(target=lambda d=data, b=box: b.append(wal.append(d)))
+        t.start()
+        t.join(timeout=0.3)
+        if t.is_alive():  # waiting for space
+            assert calls, "on_full was not called when the append started waiting"
+            # Space comes back in whole 4 KiB blocks: trim past the first block.
+            wal.trim(acked[4].position)
+            t.join(timeout=10)
+            assert not t.is_alive(), "the blocked append did not resume after trim"
+            blocked = box[0]
+            break
+        acked.append(WalRecord(box[0].result(timeout=10), data))
+    assert blocked is not None, "a 16 KiB ring never filled up"
+    assert blocked.result(timeout=10) > acked[-1].position
+    wal.close()
+
+    wal = FileWal(wal_path, settings=small(16 * KiB, full_wait_ms=50))
+    live = recover_all(wal)
+    assert live[0] == acked[5]
+    calls.clear()
+    t0 = time.monotonic()
+    with pytest.raises(WalFullError, match="full"):
+        for i in range(64):
+            wal.append(data_for(100 + i, 1000)).result(timeout=10)
+    assert 0.04 <= time.monotonic() - t0 < 5
+    wal._abandon()
+    # Nothing untrimmed was overwritten to make room.
+    wal = FileWal(wal_path, settings=small(16 * KiB))
+    assert recover_all(wal)[: len(live)] == live
+    wal.close()
+
+
+# -- concurrency --------------------------------------------------------------------------------
+
+
+def test_threads_group_commit_in_position_order(wal_path: Path) -> None:
+    """8 threads append at once: the writer completes futures in position order."""
+    wal = FileWal(wal_path, settings=small(8 * MiB))
+    recover_all(wal)
+    completed: list[int] = []
+    lock = threading.Lock()
+    local = threading.local()
+    barrier = threading.Barrier(8)
+    results: dict[int, list[WalRecord]] = {}
+
+    def on_done(fut: Future[int]) -> None:
+        # A callback added to a finished future runs at once in the adding thread, which says
+        # nothing about completion order: count only completions by the writer.
+        if not getattr(local, "adding", False):
+            with lock:
+                completed.append(fut.result())
+
+    def worker(t: int) -> None:
+        barrier.wait()
+        futs = []
+        payloads = [data_for(t * 1000 + i, (t * 37 + i * 11) % 3000) for i in range(150)]
+        for p in payloads:
+            fut = wal.append(p)
+            local.adding = True
+            fut.add_done_callback(on_done)
+            local.adding = False
+            futs.append(fut)
+        results[t] = [
+            WalRecord(f.result(timeout=30), p) for f, p in zip(futs, payloads, strict=True)
+        ]
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert completed, "no completion was observed by the writer"
+    assert all(a < b for a, b in itertools.pairwise(completed)), "completed out of order"
+    for recs in results.values():
+        assert all(a.position < b.position for a, b in itertools.pairwise(recs))
+    acked = sorted(itertools.chain.from_iterable(results.values()))
+    assert len({r.position for r in acked}) == 8 * 150
+    wal._abandon()
+    wal = FileWal(wal_path, settings=small(8 * MiB))
+    assert recover_all(wal) == acked
+    wal.close()
+
+
+def test_completion_callbacks_fire_in_append_order(wal_path: Path) -> None:
+    wal = FileWal(wal_path, settings=small(8 * MiB))
+    recover_all(wal)
+    fired: list[int] = []
+    futs = []
+    for i in range(2000):
+        fut = wal.append(data_for(i, i % 700))
+        fut.add_done_callback(lambda f, i=i: fired.append(i))
+        futs.append(fut)
+    positions = [f.result(timeout=30) for f in futs]
+    assert fired == list(range(2000))
+    assert positions == sorted(set(positions))
+    wal.close()
+
+
+def test_trim_append_and_close_from_a_completion_callback(wal_path: Path) -> None:
+    """Callbacks run on the writer thread; the WAL must not deadlock on itself."""
+    wal = FileWal(wal_path, settings=small())
+    recover_all(wal)
+    first = wal.append(b"one").result(timeout=10)
+    seen: list[object] = []
+    done = threading.Event()
+
+    def callback(fut: Future[int]) -> None:
+        wal.trim(first)
+        seen.append(wal.append(b"from callback"))
+        wal.close()
+        done.set()
+
+    wal.append(b"two").add_done_callback(callback)
+    assert done.wait(10)
+    follow_up = seen[0]
+    assert isinstance(follow_up, Future)
+    assert follow_up.result(timeout=10) > first
+    deadline = time.monotonic() + 10
+    while wal._fd >= 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    wal = FileWal(wal_path, settings=small())
+    assert [r.data for r in recover_all(wal)] == [b"two", b"from callback"]
+    wal.close()
+
+
+# -- opening errors -----------------------------------------------------------------------------
+
+
+def test_missing_directories_are_created(tmp_path: Path) -> None:
+    path = tmp_path / "a" / "b" / "c" / "x.wal"
+    wal = FileWal(path, settings=small())
+    assert path.stat().st_size == DATA_START + 256 * KiB
+    assert wal.data_start == DATA_START and wal.data_capacity == 256 * KiB
+    assert wal.physical_offset(256 * KiB + 5) == DATA_START + 5
+    wal.close()
+
+
+def test_bad_paths_are_clear_errors(tmp_path: Path) -> None:
+    afile = tmp_path / "plain"
+    afile.write_bytes(b"x")
+    with pytest.raises(InvalidArgumentError, match="plain"):
+        FileWal(afile / "x.wal", settings=small())
+    with pytest.raises(InvalidArgumentError, match=r"neither a regular file|Is a directory"):
+        FileWal(tmp_path, settings=small())
+    with pytest.raises(InvalidArgumentError, match="create=False"):
+        FileWal(tmp_path / "missing.wal", settings=small(), create=False)
+    empty = tmp_path / "empty.wal"
+    empty.touch()
+    with pytest.raises(InvalidArgumentError, match="create=False"):
+        FileWal(empty, settings=small(), create=False)
+    with pytest.raises(InvalidArgumentError, match="node_id"):
+        FileWal(tmp_path / "n.wal", node_id="x" * 65)
+    with pytest.raises(InvalidArgumentError, match="node_epoch"):
+        FileWal(tmp_path / "n.wal", node_epoch=-1)
+
+
+def test_foreign_files_are_never_overwritten(tmp_path: Path) -> None:
+    junk = random.Random(5).randbytes(300 * KiB)
+    for name, content in [("junk.wal", junk), ("tiny.wal", b"hello")]:
+        path = tmp_path / name
+        path.write_bytes(content)
+        with pytest.raises(InvalidArgumentError, match="not an s3stream WAL"):
+            FileWal(path, settings=small())
+        assert path.read_bytes() == content
+
+
+def test_resized_wal_is_refused(wal_path: Path) -> None:
+    FileWal(wal_path, settings=small()).close()
+    os.truncate(wal_path, DATA_START + 128 * KiB)
+    with pytest.raises(InvalidArgumentError, match="truncated or resized"):
+        FileWal(wal_path, settings=small())
+
+
+def test_header_capacity_wins_over_settings(wal_path: Path) -> None:
+    FileWal(wal_path, settings=small(128 * KiB)).close()
+    wal = FileWal(wal_path, settings=small(1 * MiB))
+    assert wal.data_capacity == 128 * KiB
+    assert wal_path.stat().st_size == DATA_START + 128 * KiB
+    wal.close()
+
+
+def test_wal_of_another_node_is_refused(wal_path: Path) -> None:
+    FileWal(wal_path, node_id="node-a", settings=small()).close()
+    with pytest.raises(InvalidArgumentError, match="belongs to node 'node-a'"):
+        FileWal(wal_path, node_id="node-b", settings=small())
+    FileWal(wal_path, node_id="node-a", settings=small()).close()
+
+
+def test_settings_validation() -> None:
+    with pytest.raises(InvalidArgumentError, match="multiple of 4096"):
+        FileWalSettings(capacity_bytes=100_000)
+    with pytest.raises(InvalidArgumentError, match="max_group_bytes"):
+        FileWalSettings(max_group_bytes=100)
+    with pytest.raises(InvalidArgumentError, match="recovery_read_bytes"):
+        FileWalSettings(recovery_read_bytes=0)
+    assert FileWalSettings(full_wait_ms=0).full_wait_ms == 0
+
+
+@contextlib.contextmanager
+def tmpfs(directory: Path, options: str) -> Iterator[Path]:
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    directory.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(directory)],
+        capture_output=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {done.stderr.decode().strip()}")
+    try:
+        yield directory
+    finally:
+        subprocess.run(["umount", "-l", str(directory)], check=False)
+
+
+def test_no_space_and_read_only_filesystems(tmp_path: Path) -> None:
+    with tmpfs(tmp_path / "tiny", "size=1m") as mnt:
+        path = mnt / "x.wal"
+        with pytest.raises(UnavailableError, match="no space left"):
+            FileWal(path, settings=small(2 * MiB))
+        assert not path.exists(), "a half-created WAL file was left behind"
+        wal = FileWal(path, settings=small(256 * KiB))
+        recover_all(wal)
+        acked = append_all(wal, [b"on tmpfs"])
+        wal.close()
+        wal = FileWal(path, settings=small(256 * KiB))
+        assert recover_all(wal) == acked
+        wal.close()
+    with (
+        tmpfs(tmp_path / "ro", "ro,size=1m") as mnt,
+        pytest.raises(InvalidArgumentError, match="permission denied"),
+    ):
+        FileWal(mnt / "x.wal", settings=small())
+
+
+def test_failed_write_fails_that_append_and_every_later_one(wal_path: Path) -> None:
+    wal = FileWal(wal_path, settings=small())
+    recover_all(wal)
+    acked = append_all(wal, [data_for(i, 100) for i in range(5)])
+    # Swap the descriptor for a read-only one: the next write fails as a dying disk would.
+    ro = os.open(wal_path, os.O_RDONLY)
+    os.dup2(ro, wal._wfd)
+    os.close(ro)
+    first = wal.append(b"doomed")
+    with pytest.raises(UnavailableError, match="write failed"):
+        first.result(timeout=10)
+    later = wal.append(b"also doomed")
+    with pytest.raises(UnavailableError):
+        later.result(timeout=10)
+    with pytest.raises(UnavailableError):
+        wal.trim(acked[0].position)
+    wal.close()
+    wal = FileWal(wal_path, settings=small())
+    assert recover_all(wal) == acked
+    wal.close()
+
+
+# -- fencing ------------------------------------------------------------------------------------
+
+
+def test_a_newer_opener_fences_the_running_writer(wal_path: Path) -> None:
+    old = FileWal(wal_path, node_epoch=1, settings=small())
+    recover_all(old)
+    acked = append_all(old, [b"before"])
+    new = FileWal(wal_path, node_epoch=2, settings=small())
+    assert recover_all(new) == acked
+    with pytest.raises(FencedError, match="taken over"):
+        old.append(b"after the fence").result(timeout=10)
+    with pytest.raises(FencedError):
+        old.trim(acked[0].position)
+    old.close()  # must not write its clean header over the new owner's
+    mine = append_all(new, [b"new owner"])
+    new.close()
+    with pytest.raises(FencedError, match="older epoch 1"):
+        FileWal(wal_path, node_epoch=1, settings=small())
+    last = FileWal(wal_path, node_epoch=2, settings=small())
+    assert recover_all(last) == acked + mine
+    last.close()
+
+
+def test_same_epoch_reopen_fences_the_earlier_instance(wal_path: Path) -> None:
+    first = FileWal(wal_path, settings=small())
+    recover_all(first)
+    second = FileWal(wal_path, settings=small())
+    with pytest.raises(FencedError):
+        first.append(b"x").result(timeout=10)
+    assert recover_all(second) == []
+    first.close()
+    second.close()
+
+
+# -- lifecycle ----------------------------------------------------------------------------------
+
+
+def test_lifecycle(wal_path: Path) -> None:
+    wal = FileWal(wal_path, settings=small())
+    with pytest.raises(S3StreamError, match="recover"):
+        wal.append(b"early")
+    with pytest.raises(S3StreamError, match="recover"):
+        wal.trim(0)
+    with pytest.raises(InvalidArgumentError, match="bytes"):
+        wal.append(bytearray(b"mutable"))  # type: ignore[arg-type]
+    recover_all(wal)
+    assert wal.capabilities.persistent and wal.capabilities.durable_on_ack
+    assert "node.wal" in wal.describe()
+    futs = [wal.append(data_for(i, 5000)) for i in range(40)]
+    wal.close()
+    assert all(f.done() and f.exception() is None for f in futs)
+    wal.close()  # idempotent
+    for call in (lambda: wal.append(b"x"), lambda: wal.trim(0), wal.reset):
+        with pytest.raises(StreamClosedError):
+            call()
+    with pytest.raises(StreamClosedError):
+        list(wal.recover())
+
+
+# -- a real crash -------------------------------------------------------------------------------
+
+CRASH_RECORD = textwrap.dedent(
+    """
+    import hashlib
+
+    def crash_record(it, j):
+        # Record #j of crash run `it`: self-describing, sizes from 0 to 9 KB.
+        size = 9000 if j % 17 == 0 else (j * 131 + it * 7) % 1500
+        block = hashlib.sha256(f"{it}/{j}".encode()).digest()
+        return f"{it}:{j}:".encode() + (block * (size // 32 + 1))[:size]
+    """
+)
+CHILD = CRASH_RECORD + textwrap.dedent(
+    """
+    import sys
+    from collections import deque
+    from s3stream.settings import FileWalSettings
+    from s3stream.wal.file import FileWal
+
+    path, it = sys.argv[1], int(sys.argv[2])
+
+    wal = FileWal(path, settings=FileWalSettings(capacity_bytes=1 << 20, max_group_bytes=1 << 16))
+    for _ in wal.recover():
+        pass
+    out = sys.stdout
+    out.write("READY\\n")
+    out.flush()
+    inflight = deque()
+    acked = []
+    for j in range(10**9):
+        inflight.append((j, wal.append(crash_record(it, j))))
+        if len(inflight) < 16:
+            continue
+        k, fut = inflight.popleft()
+        pos = fut.result()
+        acked.append(pos)
+        out.write(f"A {it} {k} {pos}\\n")
+        out.flush()
+        if k % 50 == 49 and len(acked) > 40:
+            target = acked[-40]
+            out.write(f"R {target}\\n")
+            out.flush()
+            wal.trim(target)
+            out.write(f"T {target}\\n")
+            out.flush()
+    """
+)
+
+
+_crash_namespace: dict[str, object] = {}
+exec(CRASH_RECORD, _crash_namespace)
+crash_record = _crash_namespace["crash_record"]
+
+
+@pytest.mark.slow
+def test_sigkill_crash_loop(tmp_path: Path) -> None:
+    """SIGKILL a writer mid-append, ten times over one WAL: every acknowledged record survives
+    byte for byte and in order; nothing trimmed comes back; nothing else but an in-order
+    continuation of unacknowledged appends."""
+    path = tmp_path / "crash.wal"
+    rng = random.Random(99)
+    acked: dict[int, tuple[int, int]] = {}  # position -> (run, index)
+    trimmed_to = -1  # durable: the child printed it after trim() returned
+    requested = -1
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for it in range(10):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(path), str(it)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+        lines: list[str] = []
+        ready = threading.Event()
+
+        def pump(
+            p: subprocess.Popen[str] = proc, out: list[str] = lines, ready: threading.Event = ready
+        ) -> None:
+            assert p.stdout is not None
+            for line in p.stdout:
+                if line.startswith("READY"):
+                    ready.set()
+                out.append(line)
+
+        reader = threading.Thread(target=pump)
+        reader.start()
+        assert ready.wait(60), f"child did not start: {proc.stderr.read() if proc.stderr else ''}"
+        time.sleep(rng.uniform(0.05, 0.5))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        reader.join(timeout=30)
+        assert proc.returncode == -signal.SIGKILL, proc.stderr.read() if proc.stderr else ""
+        for line in lines:
+            kind, *fields = line.split()
+            if kind == "A":
+                acked[int(fields[2])] = (int(fields[0]), int(fields[1]))
+            elif kind == "R":
+                requested = max(requested, int(fields[0]))
+            elif kind == "T":
+                trimmed_to = max(trimmed_to, int(fields[0]))
+
+        wal = FileWal(path, settings=FileWalSettings(capacity_bytes=1 << 20))
+        got = recover_all(wal)
+        positions = [r.position for r in got]
+        assert positions == sorted(set(positions))
+        ids = []
+        for rec in got:
+            run, j = (int(x) for x in rec.data.split(b":", 2)[:2])
+            assert rec.data == crash_record(run, j), f"garbage at {rec.position}"
+            assert acked.get(rec.position, (run, j)) == (run, j)
+            ids.append((run, j))
+        assert all(p > trimmed_to for p in positions), "a trimmed record came back"
+        first = positions[0] if positions else 1 << 62
+        live = sorted(p for p in acked if p > trimmed_to)
+        missing = [p for p in live if p not in set(positions)]
+        # Acknowledged records may be missing only below the start, and only if a trim up to
+        # them had been requested (it may have become durable before the kill).
+        assert all(p < first and p <= requested for p in missing), f"lost {missing[:5]}"
+        # Unacknowledged survivors only continue, in order, the last run's appends.
+        for a, b in itertools.pairwise(ids):
+            assert b == (a[0], a[1] + 1) or (b[0] > a[0] and b[1] == 0), f"hole: {a} -> {b}"
+        for pos in [p for p in acked if p < first]:
+            del acked[pos]
+        # What recovery returned is durable now; later runs must keep it too.
+        acked.update(zip(positions, ids, strict=True))
+        trimmed_to = max(trimmed_to, first - 1)
+        if it % 2:
+            wal.close()
+        else:
+            wal._abandon()
+
+
+# -- the registry -------------------------------------------------------------------------------
+
+
+def test_open_wal_by_url(tmp_path: Path) -> None:
+    clock = SystemClock()
+    target = tmp_path / "u" / "a b.wal"
+    url = f"file://{str(target).replace(' ', '%20')}?capacity=64KiB&max_group=16K&full_wait_ms=5"
+    wal = open_wal(url, node_id="n1", clock=clock, node_epoch=3)
+    assert isinstance(wal, FileWal)
+    assert wal.data_capacity == 64 * KiB and wal.path == target
+    assert wal.header.node_epoch == 3 and wal.header.node_id == "n1"
+    wal.close()
+    plain = open_wal(str(target), node_id="n1", clock=clock, node_epoch=3)
+    assert isinstance(plain, FileWal) and plain.data_capacity == 64 * KiB
+    plain.close()
+    assert isinstance(open_wal("memory://", node_id="n1", clock=clock), MemoryWal)
+    with pytest.raises(InvalidArgumentError, match="unknown file WAL option 'speed'"):
+        open_wal(f"file://{target}?speed=9", node_id="n1", clock=clock)
+    with pytest.raises(InvalidArgumentError, match="capacity"):
+        open_wal(f"file://{target}?capacity=lots", node_id="n1", clock=clock)
+    with pytest.raises(InvalidArgumentError, match="no WAL for URL scheme 'nope'"):
+        open_wal("nope://x", node_id="n1", clock=clock)
+
+
+def test_parse_size() -> None:
+    assert parse_size("4096") == 4096
+    assert parse_size("64MiB") == 64 * MiB
+    assert parse_size("2GiB") == 2 << 30
+    assert parse_size("16k") == 16 * KiB
+    assert parse_size("1 GB") == 1 << 30
+    for bad in ("", "1.5G", "-1", "10 parsecs"):
+        with pytest.raises(InvalidArgumentError):
+            parse_size(bad)

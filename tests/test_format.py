@@ -1,0 +1,678 @@
+"""Object format: golden files, round trips, index search, corruption and request counts."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import struct
+from pathlib import Path
+from typing import Any
+
+import crc32c
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import s3stream.format as fmt
+from s3stream.errors import CorruptionError, InvalidArgumentError, StreamClosedError
+from s3stream.format import (
+    DEFAULT_TAIL_READ_BYTES,
+    FOOTER_SIZE,
+    FORMAT_VERSION,
+    INDEX_ENTRY_SIZE,
+    MAGIC,
+    BlockInfo,
+    ObjectIndex,
+    ObjectWriter,
+    coalesce,
+    decode_block,
+    encode_batch,
+    parse_tail,
+    read_blocks,
+    read_index,
+)
+from s3stream.objectstore.base import ObjectInfo
+from s3stream.objectstore.memory import MemoryObjectStore
+from s3stream.types import BatchKind, FetchedBatch
+
+GOLDEN = Path(__file__).parent / "golden"
+GOLDEN_NAMES = ["plain", "zstd", "big_offsets", "empty"]
+KEY = "objects/test.s3o"
+
+
+class CountingStore(MemoryObjectStore):
+    """A real in-memory store that counts the requests a reader makes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gets: list[tuple[int, int | None]] = []
+        self.suffix_gets = 0
+        self.heads = 0
+
+    def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        self.gets.append((start, end))
+        return super().get(key, start, end)
+
+    def get_suffix(self, key: str, length: int) -> bytes:
+        self.suffix_gets += 1
+        return super().get_suffix(key, length)
+
+    def head(self, key: str) -> ObjectInfo | None:
+        self.heads += 1
+        return super().head(key)
+
+    @property
+    def requests(self) -> int:
+        return len(self.gets) + self.suffix_gets + self.heads
+
+    def reset_counts(self) -> None:
+        self.gets.clear()
+        self.suffix_gets = 0
+        self.heads = 0
+
+
+def fetched(sid: int, off: int, count: int, payload: bytes, **kw: Any) -> FetchedBatch:
+    return FetchedBatch(
+        sid,
+        off,
+        count,
+        payload,
+        kw.get("ts", 1000 + off),
+        kw.get("props", {}),
+        BatchKind(kw.get("kind", 0)),
+    )
+
+
+def write(batches: list[FetchedBatch], **writer_kw: Any) -> bytes:
+    w = ObjectWriter(**writer_kw)
+    for b in batches:
+        w.add_fetched(b)
+    return w.finish()
+
+
+def stored(data: bytes) -> CountingStore:
+    store = CountingStore()
+    store.put(KEY, data)
+    return store
+
+
+def sample_batches(rng: random.Random, streams: dict[int, int], n: int) -> list[FetchedBatch]:
+    """`n` batches over `streams` (id -> first offset), interleaved, contiguous per stream."""
+    nxt = dict(streams)
+    out = []
+    for i in range(n):
+        sid = rng.choice(sorted(nxt))
+        count = rng.randint(1, 4)
+        payload = rng.randbytes(rng.randint(0, 200))
+        out.append(fetched(sid, nxt[sid], count, payload, ts=rng.randint(-5, 5) + i))
+        nxt[sid] += count
+    return out
+
+
+def by_stream(batches: list[FetchedBatch]) -> list[FetchedBatch]:
+    return sorted(batches, key=lambda b: (b.stream_id, b.base_offset))
+
+
+# ---------------------------------------------------------------------------------------------
+# Golden files: these bytes must keep decoding forever.
+
+
+def load_golden(name: str) -> tuple[bytes, dict[str, Any]]:
+    data = (GOLDEN / f"v1_{name}.s3o").read_bytes()
+    meta = json.loads((GOLDEN / f"v1_{name}.json").read_text())
+    return data, meta
+
+
+def golden_batches(meta: dict[str, Any]) -> list[FetchedBatch]:
+    out = []
+    for b in meta["batches"]:
+        payload = bytes.fromhex(b["payload_hex"])
+        assert hashlib.sha256(payload).hexdigest() == b["payload_sha256"]
+        out.append(
+            FetchedBatch(
+                b["stream_id"],
+                b["base_offset"],
+                b["count"],
+                payload,
+                b["base_timestamp"],
+                b["properties"],
+                BatchKind(b["kind"]),
+            )
+        )
+    return out
+
+
+@pytest.mark.parametrize("name", GOLDEN_NAMES)
+def test_golden_file_decodes(name: str) -> None:
+    data, meta = load_golden(name)
+    assert hashlib.sha256(data).hexdigest() == meta["object_sha256"]
+    assert len(data) == meta["object_size"]
+    assert meta["format_version"] == 1
+    store = stored(data)
+    index = read_index(store, KEY)
+    assert store.requests == 1
+    assert [
+        {
+            "stream_id": b.stream_id,
+            "start_offset": b.start_offset,
+            "end_offset": b.end_offset,
+            "position": b.position,
+            "stored_size": b.stored_size,
+            "raw_size": b.raw_size,
+            "batch_count": b.batch_count,
+            "first_timestamp": b.first_timestamp,
+            "max_timestamp": b.max_timestamp,
+            "compressed": b.compressed,
+            "crc": b.crc,
+        }
+        for b in index.blocks
+    ] == meta["blocks"]
+    expected = by_stream(golden_batches(meta))
+    got = read_blocks(store, KEY, index.blocks)
+    assert got == expected
+    assert [dict(b.properties) for b in got] == [dict(b.properties) for b in expected]
+    for sid in index.stream_ids():
+        from_find = read_blocks(store, KEY, index.find(sid, 0))
+        assert from_find == [b for b in expected if b.stream_id == sid]
+
+
+def test_golden_files_cover_the_features() -> None:
+    kinds, props, compressed, raw_in_zstd, big, negative_ts = (
+        set(),
+        False,
+        False,
+        False,
+        False,
+        False,
+    )
+    for name in GOLDEN_NAMES:
+        _, meta = load_golden(name)
+        for b in meta["batches"]:
+            kinds.add(b["kind"])
+            props |= bool(b["properties"])
+            big |= b["base_offset"] + b["count"] > 2**32
+            negative_ts |= b["base_timestamp"] < 0
+        for blk in meta["blocks"]:
+            compressed |= blk["compressed"]
+            raw_in_zstd |= meta["writer"]["compression"] == "zstd" and not blk["compressed"]
+    assert kinds == {0, 1} and props and compressed and raw_in_zstd and big and negative_ts
+
+
+@pytest.mark.parametrize("name", ["plain", "big_offsets", "empty"])
+def test_writer_still_produces_uncompressed_golden_bytes(name: str) -> None:
+    # Catches an accidental change of the writer's layout that the reader would also accept.
+    data, meta = load_golden(name)
+    w = ObjectWriter(**meta["writer"])
+    for b in golden_batches(meta):
+        w.add(
+            b.stream_id,
+            b.base_offset,
+            b.count,
+            b.base_timestamp,
+            encode_batch(
+                b.stream_id,
+                b.base_offset,
+                b.count,
+                int(b.kind),
+                b.base_timestamp,
+                b.properties,
+                b.payload,
+            ),
+        )
+    assert w.finish() == data
+
+
+def test_golden_footer_layout() -> None:
+    data, meta = load_golden("plain")
+    index_pos, index_len, count, index_crc, version, flags, footer_crc, magic = struct.unpack(
+        "<QQIIHHI8s", data[-FOOTER_SIZE:]
+    )
+    assert (magic, version, flags) == (b"S3STREAM", 1, 0)
+    assert count == len(meta["blocks"]) and index_len == count * 72
+    assert index_pos + index_len + 40 == len(data)
+    assert crc32c.crc32c(data[index_pos : index_pos + index_len]) == index_crc
+    assert crc32c.crc32c(data[-FOOTER_SIZE : -FOOTER_SIZE + 28]) == footer_crc
+    assert (MAGIC, FORMAT_VERSION, FOOTER_SIZE, INDEX_ENTRY_SIZE) == (b"S3STREAM", 1, 40, 72)
+
+
+# ---------------------------------------------------------------------------------------------
+# Round trips
+
+
+@st.composite
+def objects(draw: st.DrawFn) -> tuple[list[FetchedBatch], dict[str, Any]]:
+    stream_ids = draw(
+        st.lists(
+            st.sampled_from([0, 1, 2, 17, 2**32 + 1, 2**63, 2**64 - 1]),
+            min_size=1,
+            max_size=4,
+            unique=True,
+        )
+    )
+    nxt = {sid: draw(st.sampled_from([0, 5, 2**31 - 1, 2**32 - 2, 2**62])) for sid in stream_ids}
+    order = draw(st.lists(st.sampled_from(stream_ids), min_size=1, max_size=40))
+    batches = []
+    for sid in order:
+        count = draw(st.integers(1, 2**20))
+        payload = draw(
+            st.one_of(st.binary(max_size=300), st.integers(0, 2000).map(lambda n: b"z" * n))
+        )
+        props = draw(st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=2))
+        ts = draw(st.integers(-(2**63), 2**63 - 1))
+        kind = draw(st.sampled_from([0, 1]))
+        batches.append(fetched(sid, nxt[sid], count, payload, ts=ts, props=props, kind=kind))
+        nxt[sid] += count
+    writer_kw = {
+        "block_target_bytes": draw(st.integers(1, 3000)),
+        "compression": draw(st.sampled_from(["none", "zstd"])),
+        "zstd_level": draw(st.integers(1, 5)),
+    }
+    return batches, writer_kw
+
+
+@settings(
+    max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+)
+@given(objects(), st.integers(FOOTER_SIZE, 4000))
+def test_round_trip(case: tuple[list[FetchedBatch], dict[str, Any]], tail: int) -> None:
+    batches, writer_kw = case
+    w = ObjectWriter(**writer_kw)
+    for b in batches:
+        w.add_fetched(b)
+    ranges = w.ranges()
+    estimate = w.size_estimate
+    data = w.finish()
+    if writer_kw["compression"] == "none":
+        assert estimate == len(data)
+    store = stored(data)
+    index = read_index(store, KEY, tail_read_bytes=tail)
+    fits = len(index.blocks) * INDEX_ENTRY_SIZE + FOOTER_SIZE <= tail or len(data) <= tail
+    assert (store.suffix_gets, len(store.gets), store.heads) == (1, 0 if fits else 1, 0)
+    assert index.object_size == len(data)
+    assert index.stream_ranges() == ranges
+    expected = by_stream(batches)
+    for sid in index.stream_ids():
+        mine = [b for b in expected if b.stream_id == sid]
+        blocks = index.find(sid, mine[0].base_offset)
+        assert list(blocks) == [b for b in index.blocks if b.stream_id == sid]
+        store.reset_counts()
+        assert read_blocks(store, KEY, blocks) == mine
+        assert store.requests == 1  # a stream's blocks are adjacent: one GET
+        assert index.stream_bytes(sid) == sum(b.stored_size for b in blocks)
+        # Pick a batch in the middle: find must start at the block holding it.
+        probe = mine[len(mine) // 2]
+        got = read_blocks(store, KEY, index.find(sid, probe.last_offset, probe.last_offset + 1))
+        assert probe in got
+    for blk in index.blocks:
+        assert blk.raw_size <= writer_kw["block_target_bytes"] or blk.batch_count == 1
+        if blk.compressed:
+            assert blk.stored_size < blk.raw_size
+
+
+def test_blocks_close_at_target_and_big_batches_stand_alone() -> None:
+    rec = 40 + 60  # header + payload
+    batches = [fetched(1, i, 1, b"x" * 60) for i in range(10)]
+    batches.append(fetched(1, 10, 1, b"y" * 1000))
+    batches += [fetched(1, 11 + i, 1, b"x" * 60) for i in range(3)]
+    data = write(batches, block_target_bytes=350)
+    index = parse_tail(data, len(data), "k")
+    assert isinstance(index, ObjectIndex)
+    assert [(b.start_offset, b.end_offset, b.raw_size) for b in index.blocks] == [
+        (0, 3, 3 * rec),
+        (3, 6, 3 * rec),
+        (6, 9, 3 * rec),
+        (9, 10, rec),
+        (10, 11, 1040),
+        (11, 14, 3 * rec),
+    ]
+    assert index.blocks[0].record_count == 3
+
+
+def test_compression_only_when_it_shrinks() -> None:
+    rng = random.Random(7)
+    batches = [fetched(1, 0, 1, bytes(5000)), fetched(2, 0, 1, rng.randbytes(5000))]
+    data = write(batches, compression="zstd", block_target_bytes=1 << 20)
+    index = read_index(stored(data), KEY)
+    assert [b.compressed for b in index.blocks] == [True, False]
+    assert index.blocks[0].stored_size < 200 and index.blocks[1].stored_size == 5040
+    assert read_blocks(stored(data), KEY, index.blocks) == batches
+
+
+def test_empty_object() -> None:
+    w = ObjectWriter()
+    assert w.is_empty() and w.ranges() == []
+    data = w.finish()
+    assert len(data) == FOOTER_SIZE
+    index = read_index(stored(data), KEY)
+    assert list(index.blocks) == [] and index.stream_ids() == [] and index.stream_ranges() == []
+    assert index.find(1, 0) == [] and index.stream_range(1) is None and index.stream_bytes(1) == 0
+
+
+def test_writer_lifecycle_and_ranges() -> None:
+    w = ObjectWriter()
+    w.add_fetched(fetched(9, 100, 5, b"a"))
+    w.add_fetched(fetched(3, 0, 1, b"b"))
+    w.add_fetched(fetched(9, 105, 2, b"c"))
+    assert not w.is_empty()
+    assert w.ranges() == [(3, 0, 1), (9, 100, 107)]
+    w.finish()
+    assert w.ranges() == [(3, 0, 1), (9, 100, 107)]
+    with pytest.raises(StreamClosedError):
+        w.add_fetched(fetched(9, 107, 1, b"d"))
+    with pytest.raises(StreamClosedError):
+        w.finish()
+
+
+def test_writer_rejects_bad_input() -> None:
+    w = ObjectWriter()
+    w.add_fetched(fetched(1, 10, 2, b"a"))
+    with pytest.raises(InvalidArgumentError, match="contiguous"):
+        w.add_fetched(fetched(1, 13, 1, b"gap"))
+    with pytest.raises(InvalidArgumentError, match="contiguous"):
+        w.add_fetched(fetched(1, 11, 1, b"overlap"))
+    rec = encode_batch(1, 12, 1, 0, 5, {}, b"x")
+    with pytest.raises(InvalidArgumentError, match="header"):
+        w.add(1, 12, 2, 5, rec)  # count disagrees with the record
+    with pytest.raises(InvalidArgumentError, match="header"):
+        w.add(2, 12, 1, 5, rec)
+    with pytest.raises(InvalidArgumentError, match="batch_record"):
+        w.add(1, 12, 1, 5, rec[:-1])
+    with pytest.raises(InvalidArgumentError, match="batch_record"):
+        w.add(1, 12, 1, 5, b"short")
+    with pytest.raises(InvalidArgumentError, match="stream_id"):
+        w.add(-1, 12, 1, 5, rec)
+    with pytest.raises(InvalidArgumentError, match="base_offset"):
+        w.add(1, -1, 1, 5, rec)
+    with pytest.raises(InvalidArgumentError, match="count"):
+        w.add(1, 12, 0, 5, rec)
+    w.add(1, 12, 1, 5, memoryview(rec))  # the rejected calls changed nothing
+    assert w.ranges() == [(1, 10, 13)]
+    with pytest.raises(InvalidArgumentError, match="compression"):
+        ObjectWriter(compression="lz4")
+    with pytest.raises(InvalidArgumentError, match="block_target_bytes"):
+        ObjectWriter(block_target_bytes=0)
+    with pytest.raises(InvalidArgumentError, match="zstd_level"):
+        ObjectWriter(compression="zstd", zstd_level=99)
+    with pytest.raises(InvalidArgumentError, match="max_gap_bytes"):
+        coalesce([], max_gap_bytes=-1)
+    with pytest.raises(InvalidArgumentError, match="tail_read_bytes"):
+        read_index(MemoryObjectStore(), KEY, tail_read_bytes=FOOTER_SIZE - 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Index search
+
+
+def test_find_at_every_offset() -> None:
+    rng = random.Random(11)
+    batches = sample_batches(rng, {4: 0, 8: 2**32 - 20, 2**64 - 1: 2**62}, 120)
+    data = write(batches, block_target_bytes=400)
+    index = read_index(stored(data), KEY)
+    for sid, start, end in index.stream_ranges():
+        mine = [b for b in index.blocks if b.stream_id == sid]
+        assert len(mine) > 3
+        for lo in range(start - 2, end + 2):
+            for hi in [None, *range(lo - 1, min(lo + 40, end + 3))]:
+                expected = [
+                    b
+                    for b in mine
+                    if b.end_offset > lo and (hi is None or (b.start_offset < hi and lo < hi))
+                ]
+                assert index.find(sid, lo, hi) == expected, (sid, lo, hi)
+        assert index.stream_range(sid) == (start, end)
+    assert index.find(5, 0) == []
+    assert index.stream_range(5) is None
+
+
+def test_find_first_block_may_begin_before_start() -> None:
+    batches = [fetched(1, 0, 10, b"a" * 100), fetched(1, 10, 10, b"b" * 100)]
+    index = read_index(stored(write(batches, block_target_bytes=100)), KEY)
+    (blk,) = index.find(1, 15, 16)
+    assert (blk.start_offset, blk.end_offset) == (10, 20)
+
+
+# ---------------------------------------------------------------------------------------------
+# Request counts
+
+
+def test_one_request_when_index_fits_the_tail() -> None:
+    batches = sample_batches(random.Random(3), {1: 0, 2: 0}, 50)
+    data = write(batches, block_target_bytes=300)
+    store = stored(data)
+    read_index(store, KEY)
+    assert (store.suffix_gets, store.gets, store.heads) == (1, [], 0)
+    store.reset_counts()
+    read_index(store, KEY, object_size=len(data))
+    assert (store.suffix_gets, store.gets, store.heads) == (0, [(0, len(data))], 0)
+
+
+def test_large_index_needs_exactly_two_gets() -> None:
+    # One block per batch: 1200 entries of 72 bytes do not fit a 64 KiB tail.
+    batches = [fetched(i % 3, i // 3, 1, b"p") for i in range(1200)]
+    data = write(batches, block_target_bytes=1)
+    index_len = 1200 * INDEX_ENTRY_SIZE
+    assert index_len + FOOTER_SIZE > DEFAULT_TAIL_READ_BYTES
+    store = stored(data)
+    index = read_index(store, KEY)
+    assert len(index.blocks) == 1200
+    assert store.suffix_gets == 1 and store.heads == 0 and len(store.gets) == 1
+    start, end = store.gets[0]
+    assert start == len(data) - index_len - FOOTER_SIZE
+    assert end == len(data) - DEFAULT_TAIL_READ_BYTES
+    store.reset_counts()
+    index2 = read_index(store, KEY, object_size=len(data), tail_read_bytes=FOOTER_SIZE)
+    assert store.requests == 2 and index2.blocks == index.blocks
+    assert parse_tail(data[-DEFAULT_TAIL_READ_BYTES:], len(data), KEY) == index_len + FOOTER_SIZE
+    assert parse_tail(data[-10:], len(data), KEY) == FOOTER_SIZE
+
+
+def test_adjacent_blocks_merge_into_one_get() -> None:
+    batches = sample_batches(random.Random(5), {1: 0, 2: 0, 3: 0}, 90)
+    data = write(batches, block_target_bytes=300)
+    store = stored(data)
+    index = read_index(store, KEY)
+    b1, b3 = index.find(1, 0), index.find(3, 0)
+    store.reset_counts()
+    got = read_blocks(store, KEY, [*b1, *b3])
+    assert got == [b for b in by_stream(batches) if b.stream_id in (1, 3)]
+    assert len(store.gets) == 2  # stream 2 lies between them
+    assert len(coalesce([*b1, *b3])) == 2
+    gap = index.stream_bytes(2)
+    assert len(coalesce([*b1, *b3], max_gap_bytes=gap)) == 1
+    assert len(coalesce([*b1, *b3], max_gap_bytes=gap - 1)) == 2
+    # Out of order: each block its own GET, batches in the given order.
+    store.reset_counts()
+    rev = list(reversed(b1))
+    got = read_blocks(store, KEY, rev)
+    assert len(store.gets) == len(b1)
+    assert [b.base_offset for b in got] == [
+        b.base_offset
+        for blk in rev
+        for b in decode_block(data[blk.position : blk.end_position], blk, KEY)
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Corruption: every flipped byte is detected, named by object and position, never garbage.
+
+
+def corrupted_object() -> tuple[bytes, list[FetchedBatch]]:
+    rng = random.Random(9)
+    batches = sample_batches(rng, {1: 0, 2: 2**40}, 12)
+    batches += [fetched(3, 0, 1, b"compress me " * 40, props={"a": "b"})]
+    batches += [fetched(4, 0, 1, rng.randbytes(3000))]  # incompressible: stored raw
+    return write(batches, block_target_bytes=400, compression="zstd"), batches
+
+
+def read_everything(store: CountingStore, **kw: Any) -> list[FetchedBatch]:
+    index = read_index(store, KEY, **kw)
+    return read_blocks(store, KEY, index.blocks)
+
+
+@pytest.mark.parametrize("known_size", [False, True])
+def test_every_flipped_byte_is_detected(known_size: bool) -> None:
+    data, batches = corrupted_object()
+    index = parse_tail(data, len(data), KEY)
+    assert isinstance(index, ObjectIndex)
+    assert any(b.compressed for b in index.blocks) and any(not b.compressed for b in index.blocks)
+    index_pos = len(data) - FOOTER_SIZE - len(index.blocks) * INDEX_ENTRY_SIZE
+    assert read_everything(stored(data)) == by_stream(batches)
+    for i in range(len(data)):
+        bad = bytearray(data)
+        bad[i] ^= 0x10
+        kw = {"object_size": len(data)} if known_size else {}
+        with pytest.raises(CorruptionError) as err:
+            read_everything(stored(bytes(bad)), **kw)
+        e = err.value
+        assert e.location == KEY and KEY in str(e)
+        assert e.position is not None and str(e.position) in str(e)
+        if i >= len(data) - FOOTER_SIZE:
+            assert e.position >= len(data) - FOOTER_SIZE, i
+        elif i >= index_pos:
+            assert e.position == index_pos, i
+        else:
+            (blk,) = [b for b in index.blocks if b.position <= i < b.end_position]
+            assert e.position == blk.position, i
+
+
+def test_truncated_objects() -> None:
+    data, _ = corrupted_object()
+    for cut in (1, 7, FOOTER_SIZE, 500, len(data) - 1):
+        store = stored(data[:-cut])
+        with pytest.raises(CorruptionError) as err:
+            read_everything(store)
+        assert err.value.location == KEY
+        # Metadata says the object is bigger than what is stored.
+        with pytest.raises(CorruptionError):
+            read_index(store, KEY, object_size=len(data))
+    index = read_index(stored(data), KEY)
+    short = stored(data[: index.blocks[-1].position + 1])
+    with pytest.raises(CorruptionError, match="ends before"):
+        read_blocks(short, KEY, index.blocks[-1:])
+
+
+def rewrite(data: bytes, entries: list[tuple[Any, ...]] | None = None, **footer: int) -> bytes:
+    """Rebuild index and footer with valid CRCs, to reach the structural checks."""
+    index_pos, _, _, _, version, flags, _, magic = struct.unpack("<QQIIHHI8s", data[-FOOTER_SIZE:])
+    if entries is None:
+        raw = data[index_pos : len(data) - FOOTER_SIZE]
+        entries = list(struct.iter_unpack("<QqqQIIIIqqB7x", raw))
+    index = b"".join(struct.pack("<QqqQIIIIqqB7x", *e) for e in entries)
+    head = struct.pack(
+        "<QQIIHH",
+        index_pos,
+        len(index),
+        footer.get("count", len(entries)),
+        crc32c.crc32c(index),
+        footer.get("version", version),
+        footer.get("flags", flags),
+    )
+    return b"".join((data[:index_pos], index, head, struct.pack("<I", crc32c.crc32c(head)), magic))
+
+
+def entry_list(data: bytes) -> list[list[Any]]:
+    index_pos = struct.unpack_from("<Q", data, len(data) - FOOTER_SIZE)[0]
+    raw = data[index_pos : len(data) - FOOTER_SIZE]
+    return [list(e) for e in struct.iter_unpack("<QqqQIIIIqqB7x", raw)]
+
+
+def test_structural_checks_behind_valid_crcs() -> None:
+    data, _ = corrupted_object()
+    assert rewrite(data) == data  # the helper itself is faithful
+
+    def assert_corrupt(bad: bytes, match: str) -> None:
+        with pytest.raises(CorruptionError, match=match) as err:
+            read_everything(stored(bad))
+        assert err.value.location == KEY and err.value.position is not None
+
+    assert_corrupt(rewrite(data, version=2), "version 2")
+    assert_corrupt(rewrite(data, flags=0x0001), "footer flags")
+    assert read_everything(stored(rewrite(data, flags=0x0100)))  # compatible bit: ignored
+    assert_corrupt(rewrite(data, count=3), "footer places")
+
+    def mutate(i: int, field: int, value: Any, match: str) -> None:
+        entries = entry_list(data)
+        entries[i][field] = value
+        assert_corrupt(rewrite(data, [tuple(e) for e in entries]), match)
+
+    mutate(0, 10, 0x80, "block flags")
+    mutate(1, 1, 0, "out of order|gap")
+    mutate(0, 2, 0, "offset range")
+    mutate(1, 3, 0, "overlaps")
+    mutate(0, 6, 0, "batch count")
+    mutate(0, 9, -(2**63), "max_timestamp")
+    entries = entry_list(data)
+    entries[0], entries[1] = entries[1], entries[0]
+    entries[0][3], entries[1][3] = entries[1][3], entries[0][3]  # positions stay ascending
+    entries[0][4], entries[1][4] = entries[1][4], entries[0][4]
+    assert_corrupt(rewrite(data, [tuple(e) for e in entries]), "out of order")
+    entries = entry_list(data)
+    uncompressed = next(i for i, e in enumerate(entries) if not e[10])
+    entries[uncompressed][5] += 1
+    assert_corrupt(rewrite(data, [tuple(e) for e in entries]), "sizes")
+
+
+def test_decode_block_checks_coverage_behind_valid_crc() -> None:
+    data, _ = corrupted_object()
+    index = read_index(stored(data), KEY)
+    plain = next(b for b in index.blocks if not b.compressed)
+    packed = next(b for b in index.blocks if b.compressed)
+    raw = data[plain.position : plain.end_position]
+    decode_block(raw, plain, KEY)  # intact
+    fields = {f: getattr(plain, f) for f in BlockInfo.__slots__}
+    for change, match in [
+        ({"end_offset": plain.end_offset + 1}, "holds"),
+        ({"start_offset": plain.start_offset - 1}, "expected stream"),
+        ({"stream_id": plain.stream_id + 100}, "expected stream"),
+        ({"batch_count": plain.batch_count + 1}, "holds"),
+        ({"crc": plain.crc ^ 1}, "crc32c"),
+        ({"stored_size": plain.stored_size + 1}, "bytes"),
+    ]:
+        with pytest.raises(CorruptionError, match=match) as err:
+            decode_block(raw, BlockInfo(**{**fields, **change}), KEY)
+        assert (err.value.location, err.value.position) == (KEY, plain.position)
+    # Garbage that is not a zstd frame, with a matching CRC, must not decode.
+    junk = b"not a zstd frame" * 3
+    fake = BlockInfo(
+        **{
+            **{f: getattr(packed, f) for f in BlockInfo.__slots__},
+            "stored_size": len(junk),
+            "crc": crc32c.crc32c(junk),
+        }
+    )
+    with pytest.raises(CorruptionError, match="decompress") as err:
+        decode_block(junk, fake, KEY)
+    assert err.value.position == packed.position
+    # A block whose batch records are damaged (header lengths wrong) but CRC recomputed.
+    bad = bytearray(raw)
+    struct.pack_into("<I", bad, 36, 10**6)
+    fake = BlockInfo(**{**fields, "crc": crc32c.crc32c(bytes(bad))})
+    with pytest.raises(CorruptionError, match="batch at byte 0") as err:
+        decode_block(bytes(bad), fake, KEY)
+    assert (err.value.location, err.value.position) == (KEY, plain.position)
+
+
+def test_tiny_objects_are_corrupt() -> None:
+    for blob in (b"", b"x", MAGIC, b"\0" * (FOOTER_SIZE - 1)):
+        with pytest.raises(CorruptionError):
+            read_index(stored(blob), KEY)
+    with pytest.raises(CorruptionError, match="magic"):
+        read_index(stored(b"\0" * 100), KEY)
+
+
+# ---------------------------------------------------------------------------------------------
+# Package surface
+
+
+def test_format_all_is_sorted_and_complete() -> None:
+    # isort-style order, as ruff's RUF022 keeps it: CONSTANTS, Classes, functions.
+    def rank(name: str) -> tuple[int, str]:
+        return (0 if name.isupper() else 1 if name[0].isupper() else 2, name)
+
+    assert fmt.__all__ == sorted(fmt.__all__, key=rank)
+    public = {n for n in vars(fmt) if not n.startswith("_") and n not in ("batch", "objects")}
+    public -= {"annotations"}
+    assert set(fmt.__all__) == public
+    for name in ("ObjectWriter", "read_index", "encode_batch", "decode_wal_record"):
+        assert name in fmt.__all__

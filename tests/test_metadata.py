@@ -1,0 +1,1099 @@
+"""Metadata log: every op and invariant, replay, checkpoints, corruption, races and fencing.
+
+Core tests run against both `MemoryObjectStore` and `LocalObjectStore` (a tmp dir). Request
+counts come from `CountingStore`, a pass-through wrapper over the real store.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from s3stream.clock import ManualClock
+from s3stream.errors import (
+    CorruptionError,
+    FencedError,
+    InvalidArgumentError,
+    S3StreamError,
+    StreamClosedError,
+    StreamNotFoundError,
+    UnavailableError,
+)
+from s3stream.metadata import (
+    CloseStream,
+    CommitObjects,
+    CompactObjects,
+    CreateStream,
+    DeleteStream,
+    LogEntry,
+    MetadataManager,
+    MetadataState,
+    ObjectKind,
+    ObjectMeta,
+    Op,
+    OpenStream,
+    PurgeObjects,
+    RegisterNode,
+    StreamRange,
+    StreamState,
+    TrimStream,
+    check_state,
+    decode_entry,
+    encode_checkpoint,
+    encode_entry,
+)
+from s3stream.metadata.codec import encode_pointer, validate_entry
+from s3stream.objectstore.base import ObjectInfo, ObjectStore
+from s3stream.objectstore.local import LocalObjectStore
+from s3stream.objectstore.memory import MemoryObjectStore
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+class CountingStore(ObjectStore):
+    """Passes every call to `inner`, recording each (method, key).
+
+    With ``yield_gil=True`` each call first lets other threads run, as the network I/O of a
+    real store would, so that threads sharing an in-memory store really interleave.
+    """
+
+    def __init__(self, inner: ObjectStore, *, yield_gil: bool = False) -> None:
+        self.inner = inner
+        self.calls: list[tuple[str, str]] = []
+        self._lock = threading.Lock()
+        self._yield_gil = yield_gil
+
+    def _note(self, method: str, key: str) -> None:
+        if self._yield_gil:
+            time.sleep(0)
+        with self._lock:
+            self.calls.append((method, key))
+
+    def count(self, method: str) -> int:
+        return sum(1 for m, _ in self.calls if m == method)
+
+    def keys(self, method: str) -> list[str]:
+        return [k for m, k in self.calls if m == method]
+
+    def put(self, key: str, data: bytes) -> None:
+        self._note("put", key)
+        self.inner.put(key, data)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        self._note("put_if_absent", key)
+        return self.inner.put_if_absent(key, data)
+
+    def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        self._note("get", key)
+        return self.inner.get(key, start, end)
+
+    def head(self, key: str) -> ObjectInfo | None:
+        self._note("head", key)
+        return self.inner.head(key)
+
+    def delete_many(self, keys: Iterable[str]) -> None:
+        keys = list(keys)
+        for key in keys:
+            self._note("delete", key)
+        self.inner.delete_many(keys)
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        self._note("list", prefix)
+        return self.inner.list(prefix)
+
+
+class HookStore(CountingStore):
+    """A `CountingStore` that runs `before_create(key, data)` before each `put_if_absent`,
+    and may fail puts of keys containing `fail_put_substring`."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        super().__init__(inner)
+        self.before_create: Callable[[str, bytes], bool | None] | None = None
+        self.fail_put_substring: str | None = None
+
+    def put(self, key: str, data: bytes) -> None:
+        if self.fail_put_substring and self.fail_put_substring in key:
+            raise UnavailableError(f"injected: put {key!r} failed")
+        super().put(key, data)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        hook = self.before_create
+        if hook is not None:
+            self.before_create = None
+            if hook(key, data):
+                # The hook asked to raise *after* writing: an ambiguous failure.
+                created = super().put_if_absent(key, data)
+                assert created
+                raise UnavailableError(f"injected: lost the response to put_if_absent {key!r}")
+        return super().put_if_absent(key, data)
+
+
+STORE_KINDS = ["memory", "local"]
+
+
+def make_store(kind: str, tmp_path: Path) -> ObjectStore:
+    if kind == "memory":
+        return MemoryObjectStore()
+    return LocalObjectStore(tmp_path / "bucket")
+
+
+@pytest.fixture(params=STORE_KINDS)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> ObjectStore:
+    return make_store(request.param, tmp_path)
+
+
+def manager(store: ObjectStore, writer: str = "w1", **kwargs: Any) -> MetadataManager:
+    kwargs.setdefault("clock", ManualClock())
+    m = MetadataManager(store, writer_id=writer, **kwargs)
+    m.load()
+    return m
+
+
+def obj(key: str, *ranges: tuple[int, int, int], kind: ObjectKind | None = None) -> ObjectMeta:
+    rs = tuple(StreamRange(*r) for r in sorted(ranges))
+    if kind is None:
+        kind = ObjectKind.STREAM if len(rs) == 1 else ObjectKind.STREAM_SET
+    return ObjectMeta(key=key, kind=kind, size=100, ranges=rs, committed_ms=1, node_id="n1")
+
+
+def upload(m: MetadataManager, key: str, counts: dict[int, int]) -> ObjectMeta:
+    """Commit one object holding `counts[sid]` records of each stream at its end offset."""
+    made: list[ObjectMeta] = []
+
+    def build(state: MetadataState) -> list[Op]:
+        ranges = [
+            (sid, state.streams[sid].end_offset, state.streams[sid].end_offset + n)
+            for sid, n in counts.items()
+        ]
+        made[:] = [obj(key, *ranges)]
+        return [CommitObjects(tuple(made), {sid: state.streams[sid].epoch for sid in counts})]
+
+    m.commit(build)
+    return made[0]
+
+
+def fixed(*ops: Op) -> Callable[[MetadataState], Sequence[Op]]:
+    return lambda state: ops
+
+
+def open_new(m: MetadataManager, node: str = "n1", **tags: str) -> int:
+    sid = m.create_stream(tags).stream_id
+    m.open_stream(sid, node)
+    return sid
+
+
+def log_keys(store: ObjectStore) -> list[str]:
+    return [info.key for info in store.list("meta/log/")]
+
+
+def assert_rejected_unwritten(
+    m: MetadataManager, store: ObjectStore, err: type[Exception], *ops: Op
+) -> None:
+    """The commit of `ops` raises `err`, writes no entry and leaves the state alone."""
+    before = m.state
+    keys = log_keys(store)
+    with pytest.raises(err):
+        m.commit(fixed(*ops))
+    assert log_keys(store) == keys
+    assert store.head(m.log.entry_key(before.seq + 1)) is None
+    assert m.state is before
+
+
+def same_state(a: MetadataState, b: MetadataState) -> bool:
+    return a.to_checkpoint() == b.to_checkpoint()
+
+
+# -- ops and invariants -----------------------------------------------------------------------
+
+
+def test_stream_lifecycle(store: ObjectStore) -> None:
+    clock = ManualClock(start_ms=5_000)
+    m = manager(store, clock=clock)
+    s = m.create_stream({"topic": "orders", "partition": "0"})
+    assert (s.stream_id, s.epoch, s.start_offset, s.end_offset) == (0, 0, 0, 0)
+    assert s.state is StreamState.CLOSED and s.owner is None and s.created_ms == 5_000
+    assert m.create_stream({}).stream_id == 1
+    assert m.state.next_stream_id == 2
+
+    s = m.open_stream(0, "n1")
+    assert (s.epoch, s.state, s.owner) == (1, StreamState.OPEN, "n1")
+    upload(m, "o1", {0: 10})
+    s = m.trim_stream(0, 1, 4)
+    assert (s.start_offset, s.end_offset) == (4, 10)
+    s = m.close_stream(0, 1)
+    assert (s.state, s.owner, s.epoch) == (StreamState.CLOSED, None, 1)
+    seq = m.seq
+    assert m.close_stream(0, 1).state is StreamState.CLOSED  # closing twice writes nothing
+    assert m.trim_stream(0, 1, 4).start_offset == 4  # so does a trim to where it is
+    assert m.seq == seq
+    s = m.open_stream(0, "n2")
+    assert (s.epoch, s.owner) == (2, "n2")
+    m.delete_stream(0, 2)
+    with pytest.raises(StreamNotFoundError):
+        m.get_stream(0)
+    with pytest.raises(StreamNotFoundError):
+        m.open_stream(0, "n1")
+    with pytest.raises(StreamNotFoundError):
+        m.objects_for(0, 0)
+    assert [s.stream_id for s in m.list_streams()] == [1]
+    assert m.state.streams[0].state is StreamState.DELETED
+    assert m.get_stream(1).to_info().tags == {}
+    assert check_state(m.state) == []
+
+
+def test_list_streams_matches_tag_subsets(store: ObjectStore) -> None:
+    m = manager(store)
+    m.create_stream({"topic": "a", "partition": "0"})
+    m.create_stream({"topic": "a", "partition": "1"})
+    m.create_stream({"topic": "b", "partition": "0"})
+    ids = lambda tags: [s.stream_id for s in m.list_streams(tags)]  # noqa: E731
+    assert ids(None) == [0, 1, 2]
+    assert ids({}) == [0, 1, 2]
+    assert ids({"topic": "a"}) == [0, 1]
+    assert ids({"partition": "0"}) == [0, 2]
+    assert ids({"topic": "a", "partition": "1"}) == [1]
+    assert ids({"topic": "c"}) == []
+    with pytest.raises(InvalidArgumentError, match="tags"):
+        m.create_stream({"topic": 1})  # type: ignore[dict-item]
+
+
+def test_commit_advances_end_offsets_and_indexes_objects(store: ObjectStore) -> None:
+    m = manager(store)
+    a, b = open_new(m), open_new(m)
+    o1 = upload(m, "o1", {a: 10, b: 5})
+    # Two objects of one stream in a single commit: contiguous, in any order.
+    o2, o3 = obj("o2", (a, 10, 20)), obj("o3", (a, 20, 25))
+    m.commit(fixed(CommitObjects((o3, o2), {a: 1})))
+    assert (m.get_stream(a).end_offset, m.get_stream(b).end_offset) == (25, 5)
+    keys = lambda objs: [o.key for o in objs]  # noqa: E731
+    assert keys(m.objects_for(a, 0)) == ["o1", "o2", "o3"]
+    assert keys(m.objects_for(a, 9, 10)) == ["o1"]
+    assert keys(m.objects_for(a, 10, 11)) == ["o2"]
+    assert keys(m.objects_for(a, 9, 21)) == ["o1", "o2", "o3"]
+    assert keys(m.objects_for(a, 19, 20)) == ["o2"]
+    assert keys(m.objects_for(a, 25)) == []
+    assert keys(m.objects_for(a, 12, 12)) == []
+    assert keys(m.objects_for(b, 0)) == ["o1"]
+    assert o1.range_of(b) == StreamRange(b, 0, 5)
+    assert o1.range_of(99) is None
+    with pytest.raises(InvalidArgumentError, match="end_offset"):
+        m.objects_for(a, 5, 4)
+    with pytest.raises(InvalidArgumentError, match="start_offset"):
+        m.objects_for(a, -1)
+    with pytest.raises(StreamNotFoundError):
+        m.objects_for(99, 0)
+    assert check_state(m.state) == []
+
+
+def test_commit_at_wrong_offset_is_rejected_and_not_written(store: ObjectStore) -> None:
+    m = manager(store)
+    a, b = open_new(m), open_new(m)
+    upload(m, "o1", {a: 10, b: 10})
+    bad = InvalidArgumentError
+    assert_rejected_unwritten(m, store, bad, CommitObjects((obj("x", (a, 11, 20)),), {a: 1}))  # gap
+    assert_rejected_unwritten(
+        m, store, bad, CommitObjects((obj("x", (a, 9, 20)),), {a: 1})
+    )  # overlap
+    assert_rejected_unwritten(
+        m, store, bad, CommitObjects((obj("x", (a, 0, 10)),), {a: 1})
+    )  # again
+    # Contiguous per stream across the objects of one commit, or nothing.
+    gap = (obj("x", (a, 10, 12)), obj("y", (a, 13, 15)))
+    assert_rejected_unwritten(m, store, bad, CommitObjects(gap, {a: 1}))
+    dup = (obj("x", (a, 10, 12)), obj("y", (a, 11, 15)))
+    assert_rejected_unwritten(m, store, bad, CommitObjects(dup, {a: 1}))
+    # One stream right, the other wrong: the whole entry is rejected.
+    both = obj("x", (a, 10, 12), (b, 11, 12))
+    assert_rejected_unwritten(m, store, bad, CommitObjects((both,), {a: 1, b: 1}))
+    # Epochs must name exactly the streams committed.
+    assert_rejected_unwritten(m, store, bad, CommitObjects((obj("x", (a, 10, 12)),), {}))
+    extra = CommitObjects((obj("x", (a, 10, 12)),), {a: 1, b: 1})
+    assert_rejected_unwritten(m, store, bad, extra)
+    assert_rejected_unwritten(m, store, bad, CommitObjects((), {}))
+    # ... and a valid ops list after a rejected one in the same entry does not help.
+    ok = CommitObjects((obj("x", (a, 10, 12)),), {a: 1})
+    assert_rejected_unwritten(m, store, bad, ok, CommitObjects((obj("y", (a, 13, 14)),), {a: 1}))
+    m.commit(fixed(ok))
+    assert m.get_stream(a).end_offset == 12
+
+
+def test_commit_epochs_and_states(store: ObjectStore) -> None:
+    m = manager(store)
+    a = open_new(m)
+    c = m.create_stream({}).stream_id  # never opened
+    m.open_stream(a, "n2")  # epoch 2 now
+    one = lambda sid, e: CommitObjects((obj("x", (sid, 0, 1)),), {sid: e})  # noqa: E731
+    assert_rejected_unwritten(m, store, FencedError, one(a, 1))
+    assert_rejected_unwritten(m, store, FencedError, one(a, 3))
+    assert_rejected_unwritten(m, store, StreamClosedError, one(c, 0))
+    assert_rejected_unwritten(m, store, StreamNotFoundError, one(77, 0))
+    m.close_stream(a, 2)
+    assert_rejected_unwritten(m, store, StreamClosedError, one(a, 2))
+    m.delete_stream(a, 2)
+    assert_rejected_unwritten(m, store, StreamNotFoundError, one(a, 2))
+    for op in (CloseStream(a, 2), TrimStream(a, 2, 0), DeleteStream(a, 2), OpenStream(a, 3, "n")):
+        assert_rejected_unwritten(m, store, StreamNotFoundError, op)
+
+
+def test_object_shape_invariants(store: ObjectStore) -> None:
+    m = manager(store)
+    a, b = open_new(m), open_new(m)
+    upload(m, "o1", {a: 5})
+    bad = InvalidArgumentError
+
+    def commit_of(o: ObjectMeta) -> CommitObjects:
+        return CommitObjects((o,), {r.stream_id: 1 for r in o.ranges})
+
+    assert_rejected_unwritten(m, store, bad, commit_of(obj("o1", (a, 5, 6))))  # key reused
+    twice = CommitObjects((obj("x", (a, 5, 6)), obj("x", (a, 6, 7))), {a: 1})
+    assert_rejected_unwritten(m, store, bad, twice)
+    unsorted = ObjectMeta(
+        key="x",
+        kind=ObjectKind.STREAM_SET,
+        size=1,
+        ranges=(StreamRange(b, 0, 1), StreamRange(a, 5, 6)),
+        committed_ms=0,
+        node_id="n",
+    )
+    assert_rejected_unwritten(m, store, bad, commit_of(unsorted))
+    assert_rejected_unwritten(m, store, bad, commit_of(obj("x", (a, 5, 5))))  # empty range
+    two = obj("x", (a, 5, 6), (b, 0, 1), kind=ObjectKind.STREAM)
+    assert_rejected_unwritten(m, store, bad, commit_of(two))
+    marked = ObjectMeta(
+        key="x",
+        kind=ObjectKind.STREAM,
+        size=1,
+        ranges=(StreamRange(a, 5, 6),),
+        committed_ms=0,
+        node_id="n",
+        marked_deleted_ms=1,
+    )
+    assert_rejected_unwritten(m, store, bad, commit_of(marked))
+    assert_rejected_unwritten(m, store, bad, commit_of(obj("/abs", (a, 5, 6))))
+    norange = ObjectMeta(
+        key="x", kind=ObjectKind.STREAM_SET, size=1, ranges=(), committed_ms=0, node_id="n"
+    )
+    assert_rejected_unwritten(m, store, bad, CommitObjects((norange,), {}))
+    # Field types and ranges are checked by decoding the encoded entry before writing.
+    negative = ObjectMeta(
+        key="x",
+        kind=ObjectKind.STREAM,
+        size=-1,
+        ranges=(StreamRange(a, 5, 6),),
+        committed_ms=0,
+        node_id="n",
+    )
+    assert_rejected_unwritten(m, store, bad, commit_of(negative))
+    assert_rejected_unwritten(m, store, bad, TrimStream(a, 1, "3"))  # type: ignore[arg-type]
+
+
+def test_open_trim_register_rules(store: ObjectStore) -> None:
+    m = manager(store)
+    a = open_new(m)
+    assert_rejected_unwritten(m, store, FencedError, OpenStream(a, 1, "n"))  # not previous + 1
+    assert_rejected_unwritten(m, store, FencedError, OpenStream(a, 3, "n"))
+    upload(m, "o1", {a: 10})
+    m.trim_stream(a, 1, 5)
+    assert_rejected_unwritten(m, store, InvalidArgumentError, TrimStream(a, 1, 4))  # backwards
+    assert_rejected_unwritten(m, store, InvalidArgumentError, TrimStream(a, 1, 11))  # past end
+    assert_rejected_unwritten(m, store, FencedError, TrimStream(a, 0, 6))
+    m.trim_stream(a, 1, 10)
+    assert m.get_stream(a).start_offset == 10
+    with pytest.raises(InvalidArgumentError, match="start_offset"):
+        m.trim_stream(a, 1, -1)
+    assert_rejected_unwritten(m, store, FencedError, CloseStream(a, 0))
+    assert_rejected_unwritten(m, store, FencedError, DeleteStream(a, 2))
+    assert_rejected_unwritten(m, store, InvalidArgumentError, CreateStream(5, {}, 0))
+    assert m.register_node("n1") == 1
+    assert m.register_node("n1") == 2
+    assert m.register_node("n2") == 1
+    assert_rejected_unwritten(m, store, FencedError, RegisterNode("n1", 2))
+    assert_rejected_unwritten(m, store, FencedError, RegisterNode("n3", 2))
+    assert m.state.nodes["n1"].epoch == 2
+
+
+def test_compaction_and_purge(store: ObjectStore) -> None:
+    clock = ManualClock(start_ms=1_000)
+    m = manager(store, clock=clock)
+    a, b = open_new(m), open_new(m)
+    upload(m, "s1", {a: 10, b: 4})
+    upload(m, "s2", {a: 5, b: 6})
+    upload(m, "s3", {a: 5})
+    bad = InvalidArgumentError
+    replaced = ("s1", "s2")
+    sa = obj("a1", (a, 0, 15))
+    sb = obj("b1", (b, 0, 10))
+    # Coverage mismatches.
+    cases = [
+        (sa,),  # drops b entirely
+        (obj("a1", (a, 0, 14)), sb),  # drops a record of a
+        (obj("a1", (a, 0, 16)), sb),  # claims data of s3 (not replaced)
+        (obj("a1", (a, 0, 10)), obj("a2", (a, 9, 15)), sb),  # new objects overlap
+        (sa, obj("b1", (b, 1, 10))),  # drops b's first record (b not trimmed)
+    ]
+    for new in cases:
+        assert_rejected_unwritten(m, store, bad, CompactObjects(new, replaced))
+    assert_rejected_unwritten(m, store, bad, CompactObjects((sa, sb), ("s1", "s2", "nope")))
+    assert_rejected_unwritten(m, store, bad, CompactObjects((sa, sb), ("s1", "s1", "s2")))
+    assert_rejected_unwritten(m, store, bad, CompactObjects((sa, sb), ()))
+    assert_rejected_unwritten(m, store, bad, CompactObjects((obj("s3", (a, 0, 15)), sb), replaced))
+
+    clock.advance(1)
+    m.commit(fixed(CompactObjects((sa, sb), replaced)))
+    st = m.state
+    assert st.objects["s1"].marked_deleted_ms == 2_000 and not st.objects["s2"].live
+    assert [o.key for o in m.objects_for(a, 0)] == ["a1", "s3"]
+    assert [o.key for o in m.objects_for(b, 3, 4)] == ["b1"]
+    assert m.get_stream(a).end_offset == 20  # compaction moves no offsets
+    assert check_state(st) == []
+    # A replaced object cannot be replaced again, nor be reused as a key.
+    assert_rejected_unwritten(m, store, bad, CompactObjects((obj("z", (a, 0, 15)),), ("s1",)))
+    assert_rejected_unwritten(m, store, bad, CompactObjects((obj("s1", (a, 0, 15)),), ("a1",)))
+
+    # Data wholly below the start offset may be dropped; a straddling piece may be kept.
+    m.trim_stream(a, 1, 12)
+    keep_tail = CompactObjects((obj("a2", (a, 12, 20)),), ("a1", "s3"))
+    straddle = CompactObjects((obj("a2", (a, 11, 20)),), ("a1", "s3"))
+    too_short = CompactObjects((obj("a2", (a, 13, 20)),), ("a1", "s3"))
+    assert_rejected_unwritten(m, store, bad, too_short)
+    m.commit(fixed(straddle))
+    assert [o.key for o in m.objects_for(a, 0)] == ["a2"]
+    del keep_tail
+    # A deleted stream's data may all go: the replacement may be nothing at all.
+    m.delete_stream(b, 1)
+    m.commit(fixed(CompactObjects((), ("b1",))))
+    assert m.state.stream_objects(b) == []
+
+    # Purge: only objects marked deleted.
+    assert_rejected_unwritten(m, store, bad, PurgeObjects(("a2",)))
+    assert_rejected_unwritten(m, store, bad, PurgeObjects(("nope",)))
+    assert_rejected_unwritten(m, store, bad, PurgeObjects(()))
+    m.commit(fixed(PurgeObjects(("s1", "s2"))))
+    assert "s1" not in m.state.objects and "s3" in m.state.objects
+    assert_rejected_unwritten(m, store, bad, PurgeObjects(("s1",)))
+    assert check_state(m.state) == []
+
+
+def test_build_without_ops_writes_nothing_and_build_errors_propagate(store: ObjectStore) -> None:
+    m = manager(store)
+    m.create_stream({})
+    entry, state = m.commit(lambda s: [])
+    assert entry.ops == () and entry.seq == 1 and state is m.state
+    assert log_keys(store) == [m.log.entry_key(1)]
+
+    class Abort(Exception):
+        pass
+
+    def build(state: MetadataState) -> list[Op]:
+        raise Abort
+
+    with pytest.raises(Abort):
+        m.commit(build)
+    assert m.seq == 1
+
+
+def test_manager_arguments_and_lifecycle(store: ObjectStore) -> None:
+    clock = ManualClock()
+    with pytest.raises(InvalidArgumentError, match="writer_id"):
+        MetadataManager(store, clock=clock, writer_id="")
+    with pytest.raises(InvalidArgumentError, match="checkpoint_interval"):
+        MetadataManager(store, clock=clock, writer_id="w", checkpoint_interval=0)
+    with pytest.raises(InvalidArgumentError, match="commit_attempts"):
+        MetadataManager(store, clock=clock, writer_id="w", commit_attempts=0)
+    with pytest.raises(InvalidArgumentError, match="prefix"):
+        MetadataManager(store, clock=clock, writer_id="w", prefix="/x")
+    m = MetadataManager(store, clock=clock, writer_id="w")
+    with pytest.raises(S3StreamError, match="load"):
+        m.state  # noqa: B018
+    with pytest.raises(S3StreamError, match="load"):
+        m.create_stream({})
+    m.load()
+    with pytest.raises(S3StreamError, match="already"):
+        m.load()
+    with pytest.raises(InvalidArgumentError, match="node_id"):
+        m.open_stream(0, "")
+
+
+# -- replay and checkpoints -------------------------------------------------------------------
+
+
+def busy_history(m: MetadataManager, rounds: int) -> None:
+    """A mix of every op kind."""
+    m.register_node("n1")
+    for i in range(rounds):
+        sid = open_new(m, topic=f"t{i % 3}")
+        upload(m, f"u{i}a", {sid: 3})
+        upload(m, f"u{i}b", {sid: 4})
+        m.trim_stream(sid, 1, 2)
+        m.commit(fixed(CompactObjects((obj(f"c{i}", (sid, 2, 7)),), (f"u{i}a", f"u{i}b"))))
+        if i % 2:
+            m.commit(fixed(PurgeObjects((f"u{i}a",))))
+            m.close_stream(sid, 1)
+        if i % 3 == 2:
+            m.delete_stream(sid, 1)
+
+
+def test_replay_equals_live_state(store: ObjectStore) -> None:
+    m = manager(store, checkpoint_interval=1000)
+    busy_history(m, 6)
+    fresh = manager(store, writer="w2")
+    assert fresh.seq == m.seq
+    assert same_state(fresh.state, m.state)
+    assert check_state(fresh.state) == []
+    # Replay from scratch, entry by entry, gives the same too.
+    state = MetadataState.empty()
+    for seq in range(1, m.seq + 1):
+        state = state.apply(decode_entry(store.get(m.log.entry_key(seq)), "k"))
+    assert same_state(state, m.state)
+
+
+def test_load_reads_checkpoint_then_only_later_entries_and_never_lists(
+    store: ObjectStore,
+) -> None:
+    counting = CountingStore(store)
+    m = manager(counting, checkpoint_interval=10)
+    while m.seq < 35:
+        m.create_stream({"n": str(m.seq)})
+    assert counting.count("list") == 0
+    assert counting.keys("put") == [
+        key for c in (10, 20, 30) for key in (m.log.checkpoint_key(c), m.log.pointer_key)
+    ]
+    reader = CountingStore(store)
+    fresh = manager(reader, writer="w2", checkpoint_interval=10)
+    assert same_state(fresh.state, m.state)
+    assert reader.calls == [
+        ("get", "meta/checkpoint"),
+        ("get", m.log.checkpoint_key(30)),
+        *[("get", m.log.entry_key(s)) for s in range(31, 37)],
+    ]
+    # A refresh with nothing new costs one GET; commits use no LIST either.
+    reader.calls.clear()
+    assert fresh.refresh() is False
+    assert reader.calls == [("get", m.log.entry_key(36))]
+    fresh.create_stream({})
+    assert reader.count("list") == 0 and reader.count("put_if_absent") == 1
+
+
+def test_stale_pointer_and_failed_checkpoint_writes_are_harmless(
+    store: ObjectStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    hooked = HookStore(store)
+    m = manager(hooked, checkpoint_interval=5)
+    while m.seq < 12:
+        m.create_stream({})
+    assert manager(store, writer="x").seq == 12
+    # Point back at checkpoint 5: a longer replay, same state.
+    store.put(m.log.pointer_key, encode_pointer(5))
+    assert same_state(manager(store, writer="y").state, m.state)
+    hooked.fail_put_substring = "checkpoint"
+    with caplog.at_level(logging.WARNING, logger="s3stream.metadata.manager"):
+        while m.seq < 16:
+            m.create_stream({})
+    assert "could not write metadata checkpoint 15" in caplog.text
+    assert same_state(manager(store, writer="z").state, m.state)
+    # An explicit checkpoint writes one now.
+    hooked.fail_put_substring = None
+    assert m.write_checkpoint() == 16
+    reader = CountingStore(store)
+    manager(reader, writer="v")
+    assert reader.keys("get")[1:] == [m.log.checkpoint_key(16), m.log.entry_key(17)]
+
+
+# -- corruption -------------------------------------------------------------------------------
+
+
+def test_corrupt_entry_is_reported_with_its_key(store: ObjectStore) -> None:
+    m = manager(store, checkpoint_interval=1000)
+    busy_history(m, 2)
+    key = m.log.entry_key(3)
+    good = store.get(key)
+    bad = bytearray(good)
+    bad[-1] ^= 0x40
+    for blob in (bytes(bad), good[:5], b"XXXX" + good[4:], b""):
+        store.put(key, blob)
+        with pytest.raises(CorruptionError, match=key) as info:
+            manager(store, writer="r")
+        assert info.value.location == key
+    # Well framed, but an entry from another position.
+    store.put(key, store.get(m.log.entry_key(4)))
+    with pytest.raises(CorruptionError, match="holds entry 4"):
+        manager(store, writer="r")
+    store.put(key, good)
+    assert same_state(manager(store, writer="r").state, m.state)
+
+
+def test_entry_breaking_an_invariant_is_corruption(store: ObjectStore) -> None:
+    m = manager(store)
+    a = open_new(m)
+    reader = manager(store, writer="r")
+    # A foreign writer that skipped validation: a commit at the wrong offset, epoch from nowhere.
+    rogue = LogEntry(
+        seq=m.seq + 1,
+        ops=(CommitObjects((obj("x", (a, 5, 6)),), {a: 1}),),
+        writer="rogue",
+        ts_ms=0,
+    )
+    assert store.put_if_absent(m.log.entry_key(rogue.seq), encode_entry(rogue))
+    with pytest.raises(CorruptionError, match=m.log.entry_key(rogue.seq)):
+        reader.refresh()
+    assert reader.seq == rogue.seq - 1  # progress before the bad entry is kept
+    with pytest.raises(CorruptionError, match="I8"):
+        manager(store, writer="r2")
+
+
+def test_corrupt_or_missing_checkpoint(store: ObjectStore) -> None:
+    m = manager(store, checkpoint_interval=4)
+    while m.seq < 9:
+        m.create_stream({})
+    key = m.log.checkpoint_key(8)
+    good = store.get(key)
+    store.put(key, good[:-3])
+    with pytest.raises(CorruptionError, match=key):
+        manager(store, writer="r")
+    # Decodes, but breaks invariants (stream ids past next_stream_id).
+    cp = m.state.to_checkpoint()
+    broken = type(cp)(seq=8, next_stream_id=1, streams=cp.streams[:8], objects=(), nodes=())
+    store.put(key, encode_checkpoint(broken))
+    with pytest.raises(CorruptionError, match="breaks invariants"):
+        manager(store, writer="r")
+    store.delete_many([key])
+    with pytest.raises(CorruptionError, match=key):
+        manager(store, writer="r")
+    store.put(key, good)
+    assert same_state(manager(store, writer="r").state, m.state)
+
+
+# -- concurrency ------------------------------------------------------------------------------
+
+
+def run_writer(
+    m: MetadataManager, name: str, errors: list[BaseException], start: threading.Barrier
+) -> None:
+    """200 commits: 20 streams created and opened, then 160 uploads to them, round robin.
+
+    A writer pauses briefly after each commit, as a real one does between uploads: in a
+    tight loop the writer that just won (whose view is fresh) keeps beating the one that must
+    re-read first, until that one runs out of `commit_attempts` (see docs/metadata.md).
+    """
+    try:
+        start.wait()
+        sids = []
+        for i in range(20):
+            sids.append(open_new(m, name, writer=name, n=str(i)))
+            time.sleep(0.0001)
+        for i in range(160):
+            upload(m, f"{name}/{i}", {sids[i % 20]: 1 + i % 3})
+            time.sleep(0.0001)
+    except BaseException as exc:
+        errors.append(exc)
+
+
+@pytest.mark.parametrize("kind", STORE_KINDS)
+def test_race_two_writers_every_op_lands_once(kind: str, tmp_path: Path) -> None:
+    store = make_store(kind, tmp_path)
+    counting = CountingStore(store, yield_gil=True)
+    ma = manager(counting, writer="A", checkpoint_interval=50)
+    mb = manager(counting, writer="B", checkpoint_interval=50)
+    errors: list[BaseException] = []
+    start = threading.Barrier(2)
+    threads = [
+        threading.Thread(target=run_writer, args=(m, m.writer_id, errors, start)) for m in (ma, mb)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    ma.refresh()
+    mb.refresh()
+    assert ma.seq == mb.seq == 400
+    assert same_state(ma.state, mb.state)
+    assert check_state(ma.state) == []
+    # Dense seqs; every op exactly once; both writers' entries interleaved.
+    entries = [decode_entry(store.get(ma.log.entry_key(s)), "k") for s in range(1, 401)]
+    assert [e.seq for e in entries] == list(range(1, 401))
+    assert log_keys(store) == [ma.log.entry_key(s) for s in range(1, 401)]
+    assert Counter(e.writer for e in entries) == {"A": 200, "B": 200}
+    # The writers really raced: entries interleave, and some creates lost and were retried.
+    assert sum(a.writer != b.writer for a, b in itertools.pairwise(entries)) > 20
+    assert counting.count("put_if_absent") > 400
+    committed = [
+        o.key for e in entries for op in e.ops if isinstance(op, CommitObjects) for o in op.objects
+    ]
+    assert sorted(committed) == sorted(f"{w}/{i}" for w in "AB" for i in range(160))
+    st = ma.state
+    assert sorted(st.streams) == list(range(40))
+    for w in "AB":
+        mine = ma.list_streams({"writer": w})
+        assert len(mine) == 20 and all(s.owner == w and s.epoch == 1 for s in mine)
+        ends = [s.end_offset for s in sorted(mine, key=lambda s: int(s.tags["n"]))]
+        assert ends == [sum(1 + i % 3 for i in range(j, 160, 20)) for j in range(20)]
+    assert counting.count("list") == 0
+    fresh = manager(store, writer="C")
+    assert same_state(fresh.state, st)
+
+
+def test_threads_sharing_one_manager(store: ObjectStore) -> None:
+    m = manager(store)
+    sids = [open_new(m) for _ in range(4)]
+    errors: list[BaseException] = []
+
+    def work(sid: int) -> None:
+        try:
+            for i in range(25):
+                upload(m, f"{sid}/{i}", {sid: 2})
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(sid,)) for sid in sids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert [m.get_stream(s).end_offset for s in sids] == [50] * 4
+    assert m.seq == 8 + 100
+    assert same_state(manager(store, writer="r").state, m.state)
+
+
+def test_fenced_writer_gets_fenced_error_after_rereading(store: ObjectStore) -> None:
+    counting = CountingStore(store)
+    ma = manager(counting, writer="A")
+    sid = ma.create_stream({}).stream_id
+    assert ma.open_stream(sid, "node-a").epoch == 1
+    upload(ma, "a/0", {sid: 5})
+    # A prepares its next upload commit with the epoch it holds ...
+    commit = CommitObjects((obj("a/1", (sid, 5, 9)),), {sid: 1})
+    # ... while B takes the stream over (after catching up on the log).
+    mb = manager(store, writer="B")
+    assert mb.open_stream(sid, "node-b").epoch == 2
+    counting.calls.clear()
+    with pytest.raises(FencedError, match="epoch"):
+        ma.commit(fixed(commit))
+    # A tried once, lost the race for the entry, re-read B's entry, then refused to write.
+    assert counting.keys("put_if_absent") == [ma.log.entry_key(4)]
+    assert ma.get_stream(sid).epoch == 2 and ma.get_stream(sid).owner == "node-b"
+    assert ma.seq == mb.seq == 4
+    assert log_keys(store) == [ma.log.entry_key(s) for s in range(1, 5)]
+    # A's later attempts fail fast, without writing; B commits at the same offset freely.
+    with pytest.raises(FencedError):
+        ma.commit(fixed(commit))
+    mb.commit(fixed(CommitObjects((obj("b/1", (sid, 5, 9)),), {sid: 2})))
+    assert [o.key for o in mb.objects_for(sid, 0)] == ["a/0", "b/1"]
+
+
+def test_stale_view_is_refreshed_before_a_commit_is_refused(store: ObjectStore) -> None:
+    ma, mb = manager(store, writer="A"), manager(store, writer="B")
+    sid = ma.create_stream({}).stream_id
+    # B has not seen the stream: its build and validation fail on its stale view, so it
+    # re-reads the log and succeeds instead of reporting StreamNotFoundError.
+    assert mb.open_stream(sid, "nb").epoch == 1
+    assert mb.seq == 2
+
+
+def test_commit_gives_up_after_losing_the_race_commit_attempts_times(store: ObjectStore) -> None:
+    hooked = HookStore(store)
+    mine = manager(hooked, writer="me", commit_attempts=3)
+    rival = manager(store, writer="rival")
+    losses = 0
+
+    def sneak_in(key: str, data: bytes) -> None:
+        nonlocal losses
+        losses += 1
+        rival.create_stream({})
+        if losses < 3:
+            hooked.before_create = sneak_in
+
+    hooked.before_create = sneak_in
+    with pytest.raises(UnavailableError, match="3 times"):
+        mine.create_stream({})
+    assert losses == 3 and mine.seq == rival.seq == 3
+    assert mine.create_stream({}).stream_id == 3
+
+
+def test_ambiguous_create_that_landed_is_recognised(store: ObjectStore) -> None:
+    hooked = HookStore(store)
+    m = manager(hooked)
+    hooked.before_create = lambda key, data: True  # write, then report a failure
+    s = m.create_stream({"x": "1"})
+    assert s.stream_id == 0 and m.seq == 1
+    assert log_keys(store) == [m.log.entry_key(1)]
+    assert same_state(manager(store, writer="r").state, m.state)
+
+
+def test_ambiguous_create_that_did_not_land_raises_unavailable(store: ObjectStore) -> None:
+    hooked = HookStore(store)
+    m = manager(hooked)
+
+    def fail(key: str, data: bytes) -> None:
+        raise UnavailableError("injected: store unreachable")
+
+    hooked.before_create = fail
+    with pytest.raises(UnavailableError, match="unreachable"):
+        m.create_stream({})
+    assert m.seq == 0 and log_keys(store) == []
+    assert m.create_stream({}).stream_id == 0
+
+
+def test_in_memory_commit_cost_stays_small_with_10k_objects() -> None:
+    m = manager(MemoryObjectStore(), checkpoint_interval=1 << 30)
+    sids = [open_new(m) for _ in range(50)]
+    for i in range(10_000):
+        upload(m, f"o{i}", {sids[i % 50]: 1})
+    assert len(m.state.objects) == 10_000
+    state = m.state
+    entries = []
+    for i in range(200):
+        sid = sids[i % 50]
+        end = state.streams[sid].end_offset
+        op = CommitObjects((obj(f"p{i}", (sid, end, end + 1)),), {sid: 1})
+        entry = LogEntry(seq=state.seq + 1, ops=(op,), writer="w", ts_ms=0)
+        state = state.apply(entry)
+        entries.append(entry)
+    state = m.state
+    started = time.process_time()
+    for entry in entries:
+        state = state.apply(validate_entry(encode_entry(entry)))
+    per_commit = (time.process_time() - started) / len(entries)
+    assert per_commit < 0.5e-3, f"{per_commit * 1e6:.0f} us per commit"
+    assert len(m.objects_for(sids[0], 0)) == 200
+    assert [o.key for o in m.objects_for(sids[7], 100, 102)] == ["o5007", "o5057"]
+
+
+# -- model-based ------------------------------------------------------------------------------
+
+
+class Model:
+    """The metadata as plain dicts, with the rules written out the naive way (offset sets)."""
+
+    def __init__(self) -> None:
+        self.streams: dict[int, dict[str, Any]] = {}
+        self.objects: dict[str, tuple[list[tuple[int, int, int]], bool]] = {}  # ranges, live
+        self.nodes: dict[str, int] = {}
+
+    def stream(self, sid: int) -> dict[str, Any] | None:
+        s = self.streams.get(sid)
+        return s if s is not None and s["state"] != "deleted" else None
+
+    def live_keys(self, sid: int) -> list[str]:
+        pieces = [
+            (a, key)
+            for key, (ranges, live) in self.objects.items()
+            if live
+            for (x, a, _) in ranges
+            if x == sid
+        ]
+        return [key for _, key in sorted(pieces)]
+
+    def expect(self, op: Op) -> type[Exception] | None:
+        """The error the op must raise, or None if it must succeed."""
+        if isinstance(op, CreateStream):
+            return None if op.stream_id == len(self.streams) else InvalidArgumentError
+        if isinstance(op, OpenStream | CloseStream | TrimStream | DeleteStream):
+            s = self.stream(op.stream_id)
+            if s is None:
+                return StreamNotFoundError
+            wanted = s["epoch"] + 1 if isinstance(op, OpenStream) else s["epoch"]
+            if op.epoch != wanted:
+                return FencedError
+            if isinstance(op, TrimStream) and not s["start"] <= op.start_offset <= s["end"]:
+                return InvalidArgumentError
+            return None
+        if isinstance(op, CommitObjects):
+            ranges = [r for o in op.objects for r in o.ranges]
+            if any(r.stream_id not in self.streams for r in ranges):
+                return StreamNotFoundError
+            for r in sorted(ranges, key=lambda r: r.stream_id):
+                s = self.streams[r.stream_id]
+                if s["state"] == "deleted":
+                    return StreamNotFoundError
+                if op.epochs[r.stream_id] != s["epoch"]:
+                    return FencedError
+                if s["state"] != "open":
+                    return StreamClosedError
+                if r.start_offset != s["end"]:
+                    return InvalidArgumentError
+            return None
+        if isinstance(op, CompactObjects):
+            if any(not self.objects.get(k, ([], False))[1] for k in op.replaced_keys):
+                return InvalidArgumentError
+            old: dict[int, set[int]] = {}
+            for k in op.replaced_keys:
+                for x, a, b in self.objects[k][0]:
+                    old.setdefault(x, set()).update(range(a, b))
+            new: dict[int, set[int]] = {}
+            for o in op.new_objects:
+                for r in o.ranges:
+                    offsets = set(range(r.start_offset, r.end_offset))
+                    if offsets & new.get(r.stream_id, set()):
+                        return InvalidArgumentError
+                    new.setdefault(r.stream_id, set()).update(offsets)
+            for x in old.keys() | new.keys():
+                s = self.streams[x]
+                kept = {o for o in old.get(x, set()) if s["state"] != "deleted" and o >= s["start"]}
+                if not kept <= new.get(x, set()) <= old.get(x, set()):
+                    return InvalidArgumentError
+            return None
+        if isinstance(op, PurgeObjects):
+            return None if all(not self.objects[k][1] for k in op.keys) else InvalidArgumentError
+        assert isinstance(op, RegisterNode)
+        return None if op.epoch == self.nodes.get(op.node_id, 0) + 1 else FencedError
+
+    def apply(self, op: Op) -> None:
+        if isinstance(op, CreateStream):
+            self.streams[op.stream_id] = {"epoch": 0, "start": 0, "end": 0, "state": "closed"}
+        elif isinstance(op, OpenStream):
+            self.streams[op.stream_id].update(epoch=op.epoch, state="open")
+        elif isinstance(op, CloseStream | DeleteStream):
+            state = "closed" if isinstance(op, CloseStream) else "deleted"
+            self.streams[op.stream_id]["state"] = state
+        elif isinstance(op, TrimStream):
+            self.streams[op.stream_id]["start"] = op.start_offset
+        elif isinstance(op, CommitObjects | CompactObjects):
+            if isinstance(op, CompactObjects):
+                for k in op.replaced_keys:
+                    self.objects[k] = (self.objects[k][0], False)
+            objects = op.objects if isinstance(op, CommitObjects) else op.new_objects
+            for o in objects:
+                ranges = [(r.stream_id, r.start_offset, r.end_offset) for r in o.ranges]
+                self.objects[o.key] = (ranges, True)
+                if isinstance(op, CommitObjects):
+                    for x, _, b in ranges:
+                        self.streams[x]["end"] = b
+        elif isinstance(op, PurgeObjects):
+            for k in op.keys:
+                del self.objects[k]
+        else:
+            self.nodes[op.node_id] = op.epoch
+
+
+def draw_compaction(data: st.DataObject, model: Model, next_key: Callable[[], str]) -> Op | None:
+    """Replace 1-3 live objects; the proposal is exact, clipped at start offsets, or off by
+    one at a span's end (too short or too long), sometimes naming an already replaced key."""
+    live = sorted(k for k, (_, is_live) in model.objects.items() if is_live)
+    dead = sorted(k for k, (_, is_live) in model.objects.items() if not is_live)
+    if not live:
+        return None
+    keys = sorted(data.draw(st.sets(st.sampled_from(live), min_size=1, max_size=3)))
+    mode = data.draw(st.sampled_from(["exact", "clip", "short", "long"]))
+    new_objects = []
+    for x in sorted({r[0] for k in keys for r in model.objects[k][0]}):
+        spans: list[list[int]] = []
+        for a, b in sorted((a, b) for k in keys for (y, a, b) in model.objects[k][0] if y == x):
+            if spans and a == spans[-1][1]:
+                spans[-1][1] = b
+            else:
+                spans.append([a, b])
+        s = model.streams[x]
+        for a, b in spans:
+            if mode == "clip":
+                a = b if s["state"] == "deleted" else max(a, s["start"])
+            b += {"short": -1, "long": 1}.get(mode, 0)
+            if a < b:
+                new_objects.append(obj(next_key(), (x, a, b)))
+    if dead and data.draw(st.booleans()):
+        keys.append(dead[0])
+    return CompactObjects(tuple(new_objects), tuple(keys))
+
+
+def draw_op(data: st.DataObject, model: Model, next_key: Callable[[], str]) -> Op | None:
+    ids = sorted(model.streams)
+    sid = data.draw(st.sampled_from([*ids, len(ids)]), label="stream")
+    delta = data.draw(st.sampled_from([0, 0, 0, -1, 1]), label="delta")
+    s = model.stream(sid)
+    epoch = max(0, (s["epoch"] if s else 0) + delta)
+    kinds = ["create", "open", "close", "trim", "delete", "commit", "compact", "purge", "node"]
+    kind = data.draw(st.sampled_from(kinds), label="op")
+    if kind == "create":
+        return CreateStream(len(ids) + max(0, delta), {"k": str(sid)}, 0)
+    if kind == "open":
+        return OpenStream(sid, epoch + 1, "n")
+    if kind == "close":
+        return CloseStream(sid, epoch)
+    if kind == "delete":
+        return DeleteStream(sid, epoch)
+    if kind == "trim":
+        return TrimStream(sid, epoch, data.draw(st.integers(0, (s["end"] if s else 0) + 2)))
+    if kind == "commit":
+        chosen = sorted(data.draw(st.sets(st.sampled_from([*ids, len(ids)]), max_size=3)) | {sid})
+        ranges, epochs = [], {}
+        for x in chosen:
+            known = model.streams.get(x, {"end": 0, "epoch": 0})
+            start = max(0, known["end"] + data.draw(st.sampled_from([0, 0, 0, -1, 1])))
+            ranges.append((x, start, start + data.draw(st.integers(1, 5))))
+            epochs[x] = epoch if x == sid else known["epoch"]
+        return CommitObjects((obj(next_key(), *ranges),), epochs)
+    if kind == "compact":
+        return draw_compaction(data, model, next_key)
+    if kind == "purge":
+        if not model.objects:
+            return None
+        return PurgeObjects((data.draw(st.sampled_from(sorted(model.objects))),))
+    node = data.draw(st.sampled_from(["n1", "n2"]))
+    return RegisterNode(node, max(0, model.nodes.get(node, 0) + 1 + delta))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_random_ops_match_a_simple_model(data: st.DataObject) -> None:
+    """Two managers on one store take turns; each op succeeds or fails exactly as the
+    model says, whichever manager commits it, though its view is usually stale. A third
+    manager that only refreshes checks the state after every step."""
+    store = MemoryObjectStore()
+    clock = ManualClock()
+    managers = [
+        MetadataManager(store, clock=clock, writer_id=w, checkpoint_interval=4) for w in "ABO"
+    ]
+    for m in managers:
+        m.load()
+    observer = managers.pop()
+    model = Model()
+    counter = iter(range(1 << 30))
+    next_key = lambda: f"k{next(counter)}"  # noqa: E731
+    for _ in range(data.draw(st.integers(5, 30), label="steps")):
+        m = data.draw(st.sampled_from(managers), label="writer")
+        op = draw_op(data, model, next_key)
+        if op is None:
+            continue
+        expected = model.expect(op)
+        seq = observer.seq
+        if expected is None:
+            entry, _ = m.commit(fixed(op))
+            model.apply(op)
+            assert entry.seq == seq + 1
+        else:
+            with pytest.raises(expected):
+                m.commit(fixed(op))
+        observer.refresh()
+        assert observer.seq == seq + (expected is None)
+        state = observer.state
+        for sid, ms in model.streams.items():
+            got = state.streams[sid]
+            assert (got.epoch, got.start_offset, got.end_offset, got.state.value) == (
+                ms["epoch"],
+                ms["start"],
+                ms["end"],
+                ms["state"],
+            )
+            assert [o.key for o in state.stream_objects(sid)] == model.live_keys(sid)
+        assert {k: o.live for k, o in state.objects.items()} == {
+            k: live for k, (_, live) in model.objects.items()
+        }
+        assert {n: x.epoch for n, x in state.nodes.items()} == model.nodes
+    assert check_state(observer.state) == []
+    for m in managers:
+        m.refresh()
+        assert same_state(m.state, observer.state)
+    fresh = MetadataManager(store, clock=clock, writer_id="C")
+    fresh.load()
+    assert same_state(fresh.state, observer.state)
