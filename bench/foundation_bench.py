@@ -64,7 +64,7 @@ def bench_large(root: Path, total_bytes: int, streams: int) -> dict[str, float]:
         c.flush()
         dt_flush = time.perf_counter() - t2
         m = c.metrics.object_store
-        puts = m.puts + m.put_if_absents
+        puts = m.puts + m.conditional_puts
         ids = [s.stream_id for s in ss]
     with _client(root) as c2:
         before = c2.metrics.object_store

@@ -76,8 +76,9 @@ class FileWalSettings:
     #: Size of the ring buffer (ignored for an existing WAL, whose header records it).
     capacity_bytes: int = 2 * GiB
     #: Write with O_DIRECT from aligned buffers, bypassing the page cache, where the filesystem
-    #: allows it (tmpfs does not: buffered writes are used there, equally durable).
-    direct_io: bool = True
+    #: allows it (else buffered writes are used, equally durable). Off by default: measured
+    #: slower for small records under concurrency (docs/file-wal.md).
+    direct_io: bool = False
     #: Largest group commit written with one vectored write.
     max_group_bytes: int = 8 * MiB
     #: Longest an append waits for ring space before `WalFullError` (0: fail at once).

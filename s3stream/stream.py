@@ -99,9 +99,11 @@ class Stream:
 
     def append(self, batch: RecordBatch, *, timeout_s: float | None = None) -> AppendResult:
         """Append a batch and wait until it is durable; returns where it landed."""
-        fut = self.append_async(batch)
+        if not isinstance(batch, RecordBatch):
+            raise InvalidArgumentError(f"append takes a RecordBatch, not {type(batch).__name__}")
+        self._check_open()
         try:
-            return fut.result(timeout_s)
+            return self._storage.append_and_wait(self._w, batch, timeout_s)
         except TimeoutError as exc:
             raise S3StreamError(f"append not acknowledged within {timeout_s} s") from exc
 

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from .._futures import CompletedFutures
 from ..cache.log_cache import CachedBatch, LogCache
 from ..clock import Clock
 from ..errors import (
@@ -138,6 +139,8 @@ class Storage:
         self._last_upload_mono = clock.monotonic()
         self._stop = False
         self._abandoned = False
+        self._completed = CompletedFutures()
+        self._upload_threshold = settings.upload_threshold_bytes
         self._put_pool = ThreadPoolExecutor(
             max_workers=settings.upload_parallelism, thread_name_prefix="s3stream-put"
         )
@@ -283,6 +286,17 @@ class Storage:
 
     def append(self, w: WriterState, batch: RecordBatch) -> Future[AppendResult]:
         """Assign offsets, write the WAL record; the future resolves once it is durable."""
+        r = self._append(w, batch)
+        return r if isinstance(r, Future) else self._completed.result(r)
+
+    def append_and_wait(
+        self, w: WriterState, batch: RecordBatch, timeout_s: float | None = None
+    ) -> AppendResult:
+        """`append`, then wait for durability (no future at all when the WAL acks at once)."""
+        r = self._append(w, batch)
+        return r.result(timeout_s) if isinstance(r, Future) else r
+
+    def _append(self, w: WriterState, batch: RecordBatch) -> AppendResult | Future[AppendResult]:
         ts = batch.base_timestamp
         if ts is None:
             ts = self._clock.now_ms()
@@ -310,17 +324,42 @@ class Storage:
             fetched = FetchedBatch(
                 w.stream_id, base, batch.count, payload, ts, batch.properties, batch.kind
             )
-            result: Future[AppendResult] = Future()
             try:
                 wal_future = self._wal.append(record)
             except S3StreamError as exc:
                 self._fail(exc)
                 raise
             w.next_offset = base + batch.count
+            if wal_future.done():
+                # Every earlier WAL future is done and its callback has run (the WAL completes
+                # in order), so completing inline keeps LogCache inserts in WAL order.
+                return self._durable(wal_future, w, fetched, record)
+            result: Future[AppendResult] = Future()
             with self._cond:
                 self._outstanding += 1
             wal_future.add_done_callback(lambda f: self._on_durable(f, w, fetched, record, result))
         return result
+
+    def _durable(
+        self, wal_future: Future[WalPosition], w: WriterState, batch: FetchedBatch, record: bytes
+    ) -> AppendResult:
+        try:
+            pos = wal_future.result()
+        except BaseException as exc:
+            err = exc if isinstance(exc, S3StreamError) else UnavailableError(f"WAL write: {exc}")
+            if err is not exc:
+                err.__cause__ = exc
+            self._fail(err)
+            raise err from None
+        cache = self._cache
+        pending = cache.put(CachedBatch(batch, memoryview(record)[WAL_PREFIX.size :], pos, w.epoch))
+        w.confirm_offset = batch.next_offset
+        m = self._metrics
+        m.appends += 1
+        m.append_bytes += len(batch.payload)
+        if pending >= self._upload_threshold and not self._upload_requested:
+            self.request_upload()
+        return AppendResult(batch.stream_id, batch.base_offset, batch.count)
 
     def _on_durable(
         self,
@@ -330,28 +369,15 @@ class Storage:
         record: bytes,
         result: Future[AppendResult],
     ) -> None:
-        exc = wal_future.exception()
-        if exc is not None:
-            err = exc if isinstance(exc, S3StreamError) else UnavailableError(f"WAL write: {exc}")
-            if err is not exc:
-                err.__cause__ = exc
-            self._fail(err)
-            result.set_exception(err)
-        else:
-            pos = wal_future.result()
-            entry = CachedBatch(batch, memoryview(record)[WAL_PREFIX.size :], pos, w.epoch)
-            pending = self._cache.put(entry)
-            w.confirm_offset = batch.next_offset
-            m = self._metrics
-            m.appends += 1
-            m.append_bytes += len(batch.payload)
-            if pending >= self._settings.upload_threshold_bytes and not self._upload_requested:
-                self.request_upload()
-            result.set_result(AppendResult(batch.stream_id, batch.base_offset, batch.count))
-        with self._cond:
-            self._outstanding -= 1
-            if self._outstanding == 0:
-                self._cond.notify_all()
+        try:
+            result.set_result(self._durable(wal_future, w, batch, record))
+        except S3StreamError as exc:
+            result.set_exception(exc)
+        finally:
+            with self._cond:
+                self._outstanding -= 1
+                if self._outstanding == 0:
+                    self._cond.notify_all()
 
     def _fail(self, err: S3StreamError) -> None:
         # A failed WAL write leaves a hole in offsets: nothing after it may be acknowledged.

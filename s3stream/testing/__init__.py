@@ -11,8 +11,9 @@ Roles:
 - `FaultyObjectStore` (`s3stream.testing.faults`): a seeded fault-injecting wrapper (transient
   errors, latency, ambiguous writes) for testing code that uses an object store.
 - `s3stream.testing.strategies`: Hypothesis strategies for records, keys and ranges.
-- `s3stream.testing.plugin`: the pytest plugin (Hypothesis profiles ``s3stream-quick`` and
-  ``s3stream-long``), registered through the ``pytest11`` entry point.
+- `s3stream.testing.profiles` and `s3stream.testing.plugin`: the Hypothesis profiles
+  ``s3stream-quick`` and ``s3stream-long``, and the pytest plugin (registered through the
+  ``pytest11`` entry point) that picks one per run.
 - `s3stream.testing.seaweedfs`: a launcher for a local SeaweedFS S3 server.
 
 This package imports nothing heavy itself: names are loaded from their submodule on first use,

@@ -577,11 +577,12 @@ class WalTests:
             for i in range(limit):
                 data = filler(record_bytes, 80_000 + i)
                 job = pool.submit(_append, wal, data, self.ack_timeout_s)
-                if wait([job], timeout=0.5).done:
+                # An append into an empty WAL cannot be waiting for room, only slow.
+                if wait([job], timeout=0.5 if acked else self.ack_timeout_s).done:
                     acked.append(WalRecord(job.result(), data))
                     continue
-                # The append waits for room: trimming must let it through.
-                assert acked, "the first append into an empty WAL blocked"
+                assert acked, f"an append into an empty WAL hung for {self.ack_timeout_s} s"
+                # The append waits for room (or is just slow): a trim must let it through.
                 wal.trim(acked[-1].position)
                 pos = job.result(timeout=self.ack_timeout_s)
                 assert pos > acked[-1].position, "the unblocked append reused a position"
@@ -915,7 +916,6 @@ class WalStateMachine(RuleBasedStateMachine):
 
     hooks: ClassVar[WalTests]
     new_directory: ClassVar[Callable[[], Path]]
-    remove_directories: ClassVar[bool] = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -1070,13 +1070,13 @@ class WalStateMachine(RuleBasedStateMachine):
         except S3StreamError:
             pass
         finally:
-            if self.remove_directories:
-                shutil.rmtree(self.directory, ignore_errors=True)
+            # Each run's medium goes at once: hundreds of runs of a preallocating WAL add up.
+            shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def make_wal_state_machine(hooks: WalTests, directory: Path | None = None) -> type[WalStateMachine]:
     """A `WalStateMachine` bound to `hooks`; each run gets a new directory for its medium,
-    below `directory` if given (kept for inspection), else a temporary one (removed)."""
+    below `directory` if given, else in a temporary directory; it is removed after the run."""
     counter = itertools.count()
 
     def new_directory() -> Path:
@@ -1089,7 +1089,6 @@ def make_wal_state_machine(hooks: WalTests, directory: Path | None = None) -> ty
     namespace = {
         "hooks": hooks,
         "new_directory": staticmethod(new_directory),
-        "remove_directories": directory is None,
     }
     return cast(
         type[WalStateMachine],

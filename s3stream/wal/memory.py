@@ -10,6 +10,7 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
 
+from .._futures import CompletedFutures
 from ..errors import InvalidArgumentError, S3StreamError, StreamClosedError
 from .base import WalCapabilities, WalPosition, WalRecord, WriteAheadLog
 
@@ -38,6 +39,7 @@ class MemoryWal(WriteAheadLog):
         self._medium = medium if medium is not None else MemoryWalMedium()
         self._ready = False
         self._closed = False
+        self._done = CompletedFutures()
 
     @property
     def capabilities(self) -> WalCapabilities:
@@ -59,7 +61,6 @@ class MemoryWal(WriteAheadLog):
     def append(self, data: bytes) -> Future[WalPosition]:
         if type(data) is not bytes:
             raise InvalidArgumentError(f"WAL records must be bytes, not {type(data).__name__}")
-        fut: Future[WalPosition] = Future()
         m = self._medium
         with m.lock:
             self._check_open()
@@ -68,9 +69,8 @@ class MemoryWal(WriteAheadLog):
             pos = m.next_position
             m.next_position = pos + 1
             m.records.append(WalRecord(pos, data))
-            # Completing under the lock keeps completions (and their callbacks) in order.
-            fut.set_result(pos)
-        return fut
+        # Complete at birth: the record is stored before any later append can be.
+        return self._done.result(pos)
 
     def trim(self, position: WalPosition) -> None:
         m = self._medium
