@@ -50,8 +50,12 @@ class ClientModel(RuleBasedStateMachine):
             self.starts.append(0)
 
     @precondition(lambda self: self.streams)
-    @rule(i=st.integers(0, 3), count=st.integers(1, 5), size=st.integers(0, 700),
-          asynchronous=st.booleans())
+    @rule(
+        i=st.integers(0, 3),
+        count=st.integers(1, 5),
+        size=st.integers(0, 700),
+        asynchronous=st.booleans(),
+    )
     def append(self, i: int, count: int, size: int, asynchronous: bool) -> None:
         i %= len(self.streams)
         records = self.model[i]

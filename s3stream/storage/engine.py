@@ -458,6 +458,7 @@ class Storage:
 
     def _start_upload(self, entries: list[CachedBatch]) -> _Upload:
         self._last_upload_mono = self._clock.monotonic()
+        log.debug("upload start: %d batches", len(entries))
         up = _Upload(entries, pack_objects(entries, self._settings, self._keys))
         self._submit_puts(up)
         return up
@@ -541,6 +542,7 @@ class Storage:
         dead = [o.key for o in up.objects if all(r[0] in fenced for r in o.ranges)]
         if dead:
             self._store.delete_many(dead)
+        log.debug("upload committed: %d objects", len(up.objects))
         m = self._metrics
         m.uploads += 1
         m.objects_uploaded += len(up.objects)
