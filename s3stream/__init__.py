@@ -10,7 +10,9 @@ Roles of the public names:
 - entry point: `open` (URLs) or `StreamClient` (components);
 - handles: `StreamClient`, `Stream`;
 - values: `RecordBatch` (in), `FetchedBatch`, `AppendResult`, `FetchResult`, `StreamInfo` (out);
-- settings: `ClientSettings`, `FileWalSettings`, `ObjectWalSettings`;
+- settings: `ClientSettings`, `CompactionSettings`, `FileWalSettings`, `ObjectWalSettings`,
+  `RetentionPolicy` (per-stream, as stream tags);
+- reports: `CompactionReport` (`StreamClient.compact`);
 - components: `WriteAheadLog`, `ObjectStore`, `Clock` (and their implementations in
   `s3stream.wal`, `s3stream.objectstore`, `s3stream.clock`);
 - errors: `S3StreamError` and its kinds.
@@ -18,6 +20,7 @@ Roles of the public names:
 
 from .client import ClientMetrics, StreamClient
 from .clock import Clock, ManualClock, SystemClock
+from .compaction import CompactionReport, RetentionPolicy
 from .errors import (
     BackpressureError,
     CorruptionError,
@@ -34,7 +37,7 @@ from .errors import (
 from .objectstore.base import ObjectStore
 from .opening import open
 from .records import Record
-from .settings import ClientSettings, FileWalSettings, ObjectWalSettings
+from .settings import ClientSettings, CompactionSettings, FileWalSettings, ObjectWalSettings
 from .stream import Stream
 from .types import (
     AppendResult,
@@ -56,6 +59,8 @@ __all__ = [
     "ClientMetrics",
     "ClientSettings",
     "Clock",
+    "CompactionReport",
+    "CompactionSettings",
     "CorruptionError",
     "FencedError",
     "FetchResult",
@@ -69,6 +74,7 @@ __all__ = [
     "OffsetOutOfRangeError",
     "Record",
     "RecordBatch",
+    "RetentionPolicy",
     "S3StreamError",
     "Stream",
     "StreamClient",

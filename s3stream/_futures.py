@@ -26,10 +26,10 @@ class CompletedFutures:
     def result(self, value: T) -> Future[T]:
         """A future already resolved with `value`."""
         f: Future[T] = Future.__new__(Future)
-        f._condition = self._condition  # type: ignore[attr-defined]
-        f._state = "FINISHED"  # type: ignore[attr-defined]
-        f._result = value  # type: ignore[attr-defined]
-        f._exception = None  # type: ignore[attr-defined]
-        f._waiters = []  # type: ignore[attr-defined]
+        f._condition = self._condition
+        f._state = "FINISHED"
+        f._result = value
+        f._exception = None
+        f._waiters = []
         f._done_callbacks = []  # type: ignore[attr-defined]
         return f

@@ -1,6 +1,6 @@
-"""The ``s3stream`` command: demo, inspect, dump, verify.
+"""The ``s3stream`` command: demo, inspect, dump, verify, compact.
 
-Later issues add ``compact`` and ``take-over``; each subcommand is one small function.
+Later issues add ``take-over``; each subcommand is one small function.
 """
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ import hashlib
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 from . import open as open_client
 from .client import StreamClient
@@ -170,6 +171,53 @@ def _verify(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def _progress_bar() -> tuple[Any, Callable[[int, int, str], None] | None]:
+    """A tqdm bar and the callback driving it; (None, None) without tqdm (it is optional)."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None, None
+    bar = tqdm(total=0, unit="B", unit_scale=True, desc="compacting")
+
+    def update(done: int, total: int, phase: str) -> None:
+        bar.set_description(phase)
+        bar.total = total
+        bar.n = done
+        bar.refresh()
+
+    return bar, update
+
+
+def _compact(args: argparse.Namespace) -> int:
+    from .settings import ClientSettings, CompactionSettings
+
+    compaction = CompactionSettings(
+        deletion_delay_ms=args.deletion_delay_ms, orphan_grace_ms=args.orphan_grace_ms
+    )
+    client = open_client(
+        args.url,
+        node_id=args.node_id,
+        wal="memory://",
+        settings=ClientSettings(compaction=compaction),
+    )
+    bar, progress = (None, None) if args.no_progress else _progress_bar()
+    try:
+        report = client.compact(progress, sweep_orphans=args.sweep_orphans)
+    finally:
+        if bar is not None:
+            bar.close()
+        client.close()
+    print(
+        f"objects {report.objects_before} -> {report.objects_after} "
+        f"({report.bytes_before / 1e6:.1f} MB -> {report.bytes_after / 1e6:.1f} MB); "
+        f"tasks {dict(report.tasks)}, aborted {report.aborted}; read "
+        f"{report.bytes_read / 1e6:.1f} MB, wrote {report.bytes_written / 1e6:.1f} MB; "
+        f"trimmed {report.streams_trimmed} streams; purged {report.objects_purged}, "
+        f"orphans deleted {report.orphans_deleted}; {report.duration_s:.2f} s"
+    )
+    return 0
+
+
 def _open_ro(args: argparse.Namespace) -> StreamClient:
     return open_client(args.url, node_id=args.node_id, wal="memory://")
 
@@ -197,6 +245,14 @@ def _parser() -> argparse.ArgumentParser:
             c.add_argument("--start", type=int, default=0)
             c.add_argument("--limit", type=int, default=100)
         c.set_defaults(fn=fn)
+    c = sub.add_parser("compact", help="run one compaction pass (retention, merge, delete)")
+    c.add_argument("url")
+    c.add_argument("--node-id", default="compactor")
+    c.add_argument("--deletion-delay-ms", type=int, default=600_000)
+    c.add_argument("--orphan-grace-ms", type=int, default=86_400_000)
+    c.add_argument("--sweep-orphans", action="store_true", default=None)
+    c.add_argument("--no-progress", action="store_true", help="no progress bar")
+    c.set_defaults(fn=_compact)
     return p
 
 

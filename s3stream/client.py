@@ -6,16 +6,20 @@ import logging
 import random
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
+from typing import Any
 
+from .cache.block_cache import BlockCache, BlockCacheMetrics
 from .clock import Clock, SystemClock
+from .compaction import CompactionMetrics, CompactionReport, Compactor, Progress, WriterOptions
 from .errors import (
     InvalidArgumentError,
     OffsetOutOfRangeError,
     S3StreamError,
     StreamClosedError,
 )
+from .failover import TakeOverReport, take_over_node
 from .metadata import MetadataManager, StreamMeta
 from .objectstore.base import ObjectStore
 from .objectstore.wrappers import MetricsObjectStore, ObjectStoreMetrics, RetryingObjectStore
@@ -23,6 +27,7 @@ from .settings import ClientSettings
 from .storage.engine import RecoveryReport, Storage, StorageMetrics
 from .storage.packing import KeyFactory, check_node_id
 from .stream import Stream
+from .throttle import PriorityRateLimiter, ThrottleMetrics
 from .types import FetchResult, StreamInfo
 from .wal.base import WriteAheadLog
 
@@ -37,10 +42,14 @@ WalFactory = Callable[[str, int, Callable[[], None]], WriteAheadLog]
 
 @dataclass(frozen=True, slots=True)
 class ClientMetrics:
-    """Counters of a client: its storage pipeline and its object-store traffic."""
+    """Counters of a client: its storage pipeline, its object-store traffic, the block
+    cache (hits, misses, GETs), the compactor and the rate limiter."""
 
     storage: StorageMetrics
     object_store: ObjectStoreMetrics
+    block_cache: BlockCacheMetrics = field(default_factory=BlockCacheMetrics)
+    compaction: CompactionMetrics = field(default_factory=CompactionMetrics)
+    throttle: ThrottleMetrics = field(default_factory=ThrottleMetrics)
 
 
 def _check_tags(tags: Mapping[str, str] | None) -> dict[str, str]:
@@ -103,14 +112,46 @@ class StreamClient:
         self._wal = (
             wal if isinstance(wal, WriteAheadLog) else wal(node_id, self._node_epoch, on_full)
         )
+        #: Opens another node's WAL for `take_over` (None when given a WAL instance).
+        self._wal_factory: WalFactory | None = None if isinstance(wal, WriteAheadLog) else wal
+        s = self._settings
+        # One limiter for all background traffic; one key factory so the uploader's and the
+        # compactor's keys never collide.
+        self._limiter = PriorityRateLimiter(
+            clock=self._clock,
+            bytes_per_s=s.background_bytes_per_s,
+            requests_per_s=s.background_requests_per_s,
+        )
+        self._block_cache = BlockCache(
+            self._store, capacity_bytes=s.block_cache_bytes, limiter=self._limiter
+        )
+        keys = KeyFactory(node_id, self._node_epoch)
+        self._compactor = Compactor(
+            store=self._store,
+            meta=self._meta,
+            keys=keys,
+            cache=self._block_cache,
+            settings=s.compaction,
+            clock=self._clock,
+            node_id=node_id,
+            writer=WriterOptions(
+                block_target_bytes=s.block_target_bytes,
+                compression=s.block_compression,
+                zstd_level=s.zstd_level,
+            ),
+            limiter=self._limiter,
+        )
         self._storage = Storage(
             store=self._store,
             wal=self._wal,
             meta=self._meta,
             settings=self._settings,
             clock=self._clock,
-            keys=KeyFactory(node_id, self._node_epoch),
+            keys=keys,
             node_id=node_id,
+            block_cache=self._block_cache,
+            limiter=self._limiter,
+            node_epoch=self._node_epoch,
         )
         storage_box.append(self._storage)
         try:
@@ -118,10 +159,13 @@ class StreamClient:
         except BaseException:
             self._storage.abandon()
             self._wal.close()
+            self._block_cache.close()
             raise
         if self.recovery.records:
             log.info("recovered %s", self.recovery)
         self._storage.start()
+        if s.compaction.background:
+            self._compactor.start()
 
     # ------------------------------------------------------------------ properties
 
@@ -158,7 +202,18 @@ class StreamClient:
     @property
     def metrics(self) -> ClientMetrics:
         """A snapshot of the client's counters."""
-        return ClientMetrics(self._storage.metrics, self._metrics_store.metrics)
+        return ClientMetrics(
+            self._storage.metrics,
+            self._metrics_store.metrics,
+            self._block_cache.metrics,
+            self._compactor.metrics,
+            self._limiter.metrics,
+        )
+
+    @property
+    def compactor(self) -> Compactor:
+        """The compactor (runs in the background if ``settings.compaction.background``)."""
+        return self._compactor
 
     @property
     def closed(self) -> bool:
@@ -282,6 +337,58 @@ class StreamClient:
 
     # ------------------------------------------------------------------ lifecycle
 
+    def compact(
+        self, progress: Progress | None = None, *, sweep_orphans: bool | None = None
+    ) -> CompactionReport:
+        """Run one compaction pass now: retention, stream-set and stream object compaction,
+        purge of objects past the deletion delay, and (when due, or if `sweep_orphans`) the
+        orphan sweep. `progress(done_bytes, total_bytes, phase)` is told as it goes."""
+        self._check_open()
+        return self._compactor.run_once(progress, sweep_orphans=sweep_orphans)
+
+    def take_over(
+        self,
+        node_id: str,
+        *,
+        wal: str | WalFactory | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> TakeOverReport:
+        """Take over failed node `node_id`: fence it, recover its WAL, upload and commit what
+        it had acknowledged, and close its streams so that they can be opened anywhere.
+
+        `wal` says where the node's WAL is: None for the same kind of WAL as this client's
+        (an object WAL on the same bucket and prefix, or the node's default file WAL inside a
+        local store directory), a URL (``file:///mnt/ebs-of-n1/s3stream.wal``,
+        ``s3://bucket/prefix/wal``; `storage_options` as for `s3stream.open`), or a factory
+        ``(node_id, node_epoch, on_full) -> WriteAheadLog``. After it returns, the old holder
+        of the node can neither acknowledge (object WAL) nor commit anything.
+        """
+        self._check_open()
+        if node_id == self._node_id:
+            raise InvalidArgumentError(f"a client cannot take over its own node {node_id!r}")
+        factory: WalFactory
+        if isinstance(wal, str):
+            factory = _wal_url_factory(wal, self._clock, storage_options)
+        elif wal is not None:
+            factory = wal
+        elif self._wal_factory is not None:
+            factory = self._wal_factory
+        else:
+            raise InvalidArgumentError(
+                "this client was given a WAL instance: pass wal= (a URL or a factory) to say "
+                f"where the WAL of node {node_id!r} is"
+            )
+        return take_over_node(
+            node_id,
+            wal_factory=factory,
+            store=self._store,
+            meta=self._meta,
+            settings=self._settings,
+            clock=self._clock,
+            block_cache=self._block_cache,
+            limiter=self._limiter,
+        )
+
     def flush(self, timeout_s: float | None = None) -> None:
         """Upload everything acknowledged so far and commit it to the metadata log."""
         self._check_open()
@@ -299,9 +406,13 @@ class StreamClient:
             self._closed = True
             for s in self._streams.values():
                 s._mark_closed("closed (client closed)")
+        # Let throttled background work through so that stopping never waits on tokens.
+        self._limiter.close()
+        self._compactor.stop()
         try:
             self._storage.close()
         finally:
+            self._block_cache.close()
             self._store.close()
 
     def _check_open(self) -> None:
@@ -328,3 +439,21 @@ class StreamClient:
 
 def _info(m: StreamMeta) -> StreamInfo:
     return m.to_info()
+
+
+def _wal_url_factory(
+    url: str, clock: Clock, storage_options: Mapping[str, Any] | None
+) -> WalFactory:
+    from .wal.registry import open_wal
+
+    def factory(node_id: str, node_epoch: int, on_full: Callable[[], None]) -> WriteAheadLog:
+        return open_wal(
+            url,
+            node_id=node_id,
+            node_epoch=node_epoch,
+            clock=clock,
+            on_full=on_full,
+            storage_options=storage_options,
+        )
+
+    return factory

@@ -15,6 +15,7 @@ from .objectstore.registry import open_object_store
 from .settings import ClientSettings, FileWalSettings, ObjectWalSettings
 from .wal.base import WriteAheadLog
 from .wal.memory import MemoryWal
+from .wal.registry import OBJECT_PREFIX
 
 __all__ = ["DEFAULT_LOCAL_WAL_CAPACITY", "default_wal_url", "open"]
 
@@ -25,18 +26,23 @@ DEFAULT_LOCAL_WAL_CAPACITY = "256MiB"
 
 def default_wal_url(url: str, node_id: str) -> str | None:
     """The WAL a client uses when none is given: a file WAL inside a local directory,
-    memory for ``memory://``; None where no safe default exists (remote stores)."""
+    memory for ``memory://``, and for a remote store the object WAL under ``wal/`` of the
+    same store (durable and shared, so another client can take the node over; appends wait
+    about `wal_batch_interval_ms` plus one PUT). None where no default exists."""
     scheme, rest = split_scheme(url)
     if scheme == "memory":
         return "memory://"
     if scheme == "file":
         path = Path(rest).resolve() / "wal" / f"{node_id}.wal"
         return f"file://{path}?capacity={DEFAULT_LOCAL_WAL_CAPACITY}"
-    return None
+    base = url.split("?", 1)[0].rstrip("/")
+    if scheme in ("s3", "s3a"):
+        return f"{base}/wal"
+    return f"{OBJECT_PREFIX}{base}/wal" if "://" in base else None
 
 
 def _wal_factory(
-    wal_url: str,
+    wal_url: str | Callable[[str], str],
     *,
     clock: Clock,
     file_settings: FileWalSettings | None,
@@ -47,7 +53,7 @@ def _wal_factory(
 
     def factory(node_id: str, node_epoch: int, on_full: Callable[[], None]) -> WriteAheadLog:
         return open_wal(
-            wal_url,
+            wal_url if isinstance(wal_url, str) else wal_url(node_id),
             node_id=node_id,
             node_epoch=node_epoch,
             on_full=on_full,
@@ -77,16 +83,24 @@ def open(
     `url` names the object store: a local directory (the embedded default), ``s3://bucket/
     prefix``, ``memory://`` or any fsspec URL. `wal` names the write-ahead log: a URL
     (``file:///path?capacity=2GiB``, ``memory://``, ``s3://bucket/prefix/wal``) or a
-    `WriteAheadLog` instance. By default a local directory gets a file WAL inside it and
-    ``memory://`` a memory WAL; a remote store needs `wal` to be given, because no default is
-    both durable and local to this machine.
+    `WriteAheadLog` instance. By default a local directory gets a file WAL inside it (one
+    per node id), ``memory://`` a memory WAL, and a remote store the object WAL under its
+    ``wal/`` prefix (see `default_wal_url` and ``docs/s3-wal.md``).
     """
     if isinstance(url, Path):
         url = str(url)
     clock = clock if clock is not None else SystemClock()
     store = open_object_store(url, storage_options)
+    per_node: Callable[[str], str] | None = None
     if wal is None:
         wal = default_wal_url(url, node_id)
+        if wal is not None and split_scheme(wal)[0] == "file":
+            # So that `take_over` finds another node's default WAL beside this one's.
+            root_url = url
+
+            def per_node(node: str) -> str:
+                return default_wal_url(root_url, node) or ""
+
         if wal is None:
             store.close()
             raise InvalidArgumentError(
@@ -101,7 +115,7 @@ def open(
             wal_arg = MemoryWal()
         else:
             wal_arg = _wal_factory(
-                wal,
+                wal if per_node is None else per_node,
                 clock=clock,
                 file_settings=file_wal_settings,
                 object_settings=object_wal_settings,

@@ -6,11 +6,11 @@ never chosen by flags here. Each class validates itself so a bad value fails at 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 from .errors import InvalidArgumentError
 
-__all__ = ["ClientSettings", "FileWalSettings", "ObjectWalSettings"]
+__all__ = ["ClientSettings", "CompactionSettings", "FileWalSettings", "ObjectWalSettings"]
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -24,6 +24,59 @@ def _require_positive(obj: object, *, allow_zero: tuple[str, ...] = ()) -> None:
             continue
         if value < 0 or (value == 0 and f.name not in allow_zero):
             raise InvalidArgumentError(f"{type(obj).__name__}.{f.name} must be > 0, got {value}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CompactionSettings:
+    """What the compactor merges, splits, trims and deletes, and how often (docs/compaction.md)."""
+
+    #: Run the compactor in a background thread of the client (else only `client.compact()`).
+    background: bool = False
+    #: Pause between two background passes.
+    interval_ms: int = 60_000
+    #: Stream-set objects smaller than this are merged; a merged one this big is left alone.
+    stream_set_object_target_bytes: int = 256 * MiB
+    #: A stream with at least this many bytes in the merged stream-set objects leaves them as
+    #: stream objects of its own.
+    stream_split_bytes: int = 8 * MiB
+    #: Stream-set objects holding data older than this are split completely.
+    stream_set_max_age_ms: int = 3_600_000
+    #: Merge stream-set objects only when at least this many can be merged.
+    stream_set_min_objects: int = 2
+    #: Adjacent stream objects of a stream are merged into objects of up to this size.
+    stream_object_target_bytes: int = 64 * MiB
+    #: Most bytes one compaction task reads (and holds in memory while writing).
+    max_task_bytes: int = 512 * MiB
+    #: Retention by age for streams without a ``retention.ms`` tag (0: keep forever).
+    retention_ms: int = 0
+    #: Retention by size for streams without a ``retention.bytes`` tag (0: unlimited).
+    retention_bytes: int = 0
+    #: Replaced and expired objects are deleted this long after they were marked deleted,
+    #: because readers holding an older metadata snapshot may still read them.
+    deletion_delay_ms: int = 600_000
+    #: An object PUT but never committed is deleted once it was seen unreferenced for this
+    #: long (it must exceed the longest time between an upload's PUT and its commit).
+    orphan_grace_ms: int = 86_400_000
+    #: How often the (listing) orphan sweep runs; 0 disables it.
+    orphan_sweep_interval_ms: int = 3_600_000
+    #: Most keys one orphan sweep looks at; the next sweep goes on where it stopped.
+    orphan_sweep_max_keys: int = 10_000
+
+    def __post_init__(self) -> None:
+        _require_positive(
+            self,
+            allow_zero=(
+                "interval_ms",
+                "stream_set_max_age_ms",
+                "retention_ms",
+                "retention_bytes",
+                "deletion_delay_ms",
+                "orphan_grace_ms",
+                "orphan_sweep_interval_ms",
+            ),
+        )
+        if self.stream_set_min_objects < 1:
+            raise InvalidArgumentError("CompactionSettings.stream_set_min_objects must be >= 1")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -56,11 +109,34 @@ class ClientSettings:
     metadata_commit_attempts: int = 32
     #: Bytes of object blocks the BlockCache keeps.
     block_cache_bytes: int = 256 * MiB
+    #: Readahead of a sequential (catch-up) reader starts at this many bytes ...
+    readahead_initial_bytes: int = 1 * MiB
+    #: ... and doubles per sequential fetch up to this (0 disables readahead).
+    readahead_max_bytes: int = 32 * MiB
+    #: Rate limit of background object-store traffic (uploads, compaction, readahead), in
+    #: bytes and requests per second; 0 means unlimited. Foreground reads are never delayed.
+    background_bytes_per_s: int = 0
+    background_requests_per_s: int = 0
+    #: The compactor (merging objects, retention, deleting garbage).
+    compaction: CompactionSettings = field(default_factory=CompactionSettings)
 
     def __post_init__(self) -> None:
         _require_positive(
-            self, allow_zero=("upload_interval_ms", "log_cache_bytes", "block_cache_bytes")
+            self,
+            allow_zero=(
+                "upload_interval_ms",
+                "log_cache_bytes",
+                "block_cache_bytes",
+                "readahead_initial_bytes",
+                "readahead_max_bytes",
+                "background_bytes_per_s",
+                "background_requests_per_s",
+            ),
         )
+        if not isinstance(self.compaction, CompactionSettings):
+            raise InvalidArgumentError(
+                f"ClientSettings.compaction must be a CompactionSettings, got {self.compaction!r}"
+            )
         if self.block_compression not in ("none", "zstd"):
             raise InvalidArgumentError(
                 f"block_compression must be 'none' or 'zstd', got {self.block_compression!r}"

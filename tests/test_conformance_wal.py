@@ -5,8 +5,6 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-import pytest
-
 from s3stream.settings import FileWalSettings
 from s3stream.testing.wal import WalTests
 from s3stream.wal.base import WriteAheadLog
@@ -25,14 +23,6 @@ class TestMemoryWal(WalTests):
     def raw_bytes(self, medium: MemoryWalMedium) -> bytes:
         with medium.lock:
             return b"".join(r.data for r in medium.records)
-
-    @pytest.mark.xfail(strict=True, reason="MemoryWal does not enforce max_record_bytes")
-    def test_input_oversized_record_is_rejected(self, tmp_path: Path) -> None:
-        super().test_input_oversized_record_is_rejected(tmp_path)
-
-    @pytest.mark.xfail(strict=True, reason="MemoryWal.trim raises TypeError for a non-int")
-    def test_input_trim_rejects_non_int(self, tmp_path: Path) -> None:
-        super().test_input_trim_rejects_non_int(tmp_path)
 
 
 # The state machine also runs as a plain unittest.TestCase (for runners other than a WalTests

@@ -156,9 +156,18 @@ def check_delete(view: StateView, op: DeleteStream) -> StreamMeta:
 
 
 def check_commit(view: StateView, op: CommitObjects) -> CommitPlan:
-    """I4, I6, I7, I8: the upload commit extends each stream exactly at its end offset."""
+    """I4, I6, I7, I8, I14: the upload commit extends each stream exactly at its end offset."""
     if not op.objects:
         raise InvalidArgumentError("CommitObjects.objects must not be empty")
+    if op.node_epoch is not None:
+        for node_id in sorted({obj.node_id for obj in op.objects}):
+            node = view.node(node_id)
+            if node is None or node.epoch != op.node_epoch:
+                current = "unregistered" if node is None else f"at epoch {node.epoch}"
+                raise FencedError(
+                    f"I14: node {node_id!r} is {current}; a commit with node epoch "
+                    f"{op.node_epoch} is fenced (the node was taken over)"
+                )
     _check_new_objects(view, op.objects, "CommitObjects")
     plan = _pieces_by_stream(op.objects)
     if plan.keys() != op.epochs.keys():

@@ -181,10 +181,13 @@ class CommitObjects(_Op, frozen=True, tag="commit_objects"):
     """The upload commit: new objects whose ranges extend their streams exactly at the end.
 
     `epochs` maps every stream with a range in `objects` to the epoch the uploader holds.
+    `node_epoch`, when set, is the epoch the uploader holds of the node named by the objects'
+    `node_id`: a node taken over by another client cannot commit any more.
     """
 
     objects: tuple[ObjectMeta, ...]
     epochs: dict[NonNeg, Epoch]
+    node_epoch: Epoch | None = None
 
 
 class CompactObjects(_Op, frozen=True, tag="compact_objects"):

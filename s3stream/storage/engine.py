@@ -22,12 +22,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from .._futures import CompletedFutures
+from ..cache.block_cache import BlockCache, Readahead
 from ..cache.log_cache import CachedBatch, LogCache
 from ..clock import Clock
 from ..errors import (
     BackpressureError,
     CorruptionError,
     FencedError,
+    ObjectNotFoundError,
     S3StreamError,
     StreamClosedError,
     UnavailableError,
@@ -43,10 +45,11 @@ from ..metadata import (
 )
 from ..objectstore.base import ObjectStore
 from ..settings import ClientSettings
+from ..throttle import Priority, PriorityRateLimiter
 from ..types import AppendResult, FetchedBatch, RecordBatch, StreamState
 from ..wal.base import WalPosition, WriteAheadLog
 from .packing import KeyFactory, PackedObject, pack_objects
-from .reader import IndexCache, ObjectDataReader
+from .reader import ObjectDataReader, missing_data
 
 __all__ = ["RecoveryReport", "Storage", "StorageMetrics", "WriterState"]
 
@@ -115,8 +118,13 @@ class Storage:
         clock: Clock,
         keys: KeyFactory,
         node_id: str,
+        block_cache: BlockCache | None = None,
+        limiter: PriorityRateLimiter | None = None,
+        node_epoch: int | None = None,
     ) -> None:
         self._store = store
+        #: Carried by every commit, so a node taken over by another client commits nothing.
+        self._node_epoch = node_epoch
         self._wal = wal
         self._meta = meta
         self._settings = settings
@@ -124,8 +132,18 @@ class Storage:
         self._keys = keys
         self._node_id = node_id
         self._cache = LogCache(settings.log_cache_bytes)
-        self._indexes = IndexCache(store)
-        self._objects = ObjectDataReader(store, self._indexes)
+        self._limiter = limiter
+        self._block_cache = block_cache or BlockCache(
+            store, capacity_bytes=settings.block_cache_bytes, limiter=limiter
+        )
+        self._objects = ObjectDataReader(
+            self._block_cache,
+            Readahead(
+                self._block_cache,
+                initial_bytes=settings.readahead_initial_bytes,
+                max_bytes=settings.readahead_max_bytes,
+            ),
+        )
         self._metrics = StorageMetrics()
         # One lock orders offsets, WAL appends and completion callbacks (see module docstring).
         self._append_lock = threading.RLock()
@@ -152,6 +170,11 @@ class Storage:
     def log_cache(self) -> LogCache:
         """The hot-tail cache."""
         return self._cache
+
+    @property
+    def block_cache(self) -> BlockCache:
+        """The cache of object blocks behind the LogCache."""
+        return self._block_cache
 
     @property
     def metrics(self) -> StorageMetrics:
@@ -464,7 +487,12 @@ class Storage:
         return up
 
     def _submit_puts(self, up: _Upload) -> None:
-        up.puts = [self._put_pool.submit(self._store.put, o.key, o.data) for o in up.objects]
+        up.puts = [self._put_pool.submit(self._put, o.key, o.data) for o in up.objects]
+
+    def _put(self, key: str, data: bytes) -> None:
+        if self._limiter is not None:
+            self._limiter.acquire(len(data), Priority.UPLOAD)
+        self._store.put(key, data)
 
     def _finish_upload(self, up: _Upload) -> None:
         """Wait for the PUTs of the oldest upload and commit it; retry until it succeeds."""
@@ -478,6 +506,14 @@ class Storage:
                     self._current_attempts = 0
                     self._cond.notify_all()
                 return
+            except FencedError as exc:
+                # The node was taken over: no retry can succeed, and no append may be acked.
+                self._fail(exc)
+                with self._cond:
+                    self._upload_error = exc
+                    self._current_attempts = up.attempts = up.attempts + 1
+                    self._cond.notify_all()
+                raise
             except S3StreamError as exc:
                 up.attempts += 1
                 log.warning("upload attempt %d failed: %s", up.attempts, exc)
@@ -528,7 +564,9 @@ class Storage:
             if not metas:
                 return []
             epochs = {sid: e.epoch for sid, e in first.items() if sid not in fenced}
-            return [CommitObjects(objects=tuple(metas), epochs=epochs)]
+            return [
+                CommitObjects(objects=tuple(metas), epochs=epochs, node_epoch=self._node_epoch)
+            ]
 
         self._meta.commit(build)
         live = [e for e in up.entries if e.batch.stream_id not in fenced]
@@ -565,7 +603,12 @@ class Storage:
         self, state: MetadataState, stream_id: int, start: int, end: int, max_bytes: int
     ) -> list[FetchedBatch]:
         """Batches from objects only, as the metadata snapshot `state` lists them."""
-        return self._objects.read(state, stream_id, start, end, max_bytes)
+        try:
+            return self._objects.read(state, stream_id, start, end, max_bytes)
+        except ObjectNotFoundError:
+            # The snapshot is older than the deletion delay: read again on a fresh one.
+            self._meta.refresh()
+            return self._objects.read(self._meta.state, stream_id, start, end, max_bytes)
 
     def read(self, stream_id: int, start: int, end: int, max_bytes: int) -> list[FetchedBatch]:
         """Batches of the stream overlapping ``[start, end)``: at least one, about `max_bytes`."""
@@ -582,12 +625,11 @@ class Storage:
                 break
             first_cached = self._cache.first_offset(stream_id)
             obj_end = end if first_cached is None else min(end, max(first_cached, pos + 1))
-            got = self._objects.read(self._meta.state, stream_id, pos, obj_end, max(remaining, 1))
+            state = self._meta.state
+            got = self.read_committed(state, stream_id, pos, obj_end, max(remaining, 1))
             if not got:
                 if first_cached is not None and first_cached > pos:
-                    raise CorruptionError(
-                        f"stream {stream_id}: offsets {pos}..{first_cached} are in no object"
-                    )
+                    raise missing_data(self._meta.state, stream_id, pos, first_cached, "")
                 break
             m.fetches_from_objects += 1
             out.extend(got)

@@ -1,78 +1,57 @@
-"""Reading committed data from objects: metadata → object index → ranged block reads."""
+"""Reading committed data from objects: metadata → object index → blocks via the BlockCache.
+
+The read path is LogCache → BlockCache → object store: `ObjectDataReader` finds the objects
+of a stream in a metadata snapshot, the blocks in their (cached) indexes, and asks the
+`BlockCache` for them; `Readahead` fetches ahead of sequential readers.
+"""
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-from collections.abc import Callable
-
-from ..errors import CorruptionError
-from ..format.objects import BlockInfo, ObjectIndex, read_blocks, read_index
+from ..cache.block_cache import BlockCache, Readahead
+from ..errors import CorruptionError, OffsetOutOfRangeError
+from ..format.objects import BlockInfo
 from ..metadata import MetadataState
-from ..objectstore.base import ObjectStore
 from ..types import FetchedBatch
 
-__all__ = ["IndexCache", "ObjectDataReader"]
-
-
-class IndexCache:
-    """Parsed object indexes, LRU by count; objects are immutable so entries never go stale."""
-
-    def __init__(self, store: ObjectStore, max_entries: int = 4096) -> None:
-        self._store = store
-        self._max = max_entries
-        self._lock = threading.Lock()
-        self._entries: OrderedDict[str, ObjectIndex] = OrderedDict()
-
-    def get(self, key: str, size: int | None = None) -> ObjectIndex:
-        """The index of object `key` (one tail GET on a miss)."""
-        with self._lock:
-            idx = self._entries.get(key)
-            if idx is not None:
-                self._entries.move_to_end(key)
-                return idx
-        idx = read_index(self._store, key, object_size=size)
-        with self._lock:
-            self._entries[key] = idx
-            while len(self._entries) > self._max:
-                self._entries.popitem(last=False)
-        return idx
-
-    def forget(self, key: str) -> None:
-        """Drop a cached index (its object was deleted)."""
-        with self._lock:
-            self._entries.pop(key, None)
-
-
-BlockReader = Callable[[str, list[BlockInfo]], list[FetchedBatch]]
+__all__ = ["ObjectDataReader"]
 
 
 class ObjectDataReader:
-    """Reads a stream's committed batches from the objects the metadata lists."""
+    """Reads a stream's committed batches from the objects a metadata snapshot lists."""
 
-    def __init__(
-        self,
-        store: ObjectStore,
-        indexes: IndexCache,
-        block_reader: BlockReader | None = None,
-    ) -> None:
-        self._store = store
-        self._indexes = indexes
-        self._read_blocks: BlockReader = block_reader or (
-            lambda key, blocks: read_blocks(store, key, blocks)
-        )
+    def __init__(self, cache: BlockCache, readahead: Readahead | None = None) -> None:
+        self._cache = cache
+        self._readahead = readahead
+
+    @property
+    def cache(self) -> BlockCache:
+        """The block cache reads go through."""
+        return self._cache
 
     def read(
         self, state: MetadataState, stream_id: int, start: int, end: int, max_bytes: int
     ) -> list[FetchedBatch]:
-        """Batches overlapping ``[start, end)``: at least one if any exists, about `max_bytes`."""
+        """Batches overlapping ``[start, end)``: at least one if any exists, about `max_bytes`.
+
+        Raises `OffsetOutOfRangeError` when data at `start` is gone because the stream was
+        trimmed past it (by retention, say) since the caller last looked.
+        """
+        out = self._read(state, stream_id, start, end, max_bytes)
+        if out and self._readahead is not None:
+            nbytes = sum(len(b.payload) for b in out)
+            self._readahead.after_read(state, stream_id, start, out[-1].next_offset, nbytes)
+        return out
+
+    def _read(
+        self, state: MetadataState, stream_id: int, start: int, end: int, max_bytes: int
+    ) -> list[FetchedBatch]:
         out: list[FetchedBatch] = []
         total = 0
         pos = start
         for obj in state.objects_for(stream_id, start, end):
             if pos >= end or (out and total >= max_bytes):
                 break
-            idx = self._indexes.get(obj.key, obj.size)
+            idx = self._cache.index(obj.key, obj.size)
             blocks = idx.find(stream_id, pos, end)
             if not blocks:
                 continue
@@ -83,19 +62,38 @@ class ObjectDataReader:
                     break
                 chosen.append(blk)
                 budget += blk.raw_size
-            for b in self._read_blocks(obj.key, chosen):
-                if b.next_offset <= pos:
-                    continue
-                if b.base_offset > pos:
-                    raise CorruptionError(
-                        f"stream {stream_id}: offsets {pos}..{b.base_offset} missing in {obj.key}",
-                        location=obj.key,
-                    )
-                if b.base_offset >= end or (out and total + len(b.payload) > max_bytes):
-                    return out
-                out.append(b)
-                total += len(b.payload)
-                pos = b.next_offset
+            for batches in self._cache.get_blocks(obj.key, chosen):
+                for b in batches:
+                    if b.next_offset <= pos:
+                        continue
+                    if b.base_offset > pos:
+                        raise missing_data(state, stream_id, pos, b.base_offset, obj.key)
+                    if b.base_offset >= end or (out and total + len(b.payload) > max_bytes):
+                        return out
+                    out.append(b)
+                    total += len(b.payload)
+                    pos = b.next_offset
             if len(chosen) < len(blocks):
                 break  # the byte budget ended inside this object
+        if not out and start < end:
+            stream = state.streams.get(stream_id)
+            if stream is not None and start < stream.start_offset:
+                raise missing_data(state, stream_id, start, stream.start_offset, "")
         return out
+
+
+def missing_data(
+    state: MetadataState, stream_id: int, pos: int, found: int, key: str
+) -> OffsetOutOfRangeError | CorruptionError:
+    """The error for data of `stream_id` missing from `pos` up to `found`: out of range if
+    the stream was trimmed past `pos` (the data is legitimately gone), else corruption."""
+    stream = state.streams.get(stream_id)
+    if stream is not None and pos < stream.start_offset:
+        return OffsetOutOfRangeError(
+            f"offset {pos} of stream {stream_id} is below its start offset "
+            f"{stream.start_offset} (trimmed)"
+        )
+    where = f" in {key}" if key else ""
+    return CorruptionError(
+        f"stream {stream_id}: offsets {pos}..{found} missing{where}", location=key or None
+    )

@@ -9,7 +9,8 @@ Roles:
 - `FileWal` (`file`, codecs in `framing`): the embedded default; a ring buffer on a
   preallocated file or a raw block device, with group commit, torn-write detection and
   fencing.
-- The object-store WAL (`object`): records PUT in batches as WAL objects.
+- `ObjectWal` (`object`): the object-store ("S3") WAL; records PUT in batches as WAL objects,
+  fenced by conditional creates, recovered with one LIST.
 - `open_wal` (`registry`): opens a WAL from a URL (``memory://``, ``file:///path?...``, a
   path); third parties add schemes through the ``s3stream.wals`` entry-point group.
 """
@@ -19,12 +20,14 @@ from __future__ import annotations
 from .base import WalCapabilities, WalPosition, WalRecord, WriteAheadLog
 from .file import FileWal
 from .memory import MemoryWal, MemoryWalMedium
+from .object import ObjectWal
 from .registry import open_wal
 
 __all__ = [
     "FileWal",
     "MemoryWal",
     "MemoryWalMedium",
+    "ObjectWal",
     "WalCapabilities",
     "WalPosition",
     "WalRecord",

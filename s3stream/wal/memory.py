@@ -61,6 +61,10 @@ class MemoryWal(WriteAheadLog):
     def append(self, data: bytes) -> Future[WalPosition]:
         if type(data) is not bytes:
             raise InvalidArgumentError(f"WAL records must be bytes, not {type(data).__name__}")
+        if len(data) > _CAPABILITIES.max_record_bytes:
+            raise InvalidArgumentError(
+                f"WAL record of {len(data)} bytes exceeds {_CAPABILITIES.max_record_bytes}"
+            )
         m = self._medium
         with m.lock:
             self._check_open()
@@ -73,6 +77,8 @@ class MemoryWal(WriteAheadLog):
         return self._done.result(pos)
 
     def trim(self, position: WalPosition) -> None:
+        if type(position) is not int:
+            raise InvalidArgumentError(f"trim position must be an int, got {position!r}")
         m = self._medium
         with m.lock:
             self._check_open()

@@ -1,7 +1,9 @@
 """Choosing a write-ahead log by URL scheme.
 
-Built in: ``memory://`` (a fresh `MemoryWal`), and ``file://`` URLs or plain paths (a `FileWal`
-on a file or a raw block device such as ``/dev/nvme1n1``). A ``file://`` URL may carry
+Built in: ``memory://`` (a fresh `MemoryWal`), ``file://`` URLs or plain paths (a `FileWal`
+on a file or a raw block device such as ``/dev/nvme1n1``), and the object-store WAL
+(`ObjectWal`) on ``s3://bucket/prefix/wal`` or, with the ``object+`` prefix, on any object-store
+URL (``object+file:///var/wal``, ``object+memory://``). A ``file://`` URL may carry
 settings in its query, overriding `FileWalSettings`::
 
     file:///mnt/ebs/s3stream.wal?capacity=2GiB&direct=1&max_group=8MiB&full_wait_ms=30000
@@ -48,8 +50,13 @@ _registry: SchemeRegistry[WriteAheadLog] = SchemeRegistry(
     {
         "file": "s3stream.wal.registry:open_file_wal",
         "memory": "s3stream.wal.registry:open_memory_wal",
+        "s3": "s3stream.wal.object:open_object_wal",
+        "s3a": "s3stream.wal.object:open_object_wal",
     },
 )
+
+#: Scheme prefix that opens an object-store WAL on any object-store URL (``object+file://``).
+OBJECT_PREFIX = "object+"
 
 
 def open_wal(
@@ -74,7 +81,13 @@ def open_wal(
     if settings is not None and file_settings is not None:
         raise InvalidArgumentError("pass settings or file_settings, not both")
     scheme, _ = split_scheme(url)
-    factory = _registry.resolve(scheme)
+    factory: Callable[..., WriteAheadLog]
+    if scheme.startswith(OBJECT_PREFIX):
+        from .object import open_object_wal
+
+        factory = open_object_wal
+    else:
+        factory = _registry.resolve(scheme)
     wal = factory(
         url,
         node_id=node_id,

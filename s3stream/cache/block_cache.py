@@ -1,0 +1,481 @@
+"""BlockCache: decoded data blocks of objects, for readers behind the LogCache.
+
+- An LRU bounded in bytes (the blocks' raw sizes) of decoded blocks, keyed by (object key,
+  block position). Objects are immutable, so an entry never goes stale.
+- Single flight: readers of a block that is being fetched wait for that fetch instead of
+  issuing their own GET; so do readers of an object index being fetched.
+- Adjacent missing blocks (at most `merge_gap_bytes` apart) are fetched with one ranged GET,
+  split at `max_get_bytes` so that one GET never grows without bound.
+- Parsed object indexes are cached too (LRU by count).
+- `Readahead` watches each reader's position per stream: a fetch that starts exactly where the
+  previous one of that stream ended is sequential (a catch-up reader), and the window of
+  blocks fetched ahead in the background doubles with each such fetch up to a maximum; any
+  other fetch is random access and gets no readahead.
+
+Readahead GETs go through the rate limiter at `Priority.READAHEAD`; demand reads at
+`Priority.FOREGROUND` (counted, never delayed).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from ..errors import CorruptionError, InvalidArgumentError, S3StreamError
+from ..format.objects import BlockInfo, ObjectIndex, decode_block, read_index
+from ..metadata import MetadataState
+from ..objectstore.base import ObjectStore
+from ..throttle import Priority, PriorityRateLimiter
+from ..types import FetchedBatch
+
+__all__ = ["BlockCache", "BlockCacheMetrics", "Readahead"]
+
+log = logging.getLogger(__name__)
+
+MiB = 1 << 20
+
+_BlockKey = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class BlockCacheMetrics:
+    """Counters of a `BlockCache` (a snapshot)."""
+
+    #: Blocks a read found in the cache.
+    hits: int = 0
+    #: Blocks a read had to fetch itself.
+    misses: int = 0
+    #: Blocks a read found being fetched by another reader (or by readahead) and waited for.
+    joined: int = 0
+    #: Blocks fetched ahead of demand, and how many of those a read later used.
+    readahead_blocks: int = 0
+    readahead_used: int = 0
+    #: Ranged GETs issued for blocks, and the bytes they returned.
+    gets: int = 0
+    get_bytes: int = 0
+    #: Object indexes found cached, and fetched.
+    index_hits: int = 0
+    index_misses: int = 0
+    #: Blocks evicted to stay within the byte budget.
+    evictions: int = 0
+    #: What the cache holds now.
+    cached_blocks: int = 0
+    cached_bytes: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        """Share of block reads served without a GET of their own (hits + joined)."""
+        total = self.hits + self.joined + self.misses
+        return (self.hits + self.joined) / total if total else 0.0
+
+
+class _Entry:
+    __slots__ = ("batches", "prefetched", "size")
+
+    def __init__(self, batches: list[FetchedBatch], size: int, prefetched: bool) -> None:
+        self.batches = batches
+        self.size = size
+        self.prefetched = prefetched
+
+
+def _check_int(name: str, value: object, minimum: int) -> int:
+    if type(value) is not int or value < minimum:
+        raise InvalidArgumentError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+class BlockCache:
+    """Decoded blocks of objects in `store`, at most `capacity_bytes` of them (raw sizes).
+
+    `limiter` throttles readahead (None: no limit); `readahead_workers` threads fetch ahead.
+    Thread-safe. Call `close` to stop the readahead threads.
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        *,
+        capacity_bytes: int,
+        limiter: PriorityRateLimiter | None = None,
+        max_get_bytes: int = 8 * MiB,
+        merge_gap_bytes: int = 64 * 1024,
+        readahead_workers: int = 2,
+        index_entries: int = 4096,
+    ) -> None:
+        if not isinstance(store, ObjectStore):
+            raise InvalidArgumentError(f"store must be an ObjectStore, got {store!r}")
+        self._store = store
+        self._capacity = _check_int("capacity_bytes", capacity_bytes, 0)
+        self._limiter = limiter
+        self._max_get = _check_int("max_get_bytes", max_get_bytes, 1)
+        self._merge_gap = _check_int("merge_gap_bytes", merge_gap_bytes, 0)
+        self._index_max = _check_int("index_entries", index_entries, 1)
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[_BlockKey, _Entry] = OrderedDict()
+        self._inflight: dict[_BlockKey, Future[list[FetchedBatch]]] = {}
+        self._indexes: OrderedDict[str, ObjectIndex] = OrderedDict()
+        self._index_inflight: dict[str, Future[ObjectIndex]] = {}
+        self._bytes = 0
+        self._pool = ThreadPoolExecutor(
+            max_workers=_check_int("readahead_workers", readahead_workers, 1),
+            thread_name_prefix="s3stream-readahead",
+        )
+        self._closed = False
+        self._c = dict.fromkeys(
+            (
+                "hits",
+                "misses",
+                "joined",
+                "readahead_blocks",
+                "readahead_used",
+                "gets",
+                "get_bytes",
+                "index_hits",
+                "index_misses",
+                "evictions",
+            ),
+            0,
+        )
+
+    @property
+    def capacity_bytes(self) -> int:
+        """The byte budget."""
+        return self._capacity
+
+    @property
+    def metrics(self) -> BlockCacheMetrics:
+        """A snapshot of the counters."""
+        with self._lock:
+            return BlockCacheMetrics(
+                **self._c, cached_blocks=len(self._entries), cached_bytes=self._bytes
+            )
+
+    def close(self) -> None:
+        """Stop readahead (pending prefetches are dropped) and empty the cache."""
+        with self._lock:
+            self._closed = True
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            self._entries.clear()
+            self._bytes = 0
+            self._indexes.clear()
+            # Prefetches cancelled before they ran never complete their futures.
+            for fut in self._inflight.values():
+                if not fut.done():
+                    fut.set_exception(S3StreamError("the block cache was closed"))
+            self._inflight.clear()
+
+    # ------------------------------------------------------------------ indexes
+
+    def index(self, key: str, size: int | None = None) -> ObjectIndex:
+        """The parsed index of object `key` (one tail GET on a miss, shared by concurrent
+        callers)."""
+        with self._lock:
+            idx = self._indexes.get(key)
+            if idx is not None:
+                self._indexes.move_to_end(key)
+                self._c["index_hits"] += 1
+                return idx
+            fut = self._index_inflight.get(key)
+            mine = fut is None
+            if fut is None:
+                fut = self._index_inflight[key] = Future()
+                self._c["index_misses"] += 1
+        if not mine:
+            return fut.result()
+        try:
+            idx = read_index(self._store, key, object_size=size)
+        except BaseException as exc:
+            with self._lock:
+                self._index_inflight.pop(key, None)
+            fut.set_exception(exc)
+            raise
+        with self._lock:
+            self._index_inflight.pop(key, None)
+            self._indexes[key] = idx
+            while len(self._indexes) > self._index_max:
+                self._indexes.popitem(last=False)
+        fut.set_result(idx)
+        return idx
+
+    def forget(self, key: str) -> None:
+        """Drop everything cached for object `key` (it was deleted)."""
+        with self._lock:
+            self._indexes.pop(key, None)
+            for bk in [bk for bk in self._entries if bk[0] == key]:
+                self._bytes -= self._entries.pop(bk).size
+
+    # ------------------------------------------------------------------ blocks
+
+    def get_blocks(
+        self,
+        key: str,
+        blocks: Sequence[BlockInfo],
+        priority: Priority = Priority.FOREGROUND,
+    ) -> list[list[FetchedBatch]]:
+        """The decoded batches of each of `blocks` of object `key`, in the order given.
+
+        Cached blocks cost nothing; blocks being fetched are waited for; the rest are fetched
+        with one ranged GET per run of adjacent blocks.
+        """
+        results: list[list[FetchedBatch] | None] = [None] * len(blocks)
+        waits: list[tuple[int, Future[list[FetchedBatch]]]] = []
+        mine: list[tuple[int, BlockInfo, Future[list[FetchedBatch]]]] = []
+        with self._lock:
+            for i, blk in enumerate(blocks):
+                bk = (key, blk.position)
+                entry = self._entries.get(bk)
+                if entry is not None:
+                    self._entries.move_to_end(bk)
+                    self._c["hits"] += 1
+                    if entry.prefetched:
+                        entry.prefetched = False
+                        self._c["readahead_used"] += 1
+                    results[i] = entry.batches
+                    continue
+                fut = self._inflight.get(bk)
+                if fut is not None:
+                    self._c["joined"] += 1
+                    waits.append((i, fut))
+                    continue
+                fut = self._inflight[bk] = Future()
+                self._c["misses"] += 1
+                mine.append((i, blk, fut))
+        if mine:
+            self._fetch(key, [(blk, fut) for _, blk, fut in mine], priority, prefetched=False)
+            for i, _, fut in mine:
+                results[i] = fut.result()
+        for i, fut in waits:
+            try:
+                results[i] = fut.result()
+            except S3StreamError:
+                # The fetch we joined failed (a readahead, say): try once on our own account.
+                results[i] = self.get_blocks(key, [blocks[i]], priority)[0]
+        return [r if r is not None else [] for r in results]
+
+    def prefetch(self, key: str, blocks: Sequence[BlockInfo]) -> int:
+        """Fetch `blocks` of object `key` in the background unless cached or in flight;
+        returns how many were scheduled."""
+        todo: list[tuple[BlockInfo, Future[list[FetchedBatch]]]] = []
+        with self._lock:
+            if self._closed:
+                return 0
+            for blk in blocks:
+                bk = (key, blk.position)
+                if bk in self._entries or bk in self._inflight:
+                    continue
+                fut: Future[list[FetchedBatch]] = Future()
+                self._inflight[bk] = fut
+                todo.append((blk, fut))
+            self._c["readahead_blocks"] += len(todo)
+        for run in self._runs(todo):
+            try:
+                self._pool.submit(self._prefetch_run, key, run)
+            except RuntimeError:
+                # Closed meanwhile: nobody may wait forever on these futures.
+                self._fail(key, run, S3StreamError("the block cache was closed"))
+        return len(todo)
+
+    def _prefetch_run(
+        self, key: str, run: list[tuple[BlockInfo, Future[list[FetchedBatch]]]]
+    ) -> None:
+        try:
+            self._fetch(key, run, Priority.READAHEAD, prefetched=True)
+        except S3StreamError as exc:
+            log.debug("readahead of %s failed: %s", key, exc)
+
+    def _runs(
+        self, items: list[tuple[BlockInfo, Future[list[FetchedBatch]]]]
+    ) -> list[list[tuple[BlockInfo, Future[list[FetchedBatch]]]]]:
+        """Group blocks (sorted by position) into GET-sized runs of near-adjacent blocks."""
+        runs: list[list[tuple[BlockInfo, Future[list[FetchedBatch]]]]] = []
+        ordered = sorted(items, key=lambda it: it[0].position)
+        for blk, fut in ordered:
+            if runs:
+                first, last = runs[-1][0][0], runs[-1][-1][0]
+                gap = blk.position - last.end_position
+                if (
+                    0 <= gap <= self._merge_gap
+                    and blk.end_position - first.position <= self._max_get
+                ):
+                    runs[-1].append((blk, fut))
+                    continue
+            runs.append([(blk, fut)])
+        return runs
+
+    def _fetch(
+        self,
+        key: str,
+        items: list[tuple[BlockInfo, Future[list[FetchedBatch]]]],
+        priority: Priority,
+        *,
+        prefetched: bool,
+    ) -> None:
+        """GET and decode `items` (whose futures this caller owns), completing every future;
+        raises the first error after failing the futures it could not complete."""
+        runs = self._runs(items)
+        for n, run in enumerate(runs):
+            start = run[0][0].position
+            end = run[-1][0].end_position
+            try:
+                if self._limiter is not None:
+                    self._limiter.acquire(end - start, priority)
+                data = self._store.get(key, start, end)
+                with self._lock:
+                    self._c["gets"] += 1
+                    self._c["get_bytes"] += len(data)
+                if len(data) != end - start:
+                    raise CorruptionError(
+                        f"corrupt object {key} at byte {start + len(data)}: object ends "
+                        f"before byte {end}",
+                        location=key,
+                        position=start + len(data),
+                    )
+                view = memoryview(data)
+                decoded = [
+                    decode_block(view[b.position - start : b.end_position - start], b, key)
+                    for b, _ in run
+                ]
+            except BaseException as exc:
+                for later in runs[n:]:
+                    self._fail(key, later, exc)
+                raise
+            self._store_blocks(key, run, decoded, prefetched)
+
+    def _store_blocks(
+        self,
+        key: str,
+        run: list[tuple[BlockInfo, Future[list[FetchedBatch]]]],
+        decoded: list[list[FetchedBatch]],
+        prefetched: bool,
+    ) -> None:
+        with self._lock:
+            for (blk, _), batches in zip(run, decoded, strict=True):
+                bk = (key, blk.position)
+                self._inflight.pop(bk, None)
+                if self._capacity and not self._closed and bk not in self._entries:
+                    self._entries[bk] = _Entry(batches, blk.raw_size, prefetched)
+                    self._bytes += blk.raw_size
+            while self._bytes > self._capacity and self._entries:
+                _, old = self._entries.popitem(last=False)
+                self._bytes -= old.size
+                self._c["evictions"] += 1
+        for (_, fut), batches in zip(run, decoded, strict=True):
+            fut.set_result(batches)
+
+    def _fail(
+        self,
+        key: str,
+        run: list[tuple[BlockInfo, Future[list[FetchedBatch]]]],
+        exc: BaseException,
+    ) -> None:
+        with self._lock:
+            for blk, _ in run:
+                self._inflight.pop((key, blk.position), None)
+        for _, fut in run:
+            if not fut.done():
+                fut.set_exception(exc)
+
+    def __repr__(self) -> str:
+        return f"BlockCache(capacity_bytes={self._capacity}, cached_bytes={self._bytes})"
+
+
+class _Cursor:
+    __slots__ = ("ahead", "frontier", "window")
+
+    def __init__(self, window: int, ahead: int, frontier: int) -> None:
+        #: Readahead window in bytes (0: not known to be sequential yet).
+        self.window = window
+        #: Bytes fetched ahead of the reader's position and not yet read.
+        self.ahead = ahead
+        #: Offset up to which readahead has been issued.
+        self.frontier = frontier
+
+
+class Readahead:
+    """Detects sequential readers per stream and fetches ahead of them into a `BlockCache`.
+
+    A reader is identified by where its next fetch must start: a fetch of stream s starting at
+    offset o continues the reader whose previous fetch of s ended at o. Its window starts at
+    `initial_bytes` on the second sequential fetch and doubles per fetch up to `max_bytes`;
+    new readahead is issued only once less than half a window is left ahead of the reader, so
+    each batch of readahead is large (few GETs). Up to `max_readers` readers are tracked (LRU).
+    """
+
+    def __init__(
+        self,
+        cache: BlockCache,
+        *,
+        initial_bytes: int = 1 * MiB,
+        max_bytes: int = 32 * MiB,
+        max_readers: int = 1024,
+    ) -> None:
+        self._cache = cache
+        self._initial = _check_int("initial_bytes", initial_bytes, 0)
+        self._max = _check_int("max_bytes", max_bytes, 0)
+        self._max_readers = _check_int("max_readers", max_readers, 1)
+        self._lock = threading.Lock()
+        self._cursors: OrderedDict[tuple[int, int], _Cursor] = OrderedDict()
+
+    @property
+    def enabled(self) -> bool:
+        """False when `max_bytes` is 0."""
+        return self._max > 0 and self._initial > 0
+
+    def after_read(
+        self, state: MetadataState, stream_id: int, start: int, next_offset: int, nbytes: int
+    ) -> None:
+        """Record a fetch of ``[start, next_offset)`` (`nbytes` payload bytes) and fetch ahead
+        if it continues a sequential reader. Never raises: readahead is best effort."""
+        if not self.enabled or next_offset <= start:
+            return
+        with self._lock:
+            cur = self._cursors.pop((stream_id, start), None)
+            if cur is None:
+                cur = _Cursor(0, 0, next_offset)
+                need = 0
+            else:
+                cur.window = min(self._max, max(self._initial, cur.window * 2))
+                cur.ahead = max(0, cur.ahead - nbytes)
+                if cur.ahead == 0 or cur.frontier < next_offset:
+                    cur.ahead, cur.frontier = 0, next_offset
+                need = cur.window - cur.ahead if cur.ahead * 2 <= cur.window else 0
+            frontier = cur.frontier
+            self._cursors[(stream_id, next_offset)] = cur
+            while len(self._cursors) > self._max_readers:
+                self._cursors.popitem(last=False)
+        if need <= 0:
+            return
+        try:
+            issued, end = self._issue(state, stream_id, frontier, need)
+        except S3StreamError as exc:
+            log.debug("readahead planning for stream %d failed: %s", stream_id, exc)
+            return
+        with self._lock:
+            if self._cursors.get((stream_id, next_offset)) is cur:
+                cur.ahead += issued
+                cur.frontier = max(cur.frontier, end)
+
+    def _issue(
+        self, state: MetadataState, stream_id: int, frontier: int, need: int
+    ) -> tuple[int, int]:
+        issued = 0
+        pos = frontier
+        for obj in state.objects_for(stream_id, frontier):
+            idx = self._cache.index(obj.key, obj.size)
+            take: list[BlockInfo] = []
+            for blk in idx.find(stream_id, pos):
+                take.append(blk)
+                issued += blk.raw_size
+                pos = blk.end_offset
+                if issued >= need:
+                    break
+            if take:
+                self._cache.prefetch(obj.key, take)
+            if issued >= need:
+                break
+        return issued, pos

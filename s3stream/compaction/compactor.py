@@ -1,0 +1,345 @@
+"""`Compactor`: one pass of retention, both compactions, purge and orphan sweep; in the
+background of a client or as a standalone job.
+
+A pass, on the latest metadata:
+
+1. **retention** — trim streams whose policy (`retention.ms` / `retention.bytes` tags, or the
+   settings' defaults) asks for a higher start offset (`TrimStream` at the stream's current
+   epoch: it does not fence the owner);
+2. **stream-set compaction**, then **stream object compaction** (planned again after the
+   first, whose split-out stream objects it merges);
+3. **purge** of objects marked deleted longer than `deletion_delay_ms` ago;
+4. **orphan sweep**, when `orphan_sweep_interval_ms` has passed since the last one.
+
+All object-store traffic of a pass goes through the rate limiter at `Priority.COMPACTION`.
+Several compactors (in several clients, plus a standalone job) may run at once: a task that
+loses the race for an object is aborted cleanly (see `executor`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..cache.block_cache import BlockCache
+from ..clock import Clock
+from ..errors import CorruptionError, S3StreamError
+from ..format.objects import ObjectIndex
+from ..metadata import MetadataManager, MetadataState, ObjectMeta, StreamState, TrimStream
+from ..objectstore.base import ObjectStore
+from ..settings import CompactionSettings
+from ..storage.packing import KeyFactory
+from ..throttle import PriorityRateLimiter
+from .executor import CompactionExecutor, TaskResult, WriterOptions
+from .planner import CompactionTask, plan_stream_object_compaction, plan_stream_set_compaction
+from .retention import RetentionPolicy, retention_start
+from .sweeper import OrphanSweeper, purge_deleted
+
+__all__ = ["CompactionMetrics", "CompactionReport", "Compactor", "Progress"]
+
+log = logging.getLogger(__name__)
+
+#: Told ``(done_bytes, total_bytes, what)`` as a pass goes (e.g. to drive a progress bar).
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass(slots=True)
+class CompactionReport:
+    """What one pass did."""
+
+    #: Live objects (and their bytes) before and after the pass.
+    objects_before: int = 0
+    objects_after: int = 0
+    bytes_before: int = 0
+    bytes_after: int = 0
+    #: Streams whose start offset retention moved.
+    streams_trimmed: int = 0
+    #: Tasks committed and aborted (lost a race to another compactor), by kind.
+    tasks: dict[str, int] = field(default_factory=dict)
+    aborted: int = 0
+    objects_replaced: int = 0
+    objects_written: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    #: Objects deleted from the store after the deletion delay, and orphans deleted.
+    objects_purged: int = 0
+    orphans_deleted: int = 0
+    #: Seconds the pass took (on the injected clock).
+    duration_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionMetrics:
+    """Totals over every pass of a compactor (a snapshot)."""
+
+    passes: int = 0
+    failed_passes: int = 0
+    tasks: int = 0
+    aborted: int = 0
+    objects_replaced: int = 0
+    objects_written: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    streams_trimmed: int = 0
+    objects_purged: int = 0
+    orphans_deleted: int = 0
+
+
+class Compactor:
+    """Compacts the objects of one store (see the module docstring). Thread-safe: passes are
+    serialized; `start` runs them in a background thread every `settings.interval_ms`."""
+
+    def __init__(
+        self,
+        *,
+        store: ObjectStore,
+        meta: MetadataManager,
+        keys: KeyFactory,
+        cache: BlockCache,
+        settings: CompactionSettings,
+        clock: Clock,
+        node_id: str,
+        writer: WriterOptions | None = None,
+        limiter: PriorityRateLimiter | None = None,
+    ) -> None:
+        self._store = store
+        self._meta = meta
+        self._cache = cache
+        self._settings = settings
+        self._clock = clock
+        self._limiter = limiter
+        self._executor = CompactionExecutor(
+            store=store,
+            meta=meta,
+            keys=keys,
+            index_of=self._index_of,
+            clock=clock,
+            node_id=node_id,
+            writer=writer,
+            limiter=limiter,
+            max_object_bytes=settings.stream_object_target_bytes,
+        )
+        self._sweeper = OrphanSweeper(
+            store=store,
+            meta=meta,
+            clock=clock,
+            grace_ms=settings.orphan_grace_ms,
+            max_keys=settings.orphan_sweep_max_keys,
+            limiter=limiter,
+        )
+        self._default_policy = RetentionPolicy(
+            retention_ms=settings.retention_ms or None,
+            retention_bytes=settings.retention_bytes or None,
+        )
+        self._pass_lock = threading.Lock()
+        self._last_sweep: float | None = None
+        self._totals = dict.fromkeys(CompactionMetrics.__slots__, 0)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def settings(self) -> CompactionSettings:
+        """The settings the compactor runs with."""
+        return self._settings
+
+    @property
+    def sweeper(self) -> OrphanSweeper:
+        """The orphan sweeper."""
+        return self._sweeper
+
+    @property
+    def metrics(self) -> CompactionMetrics:
+        """Totals over every pass so far."""
+        with self._pass_lock:
+            return CompactionMetrics(**self._totals)
+
+    # ------------------------------------------------------------------ one pass
+
+    def run_once(
+        self, progress: Progress | None = None, *, sweep_orphans: bool | None = None
+    ) -> CompactionReport:
+        """One full pass. `sweep_orphans` None sweeps when the interval has passed."""
+        with self._pass_lock:
+            try:
+                report = self._pass(progress, sweep_orphans)
+            except BaseException:
+                self._totals["failed_passes"] += 1
+                raise
+            t = self._totals
+            t["passes"] += 1
+            t["tasks"] += sum(report.tasks.values())
+            for name in (
+                "aborted",
+                "objects_replaced",
+                "objects_written",
+                "bytes_read",
+                "bytes_written",
+                "streams_trimmed",
+                "objects_purged",
+                "orphans_deleted",
+            ):
+                t[name] += getattr(report, name)
+            return report
+
+    def _pass(self, progress: Progress | None, sweep_orphans: bool | None) -> CompactionReport:
+        started = self._clock.monotonic()
+        self._meta.refresh()
+        report = CompactionReport()
+        live = _live(self._meta.state)
+        report.objects_before, report.bytes_before = len(live), sum(o.size for o in live)
+        report.streams_trimmed = self._apply_retention()
+
+        state = self._meta.state
+        tasks = plan_stream_set_compaction(
+            state, self._settings, self._index_of, self._clock.now_ms()
+        )
+        total = sum(t.read_bytes for t in tasks)
+        done = 0
+        if progress is not None:
+            progress(0, total, "stream-set compaction")
+        for task in tasks:
+            self._run_task(task, state, report)
+            done += task.read_bytes
+            if progress is not None:
+                progress(done, total, "stream-set compaction")
+
+        state = self._meta.state
+        tasks = plan_stream_object_compaction(state, self._settings, self._index_of)
+        total, done = sum(t.read_bytes for t in tasks), 0
+        if progress is not None:
+            progress(0, total, "stream object compaction")
+        for task in tasks:
+            self._run_task(task, state, report)
+            done += task.read_bytes
+            if progress is not None:
+                progress(done, total, "stream object compaction")
+
+        purged = purge_deleted(
+            self._meta,
+            self._store,
+            now_ms=self._clock.now_ms(),
+            delay_ms=self._settings.deletion_delay_ms,
+            limiter=self._limiter,
+        )
+        for key in purged:
+            self._cache.forget(key)
+        report.objects_purged = len(purged)
+
+        if self._sweep_due(sweep_orphans):
+            self._last_sweep = self._clock.monotonic()
+            report.orphans_deleted = len(self._sweeper.sweep())
+
+        live = _live(self._meta.state)
+        report.objects_after, report.bytes_after = len(live), sum(o.size for o in live)
+        report.duration_s = self._clock.monotonic() - started
+        return report
+
+    def _index_of(self, obj: ObjectMeta) -> ObjectIndex:
+        return self._cache.index(obj.key, obj.size)
+
+    def _sweep_due(self, forced: bool | None) -> bool:
+        if forced is not None:
+            return forced
+        interval = self._settings.orphan_sweep_interval_ms
+        if not interval:
+            return False
+        if self._last_sweep is None:
+            return True
+        return (self._clock.monotonic() - self._last_sweep) * 1000 >= interval
+
+    def _run_task(
+        self, task: CompactionTask, state: MetadataState, report: CompactionReport
+    ) -> None:
+        # A task planned on `state` may have lost its objects to an earlier task of this
+        # pass or to another compactor: skip it (the executor would abort it anyway).
+        latest = self._meta.state
+        if any((o := latest.objects.get(r.key)) is None or not o.live for r in task.replaced):
+            report.aborted += 1
+            return
+        result: TaskResult = self._executor.execute(task, state)
+        if not result.committed:
+            report.aborted += 1
+            return
+        report.tasks[task.what] = report.tasks.get(task.what, 0) + 1
+        report.objects_replaced += len(task.replaced)
+        report.objects_written += len(result.new_objects)
+        report.bytes_read += result.bytes_read
+        report.bytes_written += result.bytes_written
+
+    def _apply_retention(self) -> int:
+        state = self._meta.state
+        now = self._clock.now_ms()
+        targets: dict[int, int] = {}
+        for stream in state.streams.values():
+            if stream.state is StreamState.DELETED:
+                continue
+            policy = RetentionPolicy.from_tags(stream.tags, self._default_policy)
+            if policy.unlimited:
+                continue
+            try:
+                new_start = retention_start(state, stream, policy, self._index_of, now)
+            except S3StreamError as exc:
+                log.warning("retention of stream %d: %s", stream.stream_id, exc)
+                continue
+            if new_start > stream.start_offset:
+                targets[stream.stream_id] = new_start
+        if not targets:
+            return 0
+        trimmed: list[int] = []
+
+        def build(latest: MetadataState) -> list[TrimStream]:
+            trimmed.clear()
+            ops = []
+            for sid, new_start in sorted(targets.items()):
+                s = latest.streams.get(sid)
+                if s is None or s.state is StreamState.DELETED:
+                    continue
+                new_start = min(new_start, s.end_offset)
+                if new_start > s.start_offset:
+                    ops.append(TrimStream(sid, s.epoch, new_start))
+                    trimmed.append(sid)
+            return ops
+
+        self._meta.commit(build)
+        return len(trimmed)
+
+    # ------------------------------------------------------------------ background
+
+    def start(self) -> None:
+        """Run passes in a background thread every `interval_ms` until `stop`."""
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="s3stream-compactor", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the background thread (waits for a pass in progress to finish)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _run(self) -> None:
+        interval_s = self._settings.interval_ms / 1000
+        while not self._stop.is_set():
+            try:
+                report = self.run_once()
+                if report.tasks or report.objects_purged or report.streams_trimmed:
+                    log.info("compaction pass: %s", report)
+            except CorruptionError as exc:
+                log.error("compaction pass stopped, nothing live was changed: %s", exc)
+            except S3StreamError as exc:
+                log.warning("compaction pass failed (retried next interval): %s", exc)
+            deadline = self._clock.monotonic() + interval_s
+            while not self._stop.is_set():
+                remaining = deadline - self._clock.monotonic()
+                if remaining <= 0:
+                    break
+                self._stop.wait(min(remaining, 0.25))
+
+
+def _live(state: MetadataState) -> list[ObjectMeta]:
+    return [o for o in state.objects.values() if o.live]

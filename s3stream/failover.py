@@ -1,0 +1,106 @@
+"""Node failover: a healthy client takes over the WAL and the streams of a failed node.
+
+`take_over_node` fences the node (a `RegisterNode` bump in the metadata log: the old holder's
+commits fail from then on, invariant I14), opens the node's WAL under the new epoch (an object
+WAL seals its chain, so the old holder's WAL writes fail too), replays it through a `Storage`
+of its own (records already committed or of superseded stream epochs are dropped, the rest is
+uploaded and committed at the stream epochs the records carry), resets that WAL, and closes
+the node's open streams so that any client can open them. See ``docs/s3-wal.md``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .cache.block_cache import BlockCache
+from .clock import Clock
+from .errors import InvalidArgumentError, S3StreamError
+from .metadata import MetadataManager
+from .objectstore.base import ObjectStore
+from .settings import ClientSettings
+from .storage.engine import RecoveryReport, Storage
+from .storage.packing import KeyFactory, check_node_id
+from .throttle import PriorityRateLimiter
+from .types import StreamState
+from .wal.base import WriteAheadLog
+
+__all__ = ["TakeOverReport", "take_over_node"]
+
+log = logging.getLogger(__name__)
+
+#: ``factory(node_id, node_epoch, on_full)`` -> the node's WAL (as `client.WalFactory`).
+_WalFactory = Callable[[str, int, Callable[[], None]], WriteAheadLog]
+
+
+@dataclass(frozen=True, slots=True)
+class TakeOverReport:
+    """What a take-over did."""
+
+    #: The node taken over.
+    node_id: str
+    #: The node epoch the take-over registered (the failed holder's epoch + 1 or more).
+    node_epoch: int
+    #: What the replay of the node's WAL found and uploaded.
+    recovery: RecoveryReport
+    #: Streams the node had open, now closed so that other clients can open them.
+    released_streams: tuple[int, ...]
+
+
+def take_over_node(
+    node_id: str,
+    *,
+    wal_factory: _WalFactory,
+    store: ObjectStore,
+    meta: MetadataManager,
+    settings: ClientSettings,
+    clock: Clock,
+    block_cache: BlockCache | None = None,
+    limiter: PriorityRateLimiter | None = None,
+) -> TakeOverReport:
+    """Fence `node_id`, replay and commit its WAL, and release its streams.
+
+    Raises `InvalidArgumentError` for a node the metadata log has never seen, `FencedError`
+    if another client registered the node in the meantime, and whatever the WAL's recovery or
+    the uploads raise (the take-over can then simply be run again: everything it did is
+    idempotent or fenced).
+    """
+    check_node_id(node_id)
+    meta.refresh()
+    if node_id not in meta.state.nodes:
+        raise InvalidArgumentError(f"node {node_id!r} is not registered in the metadata log")
+    epoch = meta.register_node(node_id)
+    wal = wal_factory(node_id, epoch, lambda: None)
+    storage = Storage(
+        store=store,
+        wal=wal,
+        meta=meta,
+        settings=settings,
+        clock=clock,
+        keys=KeyFactory(node_id, epoch),
+        node_id=node_id,
+        block_cache=block_cache,
+        limiter=limiter,
+        node_epoch=epoch,
+    )
+    try:
+        recovery = storage.recover()
+    except BaseException:
+        storage.abandon()
+        wal.close()
+        raise
+    storage.close()
+    released: list[int] = []
+    for stream in meta.state.streams.values():
+        if stream.owner != node_id or stream.state is not StreamState.OPEN:
+            continue
+        try:
+            meta.close_stream(stream.stream_id, stream.epoch)
+        except S3StreamError as exc:
+            # Someone opened it meanwhile: it is released already.
+            log.info("stream %d of node %s not closed: %s", stream.stream_id, node_id, exc)
+            continue
+        released.append(stream.stream_id)
+    log.info("took over node %s at epoch %d: %s", node_id, epoch, recovery)
+    return TakeOverReport(node_id, epoch, recovery, tuple(sorted(released)))

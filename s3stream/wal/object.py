@@ -1,0 +1,888 @@
+"""The object-store WAL ("S3 WAL"): records PUT in batches as WAL objects.
+
+Layout, fencing and the recovery argument are in ``docs/s3-wal.md``. In short, under
+``{prefix}/{node_id}/`` of any `ObjectStore`:
+
+- ``{first:020d}`` — a *chain object* claiming positions from `first` on, created with
+  `put_if_absent`: a DATA object holds the record frames of positions ``[first, next)``
+  (framed and checksummed exactly as in the file WAL, `s3stream.wal.framing`), so ``next =
+  first + size - 40`` follows from the size a LIST reports; a SEAL object (40 bytes, header
+  only) is written by a new owner at the end of the chain and makes the chain jump to
+  ``first + SESSION_GAP``, where that owner's objects start.
+- ``trim/{trim:020d}.{anchor:020d}.{epoch:012d}`` — a *trim marker*: records at positions
+  <= `trim` are gone and the live chain starts at `anchor`.
+
+Recovery is one LIST: the newest marker gives the anchor, the chain is followed from there by
+key and size (``next`` of each object is the key of the following one), data objects are
+read, and a SEAL is created where the chain ends. Because every WAL position can be claimed by
+one object only, the seal makes an older writer's next PUT fail (`FencedError`), and whatever
+it manages to write after the seal lies off the chain, where nobody ever reads it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import re
+import struct
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any, NamedTuple
+from urllib.parse import parse_qsl
+
+import crc32c
+
+from .._registry import split_scheme
+from ..clock import Clock, SystemClock
+from ..errors import (
+    CorruptionError,
+    FencedError,
+    InvalidArgumentError,
+    ObjectNotFoundError,
+    S3StreamError,
+    StreamClosedError,
+    UnavailableError,
+    WalFullError,
+)
+from ..objectstore.base import ObjectStore
+from ..objectstore.wrappers import RetryingObjectStore
+from ..settings import ObjectWalSettings
+from .base import WalCapabilities, WalPosition, WalRecord, WriteAheadLog
+from .framing import FRAME_HEADER, FrameScanner, body_crc, encode_frame_header, frame_size
+
+__all__ = [
+    "HEADER",
+    "KIND_DATA",
+    "KIND_SEAL",
+    "OBJECT_WAL_PREFIX",
+    "SESSION_GAP",
+    "ObjectWal",
+    "WalObjectHeader",
+    "decode_object_header",
+    "open_object_wal",
+]
+
+_log = logging.getLogger(__name__)
+
+#: Object header: magic, version, kind, node epoch, first position, next position, record
+#: count, crc32c (seeded per node) of the 36 bytes before it.
+HEADER = struct.Struct("<4sHHQQQII")
+_MAGIC = b"S3WO"
+_VERSION = 1
+KIND_DATA = 1
+KIND_SEAL = 2
+#: Positions a new owner skips past the end of the chain. An older writer can only ever have
+#: written below ``its trim point + max_unflushed_bytes`` (positions are contiguous in a
+#: session and its trim never passes what it had acknowledged, which ends at the seal), so
+#: with ``max_unflushed_bytes <= SESSION_GAP / 2`` the new owner's positions never meet its.
+SESSION_GAP = 1 << 40
+_MAX_POSITION = (1 << 64) - 1
+#: URL scheme prefix that opens an object WAL on any object-store URL (``object+file://``).
+OBJECT_WAL_PREFIX = "object+"
+_MAX_RECORD_BYTES = 64 << 20
+_ZEROS = bytes(FRAME_HEADER.size)
+_NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_OBJECT_NAME = re.compile(r"^\d{20}$")
+_MARKER_NAME = re.compile(r"^trim/(\d{20})\.(\d{20})\.(\d{12})$")
+_WAIT_SLICE_S = 0.05
+_SEAL_ATTEMPTS = 64
+_RECOVERY_READ_AHEAD = 8
+
+assert HEADER.size == 40
+
+
+class WalObjectHeader(NamedTuple):
+    """The decoded header of a WAL object."""
+
+    kind: int
+    epoch: int
+    first: int
+    next: int
+    records: int
+
+
+def _node_seed(node_id: str) -> int:
+    # Frames of one node never validate in another node's WAL.
+    return int(crc32c.crc32c(b"s3stream-object-wal:" + node_id.encode()))
+
+
+def _encode_header(h: WalObjectHeader, seed: int) -> bytes:
+    head = HEADER.pack(_MAGIC, _VERSION, h.kind, h.epoch, h.first, h.next, h.records, 0)
+    return head[:36] + struct.pack("<I", crc32c.crc32c(head[:36], seed))
+
+
+def decode_object_header(data: bytes, *, node_id: str, key: str) -> WalObjectHeader:
+    """The validated header of WAL object `key` of `node_id`; `CorruptionError` if invalid."""
+    if len(data) < HEADER.size:
+        raise CorruptionError(f"WAL object {key!r} is shorter than its header", location=key)
+    magic, version, kind, epoch, first, nxt, records, crc = HEADER.unpack_from(data)
+    if magic != _MAGIC:
+        raise CorruptionError(f"WAL object {key!r} has no WAL object magic", location=key)
+    if version > _VERSION:
+        raise CorruptionError(f"WAL object {key!r} has unsupported version {version}", location=key)
+    if crc32c.crc32c(data[:36], _node_seed(node_id)) != crc:
+        raise CorruptionError(f"WAL object {key!r}: header checksum mismatch", location=key)
+    if kind not in (KIND_DATA, KIND_SEAL):
+        raise CorruptionError(f"WAL object {key!r} has unknown kind {kind}", location=key)
+    return WalObjectHeader(kind, epoch, first, nxt, records)
+
+
+@dataclass(slots=True)
+class _Obj:
+    """A chain object this WAL knows of (its own, or found by recovery)."""
+
+    first: int
+    next: int
+    key: str
+    #: Position of its last record (an upper bound for unread ones); -1 for a seal.
+    last: int
+    landed: bool
+
+
+@dataclass(slots=True)
+class _Rec:
+    position: int
+    size: int
+    header: bytes
+    data: bytes
+    future: Future[WalPosition]
+
+
+@dataclass(slots=True)
+class _Batch:
+    obj: _Obj
+    records: list[_Rec]
+    done: bool = False
+    error: S3StreamError | None = None
+
+
+@dataclass(slots=True)
+class _Listing:
+    """One LIST of the node's prefix, parsed."""
+
+    #: first position -> (key, size)
+    objects: dict[int, tuple[str, int]] = field(default_factory=dict)
+    #: (trim, anchor, epoch, key)
+    markers: list[tuple[int, int, int, str]] = field(default_factory=list)
+
+    @property
+    def trim(self) -> int:
+        return max((m[0] for m in self.markers), default=-1)
+
+    @property
+    def anchor(self) -> int:
+        return max((m[1] for m in self.markers), default=0)
+
+
+class _PlanStep(NamedTuple):
+    first: int
+    key: str
+    size: int
+    next: int
+    seal: bool
+
+
+class ObjectWal(WriteAheadLog):
+    """A write-ahead log kept as objects in an object store (see the module docstring).
+
+    `store` is the object store; WAL objects go under ``{prefix}/{node_id}/`` (`prefix` may be
+    empty). Unless `retry` is false the store is wrapped in a `RetryingObjectStore` (backoff on
+    `UnavailableError`, ambiguous conditional creates resolved by reading back), drawing
+    jitter from `rng` (seeded from the node id by default). `on_full` is called (without
+    locks held) when an append starts waiting because `max_unflushed_bytes` are untrimmed.
+    With `close_store`, `close()` also closes the store.
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        *,
+        node_id: str,
+        node_epoch: int = 0,
+        prefix: str = "",
+        settings: ObjectWalSettings | None = None,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+        on_full: Callable[[], None] | None = None,
+        retry: bool = True,
+        close_store: bool = False,
+    ) -> None:
+        if not isinstance(store, ObjectStore):
+            raise InvalidArgumentError(f"store must be an ObjectStore, got {store!r}")
+        if not isinstance(node_id, str) or not _NODE_ID.match(node_id):
+            raise InvalidArgumentError(
+                f"node_id must match {_NODE_ID.pattern} (letters, digits, '._-'), got {node_id!r}"
+            )
+        if isinstance(node_epoch, bool) or not isinstance(node_epoch, int) or node_epoch < 0:
+            raise InvalidArgumentError(f"node_epoch must be an int >= 0, got {node_epoch!r}")
+        if not isinstance(prefix, str):
+            raise InvalidArgumentError(f"prefix must be a str, got {prefix!r}")
+        settings = settings if settings is not None else ObjectWalSettings()
+        if not isinstance(settings, ObjectWalSettings):
+            raise InvalidArgumentError(f"settings must be ObjectWalSettings, got {settings!r}")
+        if settings.max_unflushed_bytes > SESSION_GAP // 2:
+            raise InvalidArgumentError(
+                f"ObjectWalSettings.max_unflushed_bytes must be <= {SESSION_GAP // 2}, "
+                f"got {settings.max_unflushed_bytes}"
+            )
+        self._clock = clock if clock is not None else SystemClock()
+        self._rng = rng if rng is not None else random.Random(f"s3stream-object-wal:{node_id}")
+        self._raw_store = store
+        self._store: ObjectStore = (
+            RetryingObjectStore(store, clock=self._clock, rng=self._rng) if retry else store
+        )
+        self._close_store = close_store
+        self._node_id = node_id
+        self._epoch = node_epoch
+        self._session = node_epoch & 0xFFFFFFFF
+        self._dir = f"{prefix.strip('/')}/{node_id}" if prefix.strip("/") else node_id
+        self._seed = _node_seed(node_id)
+        self._settings = settings
+        self._on_full = on_full
+        self._interval_s = settings.wal_batch_interval_ms / 1000
+        self._max_batch = settings.wal_batch_max_bytes
+        self._capacity = settings.max_unflushed_bytes
+        max_record = min(_MAX_RECORD_BYTES, self._capacity - 2 * FRAME_HEADER.size)
+        self._capabilities = WalCapabilities(
+            persistent=True,
+            durable_on_ack=True,
+            torn_writes=False,
+            bounded_capacity=True,
+            fencing=True,
+            max_record_bytes=max(1, max_record),
+        )
+
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        #: Serializes appenders, so one waiting for room keeps its turn.
+        self._order_lock = threading.Lock()
+        #: Serializes the completion of futures (in position order).
+        self._ack_lock = threading.Lock()
+        #: Serializes trims and resets (their I/O runs without `_lock`).
+        self._trim_lock = threading.Lock()
+
+        self._ready = False
+        self._closing = False
+        self._closed = False
+        self._abandoned = False
+        self._failed: S3StreamError | None = None
+        #: Error every later batch is completed with once an earlier one failed.
+        self._ack_failure: S3StreamError | None = None
+        self._next = 0
+        self._acked = -1
+        self._trim = -1
+        self._anchor = 0
+        self._pending: deque[_Rec] = deque()
+        self._pending_bytes = 0
+        self._flush_now = False
+        self._last_cut = float("-inf")
+        self._inflight = 0
+        self._queue: deque[_Batch] = deque()
+        #: Chain objects not yet deleted, in position order (recovered ones first).
+        self._objects: deque[_Obj] = deque()
+        #: Keys found by recovery off the chain or below the anchor: (first position, key).
+        self._stale: list[tuple[int, str]] = []
+        self._marker_keys: list[str] = []
+        #: Untrimmed records: (position, frame size), in order.
+        self._live: deque[tuple[int, int]] = deque()
+        self._live_bytes = 0
+        self._pool: ThreadPoolExecutor | None = None
+        self._flusher: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ introspection
+
+    @property
+    def capabilities(self) -> WalCapabilities:
+        return self._capabilities
+
+    @property
+    def node_id(self) -> str:
+        """The node whose WAL this is."""
+        return self._node_id
+
+    @property
+    def node_epoch(self) -> int:
+        """The epoch this writer holds."""
+        return self._epoch
+
+    @property
+    def key_prefix(self) -> str:
+        """Where this node's WAL objects live in the store (without the trailing ``/``)."""
+        return self._dir
+
+    @property
+    def store(self) -> ObjectStore:
+        """The object store (as given, without the retry wrapper)."""
+        return self._raw_store
+
+    def describe(self) -> str:
+        return f"ObjectWal({self._raw_store.describe()} {self._dir}/ epoch {self._epoch})"
+
+    def object_key(self, first: int) -> str:
+        """The key of the chain object starting at position `first`."""
+        return f"{self._dir}/{first:020d}"
+
+    # ------------------------------------------------------------------ recovery
+
+    def recover(self) -> Iterator[WalRecord]:
+        self._check_open()
+        if self._ready:
+            raise S3StreamError("WAL: recover() runs once, before the first append")
+        return self._recover(read_records=True)
+
+    def _recover(self, *, read_records: bool) -> Iterator[WalRecord]:
+        listing = self._list()
+        trim, start = listing.trim, listing.anchor
+        chain: list[_Obj] = []
+        live: list[tuple[int, int]] = []
+        last_record = -1
+        pos = start
+        for _ in range(_SEAL_ATTEMPTS):
+            plan, end = self._plan(listing, pos)
+            with ThreadPoolExecutor(_RECOVERY_READ_AHEAD, "s3stream-wal-recover") as pool:
+                reads: dict[int, Future[bytes]] = {}
+                vanished = False
+                for i, step in enumerate(plan):
+                    for ahead in plan[i : i + _RECOVERY_READ_AHEAD]:
+                        if ahead.first not in reads and self._must_read(ahead, trim, read_records):
+                            reads[ahead.first] = pool.submit(self._store.get, ahead.key)
+                    if not self._must_read(step, trim, read_records):
+                        chain.append(_Obj(step.first, step.next, step.key, step.next - 1, True))
+                        pos = step.next
+                        continue
+                    try:
+                        data = reads.pop(step.first).result()
+                    except ObjectNotFoundError:
+                        vanished = True
+                        break
+                    header = self._check_object(step, data)
+                    if step.seal:
+                        chain.append(_Obj(step.first, step.next, step.key, -1, True))
+                    else:
+                        records = self._records(step, header, data)
+                        for p, rec in records:
+                            if p > trim:
+                                live.append((p, frame_size(len(rec))))
+                                last_record = p
+                                yield WalRecord(p, rec)
+                        last = records[-1][0] if records else step.next - 1
+                        chain.append(_Obj(step.first, step.next, step.key, last, True))
+                    pos = step.next
+                for f in reads.values():
+                    f.cancel()
+            if vanished:
+                # A WAL object disappears only when a trim covers it: the marker says so.
+                listing = self._list()
+                if listing.anchor <= pos:
+                    key = self.object_key(pos)
+                    raise CorruptionError(
+                        f"WAL object {key!r} vanished during recovery and no trim covers it",
+                        location=key,
+                    )
+                trim, pos = max(trim, listing.trim), listing.anchor
+                chain = [o for o in chain if o.first >= pos]
+                continue
+            if self._claim(end, KIND_SEAL):
+                self._become_ready(listing, chain, end, trim, live, last_record)
+                return
+            # Someone extended the chain (an older writer still at work): read on from there.
+            listing = self._list()
+            trim = max(trim, listing.trim)
+        raise UnavailableError(
+            f"{self.describe()}: could not seal the WAL: another writer kept extending it"
+        )
+
+    def _list(self) -> _Listing:
+        listing = _Listing()
+        base = self._dir + "/"
+        for info in self._store.list(base):
+            name = info.key[len(base) :]
+            if _OBJECT_NAME.match(name):
+                listing.objects[int(name)] = (info.key, info.size)
+                continue
+            m = _MARKER_NAME.match(name)
+            if m is not None:
+                listing.markers.append((int(m[1]), int(m[2]), int(m[3]), info.key))
+            else:
+                _log.warning("ignoring unexpected key %r in %s", info.key, self.describe())
+        newer = max((m[2] for m in listing.markers), default=-1)
+        if newer > self._epoch:
+            raise FencedError(
+                f"WAL of node {self._node_id!r} was trimmed by epoch {newer}; "
+                f"epoch {self._epoch} is fenced"
+            )
+        return listing
+
+    def _plan(self, listing: _Listing, start: int) -> tuple[list[_PlanStep], int]:
+        """The chain from `start` as the listing shows it, and the position where it ends."""
+        steps: list[_PlanStep] = []
+        pos = start
+        while (entry := listing.objects.get(pos)) is not None:
+            key, size = entry
+            seal = size == HEADER.size
+            if size < HEADER.size:
+                raise CorruptionError(f"WAL object {key!r} is only {size} bytes", location=key)
+            nxt = pos + (SESSION_GAP if seal else size - HEADER.size)
+            if nxt > _MAX_POSITION:
+                raise CorruptionError(f"WAL object {key!r} ends past 2**64", location=key)
+            steps.append(_PlanStep(pos, key, size, nxt, seal))
+            pos = nxt
+        return steps, pos
+
+    @staticmethod
+    def _must_read(step: _PlanStep, trim: int, read_records: bool) -> bool:
+        # Seals are always read: their epoch says whether a newer owner exists.
+        return step.seal or (read_records and step.next - 1 > trim)
+
+    def _check_object(self, step: _PlanStep, data: bytes) -> WalObjectHeader:
+        header = decode_object_header(data, node_id=self._node_id, key=step.key)
+        expected_kind = KIND_SEAL if step.seal else KIND_DATA
+        if (
+            len(data) != step.size
+            or header.kind != expected_kind
+            or header.first != step.first
+            or header.next != step.next
+        ):
+            raise CorruptionError(
+                f"WAL object {step.key!r}: header {header} does not match its key and size "
+                f"({step.size} bytes)",
+                location=step.key,
+            )
+        if header.epoch > self._epoch:
+            raise FencedError(
+                f"WAL of node {self._node_id!r} is owned by epoch {header.epoch} "
+                f"(object {step.key!r}); epoch {self._epoch} is fenced"
+            )
+        return header
+
+    def _records(
+        self, step: _PlanStep, header: WalObjectHeader, data: bytes
+    ) -> list[tuple[int, bytes]]:
+        base = step.first - HEADER.size
+
+        def read(position: int, length: int) -> bytes:
+            return data[position - base : position - base + length]
+
+        scanner = FrameScanner(
+            read,
+            start=step.first,
+            bound=step.next,
+            seed=self._seed,
+            max_session=0xFFFFFFFF,
+            max_length=step.next - step.first,
+            chunk_bytes=len(data),
+        )
+        records = list(scanner)
+        if scanner.problem is not None or len(records) != header.records:
+            raise CorruptionError(
+                f"WAL object {step.key!r}: {scanner.problem or 'record count mismatch'} "
+                f"at position {scanner.end}",
+                location=step.key,
+                position=scanner.end,
+            )
+        return records
+
+    def _claim(self, first: int, kind: int, body: bytes = b"", records: int = 0) -> bool:
+        """Create the chain object at `first`; False if the position is taken."""
+        nxt = first + SESSION_GAP if kind == KIND_SEAL else first + len(body)
+        header = _encode_header(WalObjectHeader(kind, self._epoch, first, nxt, records), self._seed)
+        return self._store.put_if_absent(self.object_key(first), header + body)
+
+    def _become_ready(
+        self,
+        listing: _Listing,
+        chain: list[_Obj],
+        end: int,
+        trim: int,
+        live: list[tuple[int, int]],
+        last_record: int,
+    ) -> None:
+        seal = _Obj(end, end + SESSION_GAP, self.object_key(end), -1, True)
+        on_chain = {o.first for o in chain}
+        with self._cond:
+            self._objects = deque([*chain, seal])
+            self._stale = [
+                (first, key) for first, (key, _) in listing.objects.items() if first not in on_chain
+            ]
+            self._marker_keys = [m[3] for m in listing.markers]
+            self._trim = trim
+            self._anchor = listing.anchor
+            self._acked = max(last_record, trim)
+            self._live = deque(live)
+            self._live_bytes = sum(size for _, size in live)
+            self._next = end + SESSION_GAP
+            self._start_workers()
+
+    def _start_workers(self) -> None:
+        self._ready = True
+        self._pool = ThreadPoolExecutor(self._settings.max_inflight_puts, "s3stream-wal-put")
+        self._flusher = threading.Thread(
+            target=self._flush_loop, name="s3stream-wal-flusher", daemon=True
+        )
+        self._flusher.start()
+
+    # ------------------------------------------------------------------ append
+
+    def append(self, data: bytes) -> Future[WalPosition]:
+        if type(data) is not bytes:
+            raise InvalidArgumentError(f"WAL records must be bytes, not {type(data).__name__}")
+        n = len(data)
+        if n > self._capabilities.max_record_bytes:
+            raise InvalidArgumentError(
+                f"WAL record of {n} bytes exceeds max_record_bytes="
+                f"{self._capabilities.max_record_bytes}"
+            )
+        size = frame_size(n)
+        crc = body_crc(data, self._seed)
+        with self._order_lock, self._cond:
+            self._check_appendable()
+            if self._live_bytes + size > self._capacity and self._live_bytes:
+                self._wait_for_room(size)
+            pos = self._next
+            self._next = pos + size
+            header = encode_frame_header(pos, self._session, n, crc, self._seed)
+            fut: Future[WalPosition] = Future()
+            self._pending.append(_Rec(pos, size, header, data, fut))
+            was_empty = self._pending_bytes == 0
+            self._pending_bytes += size
+            self._live.append((pos, size))
+            self._live_bytes += size
+            if was_empty or self._pending_bytes >= self._max_batch:
+                self._cond.notify_all()
+        return fut
+
+    def _wait_for_room(self, size: int) -> None:
+        """Wait (holding `_order_lock`, `_cond` acquired) until `size` more bytes fit."""
+        deadline = self._clock.monotonic() + self._settings.full_wait_ms / 1000
+        asked = False
+        while self._live_bytes + size > self._capacity and self._live_bytes:
+            if not asked and self._on_full is not None:
+                asked = True
+                self._cond.release()
+                try:
+                    self._on_full()
+                finally:
+                    self._cond.acquire()
+                continue
+            remaining = deadline - self._clock.monotonic()
+            if remaining <= 0:
+                raise WalFullError(
+                    f"{self.describe()}: {self._live_bytes} untrimmed bytes, room for "
+                    f"{self._capacity}; waited {self._settings.full_wait_ms} ms for a trim"
+                )
+            self._cond.wait(min(remaining, _WAIT_SLICE_S))
+            self._check_appendable()
+
+    def _flush_loop(self) -> None:
+        while True:
+            with self._cond:
+                batch = self._next_batch()
+            if batch is None:
+                return
+            if batch.done:
+                self._complete_in_order()
+                continue
+            pool = self._pool
+            assert pool is not None
+            pool.submit(self._put, batch)
+
+    def _next_batch(self) -> _Batch | None:
+        """Wait (under `_cond`) until a batch is due and cut it; None once stopping.
+
+        After a failure, pending records come back as one batch that is already done."""
+        while True:
+            if self._abandoned or (self._closing and not self._pending):
+                return None
+            if self._failed is not None and self._pending:
+                return self._fail_pending(self._failed)
+            wait = _WAIT_SLICE_S
+            if self._pending and self._inflight < self._settings.max_inflight_puts:
+                due = self._last_cut + self._interval_s - self._clock.monotonic()
+                if (
+                    due <= 0
+                    or self._closing
+                    or self._flush_now
+                    or self._pending_bytes >= self._max_batch
+                ):
+                    return self._cut()
+                wait = min(due, _WAIT_SLICE_S)
+            self._cond.wait(wait)
+
+    def _cut(self) -> _Batch:
+        records: list[_Rec] = []
+        total = 0
+        while self._pending and (not records or total + self._pending[0].size <= self._max_batch):
+            rec = self._pending.popleft()
+            records.append(rec)
+            total += rec.size
+        self._pending_bytes -= total
+        if not self._pending:
+            self._flush_now = False
+        self._last_cut = self._clock.monotonic()
+        self._inflight += 1
+        first = records[0].position
+        obj = _Obj(first, first + total, self.object_key(first), records[-1].position, False)
+        self._objects.append(obj)
+        batch = _Batch(obj, records)
+        self._queue.append(batch)
+        return batch
+
+    def _fail_pending(self, err: S3StreamError) -> _Batch:
+        """Turn every pending record into one failed batch, completed in order (under lock)."""
+        records = list(self._pending)
+        self._pending.clear()
+        self._pending_bytes = 0
+        first = records[0].position
+        obj = _Obj(first, records[-1].position + records[-1].size, "", records[-1].position, False)
+        batch = _Batch(obj, records, done=True, error=err)
+        self._queue.append(batch)
+        return batch
+
+    def _put(self, batch: _Batch) -> None:
+        obj = batch.obj
+        error: S3StreamError | None = None
+        try:
+            parts: list[bytes] = []
+            for r in batch.records:
+                parts += (r.header, r.data, _ZEROS[: r.size - FRAME_HEADER.size - len(r.data)])
+            if not self._claim(obj.first, KIND_DATA, b"".join(parts), len(batch.records)):
+                error = FencedError(
+                    f"{self.describe()}: WAL position {obj.first} was claimed by a newer owner "
+                    "(the node was taken over)"
+                )
+        except S3StreamError as exc:
+            error = exc
+        except Exception as exc:  # a backend bug must not leave appenders hanging
+            error = UnavailableError(f"{self.describe()}: WAL object PUT failed: {exc!r}")
+            error.__cause__ = exc
+        with self._cond:
+            batch.done = True
+            batch.error = error
+            self._inflight -= 1
+            if error is not None and self._failed is None:
+                _log.error("%s failed; no further appends: %s", self.describe(), error)
+                self._failed = error
+            self._cond.notify_all()
+        self._complete_in_order()
+
+    def _complete_in_order(self) -> None:
+        with self._ack_lock:
+            while True:
+                with self._cond:
+                    if not self._queue or not self._queue[0].done:
+                        return
+                    batch = self._queue.popleft()
+                    error = self._ack_failure or batch.error
+                    if error is not None:
+                        self._ack_failure = error
+                    else:
+                        batch.obj.landed = True
+                        self._acked = batch.obj.last
+                    self._cond.notify_all()
+                for r in batch.records:
+                    if error is None:
+                        r.future.set_result(r.position)
+                    else:
+                        r.future.set_exception(error)
+
+    # ------------------------------------------------------------------ trim and reset
+
+    def trim(self, position: WalPosition) -> None:
+        if isinstance(position, bool) or not isinstance(position, int):
+            raise InvalidArgumentError(f"trim position must be an int, got {position!r}")
+        with self._trim_lock:
+            with self._cond:
+                self._check_open()
+                self._check_ready()
+                if position <= self._trim:
+                    return
+                if self._failed is not None:
+                    raise self._failed
+                if position > self._acked:
+                    raise InvalidArgumentError(
+                        f"cannot trim to {position}: the last acknowledged position is "
+                        f"{self._acked}"
+                    )
+            self._trim_to(position)
+
+    def _trim_to(self, position: int) -> None:
+        """Persist the trim point, then delete what it frees (holding `_trim_lock`)."""
+        with self._cond:
+            anchor = self._next
+            for o in self._objects:
+                if o.last > position:
+                    anchor = o.first
+                    break
+            else:
+                if self._pending:
+                    anchor = self._pending[0].position
+            anchor = max(anchor, self._anchor)
+        key = f"{self._dir}/trim/{position:020d}.{anchor:020d}.{self._epoch:012d}"
+        self._store.put(key, b"")
+        with self._cond:
+            self._trim = position
+            self._anchor = anchor
+            while self._live and self._live[0][0] <= position:
+                self._live_bytes -= self._live.popleft()[1]
+            doomed = [o.key for o in self._objects if o.first < anchor and o.landed]
+            self._objects = deque(o for o in self._objects if o.first >= anchor or not o.landed)
+            doomed += [k for first, k in self._stale if first < anchor]
+            self._stale = [(first, k) for first, k in self._stale if first >= anchor]
+            doomed += [k for k in self._marker_keys if k != key]
+            self._marker_keys = [key]
+            self._cond.notify_all()
+        if doomed:
+            try:
+                self._store.delete_many(doomed)
+            except S3StreamError as exc:
+                # Harmless: recovery starts at the anchor; a later trim deletes them.
+                _log.warning("%s: deleting trimmed WAL objects failed: %s", self.describe(), exc)
+                with self._cond:
+                    self._stale += [(-1, k) for k in doomed]
+
+    def reset(self) -> None:
+        with self._trim_lock:
+            self._check_open()
+            if not self._ready:
+                for _ in self._recover(read_records=False):
+                    pass
+            else:
+                self._drain()
+            with self._cond:
+                if self._failed is not None:
+                    raise self._failed
+                target = self._next - 1
+                if target <= self._trim:
+                    return
+            self._trim_to(target)
+
+    def _drain(self) -> None:
+        """Write everything pending now and wait until every append is completed."""
+        with self._cond:
+            self._flush_now = True
+            self._cond.notify_all()
+            while self._pending or self._queue:
+                self._cond.wait(_WAIT_SLICE_S)
+
+    # ------------------------------------------------------------------ close
+
+    def close(self) -> None:
+        with self._cond:
+            if self._closed or self._closing:
+                return
+            self._closing = True
+            self._cond.notify_all()
+        try:
+            if self._ready:
+                self._drain()
+        finally:
+            self._stop_workers()
+            with self._cond:
+                self._closed = True
+            if self._close_store:
+                self._raw_store.close()
+
+    def _stop_workers(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+        if self._flusher is not None:
+            self._flusher.join()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+    def _abandon(self) -> None:
+        """Drop the process state as a crash would: pending records are never written."""
+        with self._cond:
+            self._abandoned = True
+            self._closing = True
+            self._cond.notify_all()
+        self._stop_workers()
+        with self._cond:
+            self._closed = True
+            if self._pending:
+                self._fail_pending(StreamClosedError("the WAL was abandoned"))
+        self._complete_in_order()
+
+    def _check_open(self) -> None:
+        if self._closed or self._closing:
+            raise StreamClosedError("the WAL is closed")
+
+    def _check_ready(self) -> None:
+        if not self._ready:
+            raise S3StreamError("WAL: recover() or reset() must run before use")
+
+    def _check_appendable(self) -> None:
+        self._check_open()
+        self._check_ready()
+        if self._failed is not None:
+            raise self._failed
+
+
+# ---------------------------------------------------------------------- URL factory
+
+_QUERY_FIELDS = {
+    "batch_interval_ms": "wal_batch_interval_ms",
+    "batch_max_bytes": "wal_batch_max_bytes",
+    "max_inflight_puts": "max_inflight_puts",
+    "max_unflushed_bytes": "max_unflushed_bytes",
+    "full_wait_ms": "full_wait_ms",
+}
+
+
+def open_object_wal(
+    url: str,
+    *,
+    node_id: str,
+    node_epoch: int = 0,
+    clock: Clock,
+    on_full: Callable[[], None] | None = None,
+    object_settings: ObjectWalSettings | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    rng: random.Random | None = None,
+    **_other_kinds: Any,
+) -> WriteAheadLog:
+    """Factory of ``s3://bucket/prefix/wal`` and ``object+URL`` (any object-store URL, e.g.
+    ``object+file:///var/wal``): an `ObjectWal` whose objects go under the URL.
+
+    The query may override settings: ``batch_interval_ms``, ``batch_max_bytes``,
+    ``max_inflight_puts``, ``max_unflushed_bytes``, ``full_wait_ms`` (sizes take units).
+    """
+    from ..objectstore.registry import open_object_store
+    from .registry import parse_size
+
+    store_url, _, query = url.partition("?")
+    scheme, _ = split_scheme(store_url)
+    if scheme.startswith(OBJECT_WAL_PREFIX):
+        store_url = store_url[len(OBJECT_WAL_PREFIX) :]
+    settings = object_settings if object_settings is not None else ObjectWalSettings()
+    changes: dict[str, int] = {}
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        target = _QUERY_FIELDS.get(name)
+        if target is None:
+            known = ", ".join(sorted(_QUERY_FIELDS))
+            raise InvalidArgumentError(
+                f"unknown object WAL option {name!r} in {url!r} (known: {known})"
+            )
+        changes[target] = parse_size(value, name=name)
+    if changes:
+        settings = replace(settings, **changes)
+    store = open_object_store(store_url, storage_options)
+    try:
+        return ObjectWal(
+            store,
+            node_id=node_id,
+            node_epoch=node_epoch,
+            settings=settings,
+            clock=clock,
+            rng=rng,
+            on_full=on_full,
+            close_store=True,
+        )
+    except BaseException:
+        with contextlib.suppress(S3StreamError):
+            store.close()
+        raise

@@ -1,0 +1,868 @@
+"""Compaction: stream-set and stream object compaction, retention, deletion after the delay,
+orphan sweeping, aborts and the coverage check; a property test with concurrent readers, a
+SIGKILL crash test, and the SeaweedFS acceptance run."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import settings as hyp_settings
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+import s3stream
+from s3stream import (
+    ClientSettings,
+    CompactionSettings,
+    CorruptionError,
+    ManualClock,
+    ObjectNotFoundError,
+    OffsetOutOfRangeError,
+    RecordBatch,
+    RetentionPolicy,
+    StreamClient,
+)
+from s3stream.cache.block_cache import BlockCache
+from s3stream.cli import main as cli_main
+from s3stream.compaction import (
+    CompactionExecutor,
+    OutputObject,
+    plan_stream_set_compaction,
+)
+from s3stream.metadata import ObjectKind, check_state
+from s3stream.objectstore.base import ObjectStore
+from s3stream.objectstore.local import LocalObjectStore
+from s3stream.objectstore.memory import MemoryObjectStore
+from s3stream.storage.packing import KeyFactory
+from s3stream.storage.reader import ObjectDataReader
+from s3stream.wal.memory import MemoryWal
+
+KiB = 1024
+
+
+def settings(**compaction: Any) -> ClientSettings:
+    """Tiny uploads (every flush makes objects), tiny blocks; compaction as given."""
+    compaction.setdefault("deletion_delay_ms", 0)
+    compaction.setdefault("stream_split_bytes", 16 * KiB)
+    compaction.setdefault("stream_object_target_bytes", 64 * KiB)
+    compaction.setdefault("orphan_sweep_interval_ms", 0)
+    return ClientSettings(
+        upload_threshold_bytes=1 << 20,
+        stream_split_bytes=1 << 20,  # uploads make stream-set objects only ...
+        block_target_bytes=2 * KiB,
+        max_pending_bytes=4 << 20,
+        upload_interval_ms=0,
+        log_cache_bytes=0,  # ... and reads go to objects
+        compaction=CompactionSettings(**compaction),
+    )
+
+
+def payload(sid: int, offset: int, size: int) -> bytes:
+    head = f"{sid}:{offset}:".encode()
+    return (head * (size // len(head) + 1))[:size]
+
+
+def client_on(store: ObjectStore, clock: ManualClock | None = None, **kw: Any) -> StreamClient:
+    return StreamClient(
+        store, MemoryWal(), node_id=kw.pop("node_id", "n1"), clock=clock, settings=settings(**kw)
+    )
+
+
+Model = dict[int, list[tuple[int, bytes]]]
+
+
+def fill(
+    client: StreamClient,
+    streams: list[s3stream.Stream],
+    rounds: int,
+    size: Callable[[int], int],
+    model: Model | None = None,
+) -> Model:
+    """`rounds` uploads, each with one batch per stream of `size(stream index)` bytes."""
+    model = model if model is not None else {}
+    for _ in range(rounds):
+        for i, s in enumerate(streams):
+            off = s.next_offset
+            data = payload(s.stream_id, off, size(i))
+            s.append(RecordBatch(data, count=2))
+            model.setdefault(s.stream_id, []).append((off, data))
+        client.flush()
+    return model
+
+
+def read_stream(
+    client: StreamClient, sid: int, start: int | None = None
+) -> list[tuple[int, bytes]]:
+    info = client.stream_info(sid)
+    off = info.start_offset if start is None else start
+    out: list[tuple[int, bytes]] = []
+    while off < info.end_offset:
+        res = client.read(sid, off, max_bytes=8 * KiB)
+        assert res.batches, f"no progress at {off}"
+        out.extend((b.base_offset, bytes(b.payload)) for b in res.batches)
+        off = res.next_offset
+    return out
+
+
+def check_all(client: StreamClient, model: Model) -> None:
+    for sid, records in model.items():
+        info = client.stream_info(sid)
+        want = [r for r in records if r[0] + 2 > info.start_offset]
+        assert read_stream(client, sid) == want, f"stream {sid}"
+
+
+def live(client: StreamClient) -> list[s3stream.metadata.ObjectMeta]:
+    client.metadata.refresh()
+    return [o for o in client.metadata.state.objects.values() if o.live]
+
+
+def data_keys(store: ObjectStore) -> set[str]:
+    return {i.key for i in store.list("data/")}
+
+
+# ---------------------------------------------------------------------------------------------
+# Stream-set and stream object compaction
+
+
+def test_stream_set_compaction_merges_small_streams_and_splits_big_ones() -> None:
+    store = MemoryObjectStore()
+    with client_on(store) as client:
+        streams = [client.create_stream() for _ in range(8)]
+        model = fill(client, streams, 12, lambda i: 3000 if i == 0 else 200)
+        before = live(client)
+        assert len(before) == 12 and all(o.kind is ObjectKind.STREAM_SET for o in before)
+        report = client.compact()
+        after = live(client)
+        assert report.tasks.get("stream_set") == 1
+        assert report.objects_before == 12 and report.objects_after == len(after) == 2
+        kinds = sorted((o.kind.value, [r.stream_id for r in o.ranges]) for o in after)
+        big = streams[0].stream_id
+        assert kinds == [
+            ("stream", [big]),
+            ("stream_set", sorted(s.stream_id for s in streams[1:])),
+        ]
+        # Replaced objects were purged (deletion delay 0) and are gone from the store.
+        assert data_keys(store) == {o.key for o in after}
+        assert set(client.metadata.state.objects.keys()) == {o.key for o in after}
+        check_all(client, model)
+        assert check_state(client.metadata.state) == []
+        # A second pass has nothing left to do.
+        assert client.compact().tasks == {}
+
+
+def test_old_stream_set_objects_are_split_completely_then_merged() -> None:
+    clock = ManualClock()
+    store = MemoryObjectStore()
+    with client_on(store, clock, stream_set_max_age_ms=60_000) as client:
+        streams = [client.create_stream() for _ in range(4)]
+        model = fill(client, streams, 6, lambda i: 300)
+        assert client.compact().objects_after == 1  # young: merged into one
+        clock.advance(61)
+        report = client.compact()
+        assert report.tasks.get("split") == 1
+        after = live(client)
+        assert all(o.kind is ObjectKind.STREAM for o in after)
+        assert sorted(o.ranges[0].stream_id for o in after) == [s.stream_id for s in streams]
+        check_all(client, model)
+
+
+def test_stream_object_compaction_merges_adjacent_small_objects() -> None:
+    store = MemoryObjectStore()
+    # Every stream is big enough to leave each upload as stream objects.
+    with client_on(store, stream_split_bytes=1, stream_object_target_bytes=16 * KiB) as client:
+        streams = [client.create_stream() for _ in range(3)]
+        model = fill(client, streams, 20, lambda i: 700 * (i + 1))
+        report = client.compact()
+        per_stream: dict[int, list[int]] = {}
+        for o in live(client):
+            assert o.kind is ObjectKind.STREAM
+            per_stream.setdefault(o.ranges[0].stream_id, []).append(o.size)
+        for i, s in enumerate(streams):
+            sizes = per_stream[s.stream_id]
+            total = 20 * (700 * (i + 1) + 60)
+            # Merged up to the target: about total / target objects, none over the target.
+            assert len(sizes) <= total // (16 * KiB) + 2
+            assert all(size <= 16 * KiB for size in sizes)
+        assert report.objects_after < report.objects_before / 3
+        check_all(client, model)
+
+
+def test_trim_and_delete_drop_data_and_objects() -> None:
+    store = MemoryObjectStore()
+    with client_on(store, stream_split_bytes=1, stream_object_target_bytes=8 * KiB) as client:
+        a, b, c = (client.create_stream() for _ in range(3))
+        model = fill(client, [a, b, c], 30, lambda i: 600)
+        a.trim(40)  # 20 uploads of 2 records: most of a's objects are below the start
+        c.destroy()
+        del model[c.stream_id]
+        report = client.compact()
+        assert report.bytes_after < report.bytes_before * 0.6
+        objs = live(client)
+        assert all(o.ranges[0].stream_id != c.stream_id for o in objs)
+        a_objs = [o for o in objs if o.ranges[0].stream_id == a.stream_id]
+        assert min(o.ranges[0].start_offset for o in a_objs) <= 40
+        assert all(o.ranges[0].end_offset > 40 for o in a_objs)
+        check_all(client, model)
+        with pytest.raises(OffsetOutOfRangeError):
+            client.read(a.stream_id, 10)
+        with pytest.raises(OffsetOutOfRangeError):
+            a.fetch(10)
+
+
+# ---------------------------------------------------------------------------------------------
+# Retention
+
+
+def test_retention_by_size_and_age() -> None:
+    clock = ManualClock()
+    store = MemoryObjectStore()
+    with client_on(store, clock, retention_ms=0) as client:
+        by_size = client.create_stream(tags=RetentionPolicy(retention_bytes=10 * KiB).to_tags())
+        by_age = client.create_stream(tags=RetentionPolicy(retention_ms=30_000).to_tags())
+        forever = client.create_stream()
+        model: Model = {}
+        for _ in range(20):  # 20 uploads, 10 s apart, of 1000 B per stream
+            fill(client, [by_size, by_age, forever], 1, lambda i: 1000, model)
+            clock.advance(10)
+        report = client.compact()
+        assert report.streams_trimmed == 2
+        size_start = client.stream_info(by_size.stream_id).start_offset
+        kept = [r for r in model[by_size.stream_id] if r[0] >= size_start]
+        # At least retention.bytes kept, and at most one block (2 KiB) more.
+        kept_bytes = sum(len(p) + 40 for _, p in kept)
+        assert 10 * KiB <= kept_bytes <= 10 * KiB + 2 * KiB + 1040
+        age_start = client.stream_info(by_age.stream_id).start_offset
+        # Uploads at t = 0, 10, ..., 190 s, now is 200 s: only those newer than 170 s stay
+        # (block granularity: a block is dropped once its newest batch is too old).
+        assert age_start == 2 * 17
+        assert client.stream_info(forever.stream_id).start_offset == 0
+        check_all(client, model)
+
+
+def test_default_retention_and_tag_override() -> None:
+    clock = ManualClock()
+    store = MemoryObjectStore()
+    with client_on(store, clock, retention_ms=5_000) as client:
+        default = client.create_stream()
+        keep = client.create_stream(tags=RetentionPolicy().to_tags())  # -1: unlimited
+        fill(client, [default, keep], 5, lambda i: 500)
+        clock.advance(60)
+        fill(client, [default, keep], 1, lambda i: 500)
+        client.compact()
+        assert client.stream_info(default.stream_id).start_offset == 10
+        assert client.stream_info(keep.stream_id).start_offset == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Deletion delay, stale readers, aborts, coverage
+
+
+def test_deletion_waits_for_the_delay_so_old_snapshots_stay_readable() -> None:
+    clock = ManualClock()
+    store = MemoryObjectStore()
+    with client_on(store, clock, deletion_delay_ms=60_000) as client:
+        streams = [client.create_stream() for _ in range(4)]
+        model = fill(client, streams, 8, lambda i: 400)
+        pinned = client.metadata.state  # a reader plans its reads ...
+        old_keys = {o.key for o in live(client)}
+        report = client.compact()  # ... then compaction commits
+        assert report.objects_after < report.objects_before
+        marked = [client.metadata.state.objects[k] for k in old_keys]
+        assert all(o.marked_deleted_ms is not None for o in marked)
+        assert old_keys <= data_keys(store)  # still in the store
+        reader = ObjectDataReader(BlockCache(store, capacity_bytes=0))
+        for s in streams:
+            got = reader.read(pinned, s.stream_id, 0, s.confirm_offset, 1 << 20)
+            assert [(b.base_offset, bytes(b.payload)) for b in got] == model[s.stream_id]
+        clock.advance(59)
+        assert client.compact().objects_purged == 0
+        clock.advance(2)
+        assert client.compact().objects_purged == len(old_keys)
+        assert not old_keys & data_keys(store)
+        with pytest.raises(ObjectNotFoundError):
+            reader.read(pinned, streams[0].stream_id, 0, 10, 1 << 20)
+        check_all(client, model)
+
+
+def test_owner_with_a_stale_view_rereads_after_another_process_compacted() -> None:
+    clock = ManualClock()
+    store = MemoryObjectStore()
+    owner = client_on(store, clock, node_id="owner")
+    compactor = client_on(store, clock, node_id="compactor", deletion_delay_ms=1000)
+    try:
+        s = owner.create_stream()
+        model = fill(owner, [s], 10, lambda i: 300)
+        compactor.compact()
+        clock.advance(2)
+        assert compactor.compact().objects_purged == 10
+        # The owner's metadata still lists the purged objects: its fetch must recover.
+        res = s.fetch(0, max_bytes=1 << 20)
+        assert [(b.base_offset, bytes(b.payload)) for b in res.batches] == model[s.stream_id]
+    finally:
+        owner.close()
+        compactor.close()
+
+
+def _executor(client: StreamClient, store: ObjectStore, node: str) -> CompactionExecutor:
+    cache = BlockCache(store, capacity_bytes=0)
+    return CompactionExecutor(
+        store=store,
+        meta=client.metadata,
+        keys=KeyFactory(node, 1),
+        index_of=lambda o: cache.index(o.key, o.size),
+        clock=ManualClock(),
+        node_id=node,
+    )
+
+
+def test_task_aborts_cleanly_when_another_compactor_won() -> None:
+    store = MemoryObjectStore()
+    with client_on(store, deletion_delay_ms=60_000) as client:
+        streams = [client.create_stream() for _ in range(3)]
+        model = fill(client, streams, 6, lambda i: 300)
+        state = client.metadata.state
+        ex = _executor(client, store, "other")
+        tasks = plan_stream_set_compaction(
+            state, client.settings.compaction, lambda o: client._block_cache.index(o.key), 0
+        )
+        assert len(tasks) == 1
+        client.compact()  # wins the race for the same objects
+        keys_before = data_keys(store)
+        seq = client.metadata.seq
+        result = ex.execute(tasks[0], state)
+        assert not result.committed
+        assert data_keys(store) == keys_before  # its outputs were deleted again
+        assert client.metadata.seq == seq
+        check_all(client, model)
+
+
+def test_coverage_check_fails_loudly_and_changes_nothing() -> None:
+    store = MemoryObjectStore()
+    with client_on(store) as client:
+        streams = [client.create_stream() for _ in range(3)]
+        model = fill(client, streams, 6, lambda i: 300)
+        state = client.metadata.state
+        (task,) = plan_stream_set_compaction(
+            state, client.settings.compaction, lambda o: client._block_cache.index(o.key), 0
+        )
+        out = task.outputs[0]
+        broken = dataclasses.replace(
+            task, outputs=(OutputObject(out.kind, out.pieces[:-1]), *task.outputs[1:])
+        )
+        keys_before = data_keys(store)
+        with pytest.raises(CorruptionError, match="lose live data"):
+            _executor(client, store, "buggy").execute(broken, state)
+        assert data_keys(store) == keys_before
+        assert client.metadata.state is state
+        check_all(client, model)
+
+
+@pytest.mark.parametrize("own_check", [True, False])
+def test_replacing_an_object_without_copying_it_fails_loudly(
+    own_check: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = MemoryObjectStore()
+    with client_on(store) as client:
+        streams = [client.create_stream() for _ in range(2)]
+        model = fill(client, streams, 4, lambda i: 300)
+        state = client.metadata.state
+        (task,) = plan_stream_set_compaction(
+            state, client.settings.compaction, lambda o: client._block_cache.index(o.key), 0
+        )
+        fill(client, streams, 1, lambda i: 300, model)
+        state = client.metadata.state
+        # A buggy plan: replace one more object than the outputs copy.
+        extra = next(o for o in live(client) if o.key not in {r.key for r in task.replaced})
+        bad = dataclasses.replace(task, replaced=(*task.replaced, extra))
+        if not own_check:
+            # The metadata invariant (I10) is the second, independent safety net.
+            monkeypatch.setattr(CompactionExecutor, "_check_coverage", lambda *a: None)
+        keys_before = data_keys(store)
+        match = "lose live data" if own_check else "invariants"
+        with pytest.raises(CorruptionError, match=match):
+            _executor(client, store, "buggy").execute(bad, state)
+        assert data_keys(store) == keys_before
+        assert client.metadata.state is state
+        check_all(client, model)
+
+
+# ---------------------------------------------------------------------------------------------
+# Orphans, throttling, background, CLI
+
+
+def test_orphans_are_deleted_after_the_grace_period_only() -> None:
+    clock = ManualClock()
+    store = MemoryObjectStore()
+    with client_on(store, clock, orphan_grace_ms=60_000, orphan_sweep_max_keys=3) as client:
+        s = client.create_stream()
+        model = fill(client, [s], 5, lambda i: 300)
+        client.compact()
+        orphans = {f"data/ghost/00000001/{i:012d}-m.s3o" for i in range(4)}
+        for k in orphans:
+            store.put(k, b"never committed")
+        referenced = {o.key for o in live(client)}
+        for _ in range(4):  # sees every key at least once (3 keys per sweep)
+            assert client.compact(sweep_orphans=True).orphans_deleted == 0
+        clock.advance(61)
+        deleted = 0
+        for _ in range(4):
+            deleted += client.compact(sweep_orphans=True).orphans_deleted
+        assert deleted == len(orphans)
+        assert data_keys(store) == referenced
+        check_all(client, model)
+    # The first-seen times survive the process: a new client continues the count.
+    store.put("data/ghost/00000001/999999999999-m.s3o", b"x")
+    with client_on(store, clock, orphan_grace_ms=60_000, node_id="n2") as client:
+        client.compact(sweep_orphans=True)
+    clock.advance(61)
+    with client_on(store, clock, orphan_grace_ms=60_000, node_id="n3") as client:
+        assert client.compact(sweep_orphans=True).orphans_deleted == 1
+        check_all(client, model)
+
+
+def test_compaction_traffic_is_throttled() -> None:
+    clock = ManualClock()
+    store = MemoryObjectStore()
+    client = StreamClient(
+        store,
+        MemoryWal(),
+        clock=clock,
+        settings=dataclasses.replace(settings(), background_bytes_per_s=10 * KiB),
+    )
+    with client:
+        streams = [client.create_stream() for _ in range(4)]
+        model = fill(client, streams, 10, lambda i: 1000)
+        t0 = clock.monotonic()
+        report = client.compact()
+        waited = clock.monotonic() - t0
+        moved = report.bytes_read + report.bytes_written
+        # 10 KiB/s with a burst of one second: the pass took about moved / rate.
+        assert waited >= moved / (10 * KiB) - 1.5
+        m = client.metrics.throttle
+        assert m.bytes["compaction"] >= moved and m.waits["compaction"] > 0
+        check_all(client, model)
+
+
+def test_background_compactor_runs_by_itself() -> None:
+    store = MemoryObjectStore()
+    client = StreamClient(
+        store,
+        MemoryWal(),
+        settings=settings(background=True, interval_ms=20),
+    )
+    with client:
+        streams = [client.create_stream() for _ in range(5)]
+        model = fill(client, streams, 10, lambda i: 200)
+        deadline = time.monotonic() + 10
+        while len(live(client)) > 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(live(client)) == 1
+        assert client.metrics.compaction.passes >= 1
+        check_all(client, model)
+
+
+def test_cli_compact_and_progress(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    client = s3stream.open(str(tmp_path), wal="memory://", settings=settings())
+    with client:
+        streams = [client.create_stream() for _ in range(4)]
+        model = fill(client, streams, 10, lambda i: 500)
+        calls: list[tuple[int, int, str]] = []
+        client.compact(lambda done, total, what: calls.append((done, total, what)))
+        assert calls[0][0] == 0 and calls[-1][0] == calls[-1][1]
+        assert {c[2] for c in calls} == {"stream-set compaction", "stream object compaction"}
+        fill(client, streams, 10, lambda i: 500, model)
+    assert cli_main(["compact", str(tmp_path), "--no-progress", "--deletion-delay-ms", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "objects 11 -> 1" in out
+    with s3stream.open(str(tmp_path), wal="memory://", settings=settings()) as client:
+        assert len(live(client)) == 1
+        check_all(client, model)
+
+
+# ---------------------------------------------------------------------------------------------
+# Property test: random appends, trims, retention, compactions, restarts and concurrent
+# readers; every live record stays readable, byte-identical, at every moment.
+
+PROP_DELAY_MS = 20_000
+
+
+def _prop_settings() -> ClientSettings:
+    return ClientSettings(
+        upload_threshold_bytes=4096,
+        stream_split_bytes=2048,
+        block_target_bytes=512,
+        max_pending_bytes=1 << 20,
+        upload_interval_ms=0,
+        log_cache_bytes=1024,
+        block_cache_bytes=4096,
+        readahead_initial_bytes=1024,
+        readahead_max_bytes=8192,
+        compaction=CompactionSettings(
+            stream_split_bytes=3000,
+            stream_object_target_bytes=6000,
+            stream_set_max_age_ms=30_000,
+            deletion_delay_ms=PROP_DELAY_MS,
+            orphan_grace_ms=10_000,
+            orphan_sweep_interval_ms=0,
+        ),
+    )
+
+
+class _Reader(threading.Thread):
+    """Reads random committed ranges over and over, each scan on a metadata snapshot pinned
+    at its start, and checks every byte against the model."""
+
+    def __init__(self, machine: CompactionModel, seed: int) -> None:
+        super().__init__(daemon=True)
+        self.m = machine
+        self.rng = random.Random(seed)
+        self.stop = threading.Event()
+        self.errors: list[str] = []
+        self.scans = 0
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.scan()
+            except Exception as exc:  # any surprise is a failure of the property
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+                return
+
+    def scan(self) -> None:
+        m = self.m
+        with m.lock:
+            ids = list(m.model)
+            if not ids:
+                return
+            state = m.client.metadata.state
+            pinned_ms = m.clock.now_ms()
+        sid = self.rng.choice(ids)
+        stream = state.streams.get(sid)
+        if stream is None or stream.start_offset >= stream.end_offset:
+            return
+        start = self.rng.randrange(stream.start_offset, stream.end_offset)
+        records = m.model[sid]
+        want = [r for r in records if r[0] + r[1] > start and r[0] < stream.end_offset]
+        got: list[tuple[int, int, bytes]] = []
+        off = start
+        try:
+            while off < stream.end_offset:
+                batches = m.reader.read(state, sid, off, stream.end_offset, 1500)
+                if not batches:
+                    self.errors.append(f"no data at {off} of stream {sid} in a pinned snapshot")
+                    return
+                got.extend((b.base_offset, b.count, bytes(b.payload)) for b in batches)
+                off = batches[-1].next_offset
+        except ObjectNotFoundError:
+            # Legitimate only once the snapshot is older than the deletion delay.
+            if m.clock.now_ms() - pinned_ms < PROP_DELAY_MS:
+                raise
+            return
+        if got != want:
+            self.errors.append(f"stream {sid} from {start}: read differs from the model")
+        self.scans += 1
+
+
+class CompactionModel(RuleBasedStateMachine):
+    """Model: per stream, every (base_offset, count, payload) ever appended; the start offset
+    comes from the metadata (retention moves it behind the model's back)."""
+
+    store_kind = "memory"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = Path(tempfile.mkdtemp(prefix="s3s-compaction-"))
+        self.store: ObjectStore = (
+            MemoryObjectStore() if self.store_kind == "memory" else LocalObjectStore(self.dir)
+        )
+        self.clock = ManualClock()
+        self.lock = threading.Lock()
+        self.client = self._open()
+        self.streams: list[s3stream.Stream] = []
+        self.model: dict[int, list[tuple[int, int, bytes]]] = {}
+        self.pins: list[tuple[s3stream.metadata.MetadataState, int]] = []
+        self.reader = ObjectDataReader(BlockCache(self.store, capacity_bytes=4096))
+        self.readers = [_Reader(self, seed) for seed in range(2)]
+        for r in self.readers:
+            r.start()
+
+    def _open(self) -> StreamClient:
+        return StreamClient(self.store, MemoryWal(), clock=self.clock, settings=_prop_settings())
+
+    def teardown(self) -> None:
+        for r in self.readers:
+            r.stop.set()
+        for r in self.readers:
+            r.join(10)
+        self.client.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        for r in self.readers:
+            assert not r.errors, r.errors
+
+    @rule(retention=st.sampled_from(["none", "bytes", "age"]))
+    def create(self, retention: str) -> None:
+        if len(self.streams) >= 4:
+            return
+        policy = {
+            "none": RetentionPolicy(),
+            "bytes": RetentionPolicy(retention_bytes=3000),
+            "age": RetentionPolicy(retention_ms=40_000),
+        }[retention]
+        s = self.client.create_stream(tags=policy.to_tags())
+        with self.lock:
+            self.streams.append(s)
+            self.model[s.stream_id] = []
+
+    @precondition(lambda self: self.streams)
+    @rule(i=st.integers(0, 3), n=st.integers(1, 8), size=st.integers(0, 600))
+    def append(self, i: int, n: int, size: int) -> None:
+        s = self.streams[i % len(self.streams)]
+        records = self.model[s.stream_id]
+        for k in range(n):
+            data = payload(s.stream_id, s.next_offset, size + k)
+            count = 1 + (size + k) % 3
+            r = s.append(RecordBatch(data, count=count))
+            records.append((r.base_offset, count, data))
+
+    @precondition(lambda self: self.streams)
+    @rule(i=st.integers(0, 3), frac=st.floats(0, 1))
+    def trim(self, i: int, frac: float) -> None:
+        s = self.streams[i % len(self.streams)]
+        start = self.client.stream_info(s.stream_id).start_offset
+        s.trim(max(start, start + int((s.confirm_offset - start) * frac)))
+
+    @rule()
+    def flush(self) -> None:
+        self.client.flush()
+
+    @rule()
+    def compact(self) -> None:
+        self.client.flush()
+        self.client.compact(sweep_orphans=True)
+
+    @rule(seconds=st.sampled_from([1, 5, 15, 35]))
+    def advance_clock(self, seconds: int) -> None:
+        self.clock.advance(seconds)
+
+    @rule()
+    def pin(self) -> None:
+        """A reader plans its reads now and executes them later."""
+        self.pins.append((self.client.metadata.state, self.clock.now_ms()))
+
+    @precondition(lambda self: self.pins)
+    @rule()
+    def read_pinned(self) -> None:
+        state, pinned_ms = self.pins.pop(0)
+        for sid, stream in state.streams.items():
+            if sid not in self.model:
+                continue
+            want = [
+                r
+                for r in self.model[sid]
+                if r[0] + r[1] > stream.start_offset and r[0] < stream.end_offset
+            ]
+            try:
+                got = self._scan(state, sid, stream.start_offset, stream.end_offset)
+            except ObjectNotFoundError:
+                assert self.clock.now_ms() - pinned_ms >= PROP_DELAY_MS
+                continue
+            assert got == want, f"pinned read of stream {sid}"
+
+    def _scan(
+        self, state: s3stream.metadata.MetadataState, sid: int, start: int, end: int
+    ) -> list[tuple[int, int, bytes]]:
+        got: list[tuple[int, int, bytes]] = []
+        off = start
+        while off < end:
+            batches = self.reader.read(state, sid, off, end, 2000)
+            assert batches, f"no data at {off}"
+            got.extend((b.base_offset, b.count, bytes(b.payload)) for b in batches)
+            off = batches[-1].next_offset
+        return got
+
+    @rule()
+    def restart(self) -> None:
+        ids = [s.stream_id for s in self.streams]
+        with self.lock:
+            self.client.close()
+            self.client = self._open()
+            self.streams = [self.client.open_stream(sid) for sid in ids]
+
+    @invariant()
+    def everything_live_is_readable(self) -> None:
+        state = self.client.metadata.state
+        assert check_state(state) == []
+        for s in self.streams:
+            start = state.get_stream(s.stream_id).start_offset
+            want = [r for r in self.model[s.stream_id] if r[0] + r[1] > start]
+            got: list[tuple[int, int, bytes]] = []
+            off = start
+            while off < s.confirm_offset:
+                res = s.fetch(off, max_bytes=3000)
+                assert res.batches and res.next_offset > off, f"no progress at {off}"
+                got.extend((b.base_offset, b.count, bytes(b.payload)) for b in res.batches)
+                off = res.next_offset
+            assert got == want
+
+    @invariant()
+    def every_referenced_object_exists(self) -> None:
+        for key in self.client.metadata.state.objects:
+            assert self.store.head(key) is not None, key
+
+    @invariant()
+    def readers_are_happy(self) -> None:
+        for r in self.readers:
+            assert not r.errors, r.errors
+
+
+class LocalCompactionModel(CompactionModel):
+    store_kind = "local"
+
+
+_prop = hyp_settings(max_examples=12, stateful_step_count=40, deadline=None)
+TestCompactionModelMemory = CompactionModel.TestCase
+TestCompactionModelMemory.settings = _prop
+TestCompactionModelLocal = LocalCompactionModel.TestCase
+TestCompactionModelLocal.settings = _prop
+
+
+# ---------------------------------------------------------------------------------------------
+# Crash test: SIGKILL a compacting child process at random moments.
+
+_CHILD = textwrap.dedent(
+    """
+    import sys
+    import s3stream
+    from s3stream import ClientSettings, CompactionSettings, RecordBatch
+
+    def payload(sid, offset, size):
+        head = f"{sid}:{offset}:".encode()
+        return (head * (size // len(head) + 1))[:size]
+
+    settings = ClientSettings(
+        upload_threshold_bytes=1 << 20,
+        stream_split_bytes=6000,
+        block_target_bytes=2048,
+        max_pending_bytes=4 << 20,
+        upload_interval_ms=0,
+        compaction=CompactionSettings(
+            stream_split_bytes=8192,
+            stream_object_target_bytes=32768,
+            deletion_delay_ms=0,
+            orphan_sweep_interval_ms=0,
+        ),
+    )
+    client = s3stream.open(sys.argv[1], wal="memory://", node_id="crasher", settings=settings)
+    streams = [client.create_stream(tags={"crash": "1"}) for _ in range(3)]
+    print("ready", flush=True)
+    i = 0
+    while True:
+        for n, s in enumerate(streams):
+            for _ in range(3 + 4 * n):
+                off = s.next_offset
+                s.append(RecordBatch(payload(s.stream_id, off, 100 + i % 400), count=2))
+        client.flush()
+        client.compact()
+        i += 1
+    """
+)
+
+
+@pytest.mark.slow
+def test_compaction_survives_sigkill_at_random_moments(tmp_path: Path) -> None:
+    rng = random.Random(7)
+    crash_settings = CompactionSettings(deletion_delay_ms=0, orphan_grace_ms=0)
+    prep_settings = dataclasses.replace(settings(), compaction=crash_settings)
+    with s3stream.open(str(tmp_path), wal="memory://", node_id="prep", settings=prep_settings) as c:
+        streams = [c.create_stream() for _ in range(4)]
+        model = fill(c, streams, 25, lambda i: 150 + 300 * i)
+    evidence = 0
+    rounds = 15
+    for _ in range(rounds):
+        child = subprocess.Popen(
+            [sys.executable, "-c", _CHILD, str(tmp_path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert child.stdout is not None
+            line = child.stdout.readline()
+            assert line.strip() == "ready", child.stderr.read() if child.stderr else line
+            time.sleep(rng.uniform(0.0, 0.4))
+            assert child.poll() is None, "the child stopped by itself"
+        finally:
+            os.kill(child.pid, signal.SIGKILL)
+            child.wait(10)
+        # Did the kill interrupt something half-done? (unreferenced or unpurged objects)
+        with s3stream.open(
+            str(tmp_path), wal="memory://", node_id="peek", settings=prep_settings
+        ) as peek:
+            state = peek.metadata.state
+            keys = data_keys(peek.object_store)
+            evidence += bool(keys - set(state.objects)) or any(
+                not o.live for o in state.objects.values()
+            )
+    with s3stream.open(
+        str(tmp_path), wal="memory://", node_id="verifier", settings=prep_settings
+    ) as client:
+        check_all(client, model)
+        _check_crash_streams(client)
+        report = client.compact(sweep_orphans=True)
+        assert report.objects_after <= report.objects_before
+        check_all(client, model)
+        _check_crash_streams(client)
+        state = client.metadata.state
+        assert data_keys(client.object_store) == set(state.objects)
+        assert all(o.live for o in state.objects.values())
+        assert check_state(state) == []
+    print(f"kills that left half-done work behind: {evidence} of {rounds}")
+
+
+def _check_crash_streams(client: StreamClient) -> None:
+    """Streams written by the killed children: every committed offset readable and intact."""
+    crash = client.list_streams(tags={"crash": "1"})
+    assert crash
+    for info in crash:
+        records = read_stream(client, info.stream_id)
+        expected_off = info.start_offset
+        for off, data in records:
+            assert off == expected_off
+            assert data == payload(info.stream_id, off, len(data))
+            expected_off = off + 2
+        assert expected_off == info.end_offset
+
+
+# ---------------------------------------------------------------------------------------------
+# Acceptance against SeaweedFS
+
+
+@pytest.mark.s3
+def test_seaweedfs_200_uploads_of_50_streams_compact_tenfold(s3_store: ObjectStore) -> None:
+    client = StreamClient(s3_store, MemoryWal(), node_id="sw", settings=settings())
+    with client:
+        streams = [client.create_stream() for _ in range(50)]
+        model = fill(client, streams, 200, lambda i: 100 + 20 * i)
+        before_objects = len(live(client))
+        assert before_objects == 200
+        before = {sid: read_stream(client, sid) for sid in model}
+        report = client.compact()
+        after_objects = len(live(client))
+        assert after_objects * 10 <= before_objects, report
+        assert len(data_keys(s3_store)) == after_objects  # replaced ones deleted (delay 0)
+        for sid, records in before.items():
+            assert read_stream(client, sid) == records == model[sid]
