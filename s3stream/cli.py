@@ -1,6 +1,6 @@
-"""The ``s3stream`` command: demo, inspect, dump, verify, compact.
+"""The ``s3stream`` command: demo, inspect, dump, verify, compact, take-over.
 
-Later issues add ``take-over``; each subcommand is one small function.
+Each subcommand is one small function.
 """
 
 from __future__ import annotations
@@ -218,6 +218,45 @@ def _compact(args: argparse.Namespace) -> int:
     return 0
 
 
+def _take_over(args: argparse.Namespace) -> int:
+    from .opening import default_wal_url
+
+    options: dict[str, str] = {}
+    for item in args.storage_option:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            print(f"--storage-option needs KEY=VALUE, got {item!r}", file=sys.stderr)
+            return 2
+        options[key] = value
+    wal = args.wal or default_wal_url(args.url, args.node)
+    if wal is None:
+        print(f"no default WAL for {args.url!r}: pass --wal", file=sys.stderr)
+        return 2
+    client = open_client(
+        args.url, node_id=args.node_id, wal="memory://", storage_options=options or None
+    )
+    try:
+        report = client.take_over(args.node, wal=wal, storage_options=options or None)
+    finally:
+        client.close()
+    r = report.recovery
+    print(
+        json.dumps(
+            {
+                "node": report.node_id,
+                "node_epoch": report.node_epoch,
+                "wal": wal,
+                "records": r.records,
+                "already_committed": r.already_committed,
+                "fenced": r.fenced,
+                "uploaded_batches": r.uploaded_batches,
+                "released_streams": list(report.released_streams),
+            }
+        )
+    )
+    return 0
+
+
 def _open_ro(args: argparse.Namespace) -> StreamClient:
     return open_client(args.url, node_id=args.node_id, wal="memory://")
 
@@ -253,6 +292,18 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--sweep-orphans", action="store_true", default=None)
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
     c.set_defaults(fn=_compact)
+    t = sub.add_parser(
+        "take-over", help="fence a failed node, commit what its WAL holds, release its streams"
+    )
+    t.add_argument("url")
+    t.add_argument("node", help="node id of the failed client")
+    t.add_argument("--wal", help="the node's WAL URL (default: the default WAL of URL)")
+    t.add_argument("--node-id", default="failover", help="node id of this tool")
+    t.add_argument(
+        "--storage-option", "-o", action="append", default=[], metavar="KEY=VALUE",
+        help="object-store option (endpoint_url=..., ...); repeatable",
+    )  # fmt: skip
+    t.set_defaults(fn=_take_over)
     return p
 
 

@@ -853,7 +853,11 @@ def _check_crash_streams(client: StreamClient) -> None:
 
 @pytest.mark.s3
 def test_seaweedfs_200_uploads_of_50_streams_compact_tenfold(s3_store: ObjectStore) -> None:
-    client = StreamClient(s3_store, MemoryWal(), node_id="sw", settings=settings())
+    # Production compaction settings (only the deletion delay is cut, to count objects).
+    sw_settings = dataclasses.replace(
+        settings(), compaction=CompactionSettings(deletion_delay_ms=0)
+    )
+    client = StreamClient(s3_store, MemoryWal(), node_id="sw", settings=sw_settings)
     with client:
         streams = [client.create_stream() for _ in range(50)]
         model = fill(client, streams, 200, lambda i: 100 + 20 * i)

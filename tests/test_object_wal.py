@@ -44,6 +44,10 @@ def _chain_objects(store: ObjectStore) -> list[ObjectInfo]:
     return [i for i in store.list("wal/n1/") if "/trim/" not in i.key]
 
 
+def _data_objects(store: ObjectStore) -> list[ObjectInfo]:
+    return [i for i in _chain_objects(store) if i.size > HEADER.size]
+
+
 class GatedStore(ObjectStore):
     """Holds conditional creates of chosen keys until released (to reorder PUTs)."""
 
@@ -264,7 +268,9 @@ def test_trim_is_persisted_and_deletes_whole_objects() -> None:
     again, got = _ready(store, epoch=2)
     assert [r.position for r in got] == [batches[1][2], *batches[2], *batches[3]]
     again.reset()
-    assert _chain_objects(store) == [], "reset must delete every WAL object"
+    assert _data_objects(store) == [], "reset must delete every WAL data object"
+    seals = _chain_objects(store)
+    assert len(seals) == 2, "the seal of each session stays (it fences that session's writer)"
     again.close()
     assert list(_wal(store, epoch=3).recover()) == []
 
@@ -484,8 +490,8 @@ def test_s3_wal_appends_restart_recovery_and_trim(seaweedfs: Any) -> None:
     wal = open_(3)
     assert list(wal.recover()) == acked[150:] + more
     wal.reset()
-    keys = [i.key for i in wal.store.list("n1/")]
-    assert all("/trim/" in k for k in keys), f"reset left WAL objects: {keys}"
+    left = [i for i in wal.store.list("n1/") if "/trim/" not in i.key and i.size > HEADER.size]
+    assert left == [], f"reset left WAL data objects: {left}"
     wal.close()
     wal = open_(4)
     assert list(wal.recover()) == []

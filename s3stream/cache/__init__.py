@@ -6,6 +6,6 @@
 - `BlockCache` (block_cache.py): blocks read from objects, for catch-up readers.
 """
 
-from .log_cache import CachedBatch, LogCache
+from .log_cache import CachedBatch, LogCache, entry_batch
 
-__all__ = ["CachedBatch", "LogCache"]
+__all__ = ["CachedBatch", "LogCache", "entry_batch"]

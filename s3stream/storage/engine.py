@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from .._futures import CompletedFutures
 from ..cache.block_cache import BlockCache, Readahead
-from ..cache.log_cache import CachedBatch, LogCache
+from ..cache.log_cache import BASE, EPOCH, SID, WALPOS, CachedBatch, LogCache
 from ..clock import Clock
 from ..errors import (
     BackpressureError,
@@ -203,7 +203,7 @@ class Storage:
         for pos, data in self._wal.recover():
             report.records += 1
             report.bytes += len(data)
-            epoch, batch, record = decode_wal_record(data, f"{self._wal.describe()}@{pos}")
+            epoch, batch, _ = decode_wal_record(data, f"{self._wal.describe()}@{pos}")
             sid = batch.stream_id
             try:
                 s = state.get_stream(sid)
@@ -225,7 +225,10 @@ class Storage:
                     position=pos,
                 )
             expected[sid] = batch.next_offset
-            self._cache.put(CachedBatch(batch, record, pos, epoch))
+            self._cache.put(
+                sid, batch.base_offset, batch.count, batch.base_timestamp, batch.kind,
+                batch.properties, batch.payload, data, WAL_PREFIX.size, pos, epoch,
+            )  # fmt: skip
             report.uploaded_batches += 1
             if self._cache.pending_bytes >= self._settings.upload_threshold_bytes:
                 self._upload_sync()
@@ -344,9 +347,6 @@ class Storage:
                 payload,
                 prefix=w.wal_prefix,
             )
-            fetched = FetchedBatch(
-                w.stream_id, base, batch.count, payload, ts, batch.properties, batch.kind
-            )
             try:
                 wal_future = self._wal.append(record)
             except S3StreamError as exc:
@@ -356,15 +356,23 @@ class Storage:
             if wal_future.done():
                 # Every earlier WAL future is done and its callback has run (the WAL completes
                 # in order), so completing inline keeps LogCache inserts in WAL order.
-                return self._durable(wal_future, w, fetched, record)
+                return self._durable(wal_future, w, batch, base, ts, record)
             result: Future[AppendResult] = Future()
             with self._cond:
                 self._outstanding += 1
-            wal_future.add_done_callback(lambda f: self._on_durable(f, w, fetched, record, result))
+            wal_future.add_done_callback(
+                lambda f: self._on_durable(f, w, batch, base, ts, record, result)
+            )
         return result
 
     def _durable(
-        self, wal_future: Future[WalPosition], w: WriterState, batch: FetchedBatch, record: bytes
+        self,
+        wal_future: Future[WalPosition],
+        w: WriterState,
+        batch: RecordBatch,
+        base: int,
+        ts: int,
+        record: bytes,
     ) -> AppendResult:
         try:
             pos = wal_future.result()
@@ -374,26 +382,31 @@ class Storage:
                 err.__cause__ = exc
             self._fail(err)
             raise err from None
-        cache = self._cache
-        pending = cache.put(CachedBatch(batch, memoryview(record)[WAL_PREFIX.size :], pos, w.epoch))
-        w.confirm_offset = batch.next_offset
+        count = batch.count
+        pending = self._cache.put(
+            w.stream_id, base, count, ts, batch.kind, batch.properties, batch.payload,
+            record, WAL_PREFIX.size, pos, w.epoch,
+        )  # fmt: skip
+        w.confirm_offset = base + count
         m = self._metrics
         m.appends += 1
         m.append_bytes += len(batch.payload)
         if pending >= self._upload_threshold and not self._upload_requested:
             self.request_upload()
-        return AppendResult(batch.stream_id, batch.base_offset, batch.count)
+        return AppendResult(w.stream_id, base, count)
 
     def _on_durable(
         self,
         wal_future: Future[WalPosition],
         w: WriterState,
-        batch: FetchedBatch,
+        batch: RecordBatch,
+        base: int,
+        ts: int,
         record: bytes,
         result: Future[AppendResult],
     ) -> None:
         try:
-            result.set_result(self._durable(wal_future, w, batch, record))
+            result.set_result(self._durable(wal_future, w, batch, base, ts, record))
         except S3StreamError as exc:
             result.set_exception(exc)
         finally:
@@ -530,7 +543,7 @@ class Storage:
     def _commit(self, up: _Upload) -> None:
         first: dict[int, CachedBatch] = {}
         for e in up.entries:
-            first.setdefault(e.batch.stream_id, e)
+            first.setdefault(e[SID], e)
         fenced: set[int] = set()
         now = self._clock.now_ms()
 
@@ -538,11 +551,11 @@ class Storage:
             fenced.clear()
             for sid, e in first.items():
                 s = state.streams.get(sid)
-                if s is None or s.state is StreamState.DELETED or s.epoch != e.epoch:
+                if s is None or s.state is StreamState.DELETED or s.epoch != e[EPOCH]:
                     fenced.add(sid)
-                elif s.end_offset != e.batch.base_offset:
+                elif s.end_offset != e[BASE]:
                     raise CorruptionError(
-                        f"stream {sid}: upload starts at {e.batch.base_offset} but the "
+                        f"stream {sid}: upload starts at {e[BASE]} but the "
                         f"committed end is {s.end_offset}"
                     )
             metas = []
@@ -563,13 +576,13 @@ class Storage:
                     )
             if not metas:
                 return []
-            epochs = {sid: e.epoch for sid, e in first.items() if sid not in fenced}
+            epochs = {sid: e[EPOCH] for sid, e in first.items() if sid not in fenced}
             return [
                 CommitObjects(objects=tuple(metas), epochs=epochs, node_epoch=self._node_epoch)
             ]
 
         self._meta.commit(build)
-        live = [e for e in up.entries if e.batch.stream_id not in fenced]
+        live = [e for e in up.entries if e[SID] not in fenced]
         self._cache.mark_uploaded(live)
         for sid in fenced:
             log.warning(
@@ -586,7 +599,7 @@ class Storage:
         m.objects_uploaded += len(up.objects)
         m.uploaded_bytes += sum(len(o.data) for o in up.objects)
         try:
-            self._wal.trim(up.entries[-1].wal_position)
+            self._wal.trim(up.entries[-1][WALPOS])
         except S3StreamError as exc:
             # Harmless for correctness: recovery drops what is committed.
             log.warning("WAL trim failed: %s", exc)

@@ -13,7 +13,15 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..cache.log_cache import CachedBatch
+from ..cache.log_cache import (
+    BASE,
+    COUNT,
+    SID,
+    TS,
+    CachedBatch,
+    entry_block_record,
+    entry_size,
+)
 from ..errors import InvalidArgumentError
 from ..format.objects import ObjectWriter
 from ..settings import ClientSettings
@@ -69,13 +77,13 @@ def pack_objects(
     by_stream: dict[int, list[CachedBatch]] = {}
     sizes: dict[int, int] = {}
     for e in entries:
-        sid = e.batch.stream_id
+        sid = e[SID]
         lst = by_stream.get(sid)
         if lst is None:
             lst = by_stream[sid] = []
             sizes[sid] = 0
         lst.append(e)
-        sizes[sid] += len(e.record)
+        sizes[sid] += entry_size(e)
 
     def writer() -> ObjectWriter:
         return ObjectWriter(
@@ -95,8 +103,7 @@ def pack_objects(
                 shared = writer()
             w = shared
         for e in by_stream[sid]:
-            b = e.batch
-            w.add(sid, b.base_offset, b.count, b.base_timestamp, e.record)
+            w.add(sid, e[BASE], e[COUNT], e[TS], entry_block_record(e))
         if own:
             ranges = w.ranges()
             out.append(PackedObject(keys.next_key(KIND_STREAM), KIND_STREAM, w.finish(), ranges))

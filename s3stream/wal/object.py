@@ -284,7 +284,7 @@ class ObjectWal(WriteAheadLog):
         self._queue: deque[_Batch] = deque()
         #: Chain objects not yet deleted, in position order (recovered ones first).
         self._objects: deque[_Obj] = deque()
-        #: Keys found by recovery off the chain or below the anchor: (first position, key).
+        #: Data objects found by recovery off the chain or below the anchor: (first, key).
         self._stale: list[tuple[int, str]] = []
         self._marker_keys: list[str] = []
         #: Untrimmed records: (position, frame size), in order.
@@ -506,7 +506,9 @@ class ObjectWal(WriteAheadLog):
         with self._cond:
             self._objects = deque([*chain, seal])
             self._stale = [
-                (first, key) for first, (key, _) in listing.objects.items() if first not in on_chain
+                (first, key)
+                for first, (key, size) in listing.objects.items()
+                if first not in on_chain and size != HEADER.size
             ]
             self._marker_keys = [m[3] for m in listing.markers]
             self._trim = trim
@@ -728,7 +730,9 @@ class ObjectWal(WriteAheadLog):
             self._anchor = anchor
             while self._live and self._live[0][0] <= position:
                 self._live_bytes -= self._live.popleft()[1]
-            doomed = [o.key for o in self._objects if o.first < anchor and o.landed]
+            # Seals stay forever: deleting one would free its position for the writer it
+            # fenced, whose next PUT would then succeed off the chain (acked, never recovered).
+            doomed = [o.key for o in self._objects if o.first < anchor and o.landed and o.last >= 0]
             self._objects = deque(o for o in self._objects if o.first >= anchor or not o.landed)
             doomed += [k for first, k in self._stale if first < anchor]
             self._stale = [(first, k) for first, k in self._stale if first >= anchor]

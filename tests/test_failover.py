@@ -1,0 +1,292 @@
+"""Node failover: a writer killed with SIGKILL, its node taken over, a zombie fenced.
+
+The writers are real child processes (this file run as a script) that report every
+acknowledged append on stdout (``ACK <stream> <id>``); the parent kills them with SIGKILL and
+takes their node over, then checks that every acknowledged batch is readable exactly once and
+that nothing the zombie wrote after the fence is visible.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import deque
+from concurrent.futures import Future
+from functools import partial
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_CHILD_TIMEOUT_S = 60
+
+
+# -- the child processes -------------------------------------------------------------------------
+
+
+def _child_main(mode: str, config: dict[str, Any]) -> None:
+    import s3stream
+    from s3stream.errors import S3StreamError
+    from s3stream.settings import ClientSettings, ObjectWalSettings
+    from s3stream.types import AppendResult, RecordBatch
+
+    lock = threading.Lock()
+
+    def out(line: str) -> None:
+        with lock:
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+
+    client = s3stream.open(
+        config["url"],
+        node_id="A",
+        storage_options=config["options"],
+        settings=ClientSettings(upload_threshold_bytes=64 << 10, upload_interval_ms=300),
+        object_wal_settings=ObjectWalSettings(wal_batch_interval_ms=20),
+    )
+    out(f"EPOCH {client.node_epoch}")
+    tag = config["tag"]
+
+    def payload(seq: int) -> bytes:
+        return f"{tag}:{seq}:".encode() + bytes(300 + seq % 500)
+
+    if mode == "zombie":
+        stream = client.create_stream({"writer": tag})
+        out(f"STREAMS {stream.stream_id}")
+        for i in range(20):
+            stream.append(RecordBatch(payload(i), count=1))
+            out(f"ACK {stream.stream_id} {tag}:{i}")
+        out("PAUSED")
+        sys.stdin.readline()
+        for i in range(20, 40):
+            try:
+                stream.append_async(RecordBatch(payload(i), count=1)).result(10)
+                out(f"ZACK {i}")
+            except S3StreamError as exc:
+                out(f"ZERR {i} {type(exc).__name__}")
+        out("DONE")
+        os._exit(0)
+
+    if config["streams"]:
+        streams = [client.open_stream(sid) for sid in config["streams"]]
+    else:
+        streams = [client.create_stream({"writer": tag, "i": str(i)}) for i in range(2)]
+    out("STREAMS " + " ".join(str(s.stream_id) for s in streams))
+
+    def report(sid: int, seq: int, fut: Future[AppendResult]) -> None:
+        if fut.exception() is None:
+            out(f"ACK {sid} {tag}:{seq}")
+
+    window: deque[Future[AppendResult]] = deque()
+    seq = 0
+    while True:  # until killed
+        s = streams[seq % len(streams)]
+        fut = s.append_async(RecordBatch(payload(seq), count=1))
+        fut.add_done_callback(partial(report, s.stream_id, seq))
+        window.append(fut)
+        if len(window) >= 32:
+            window.popleft().result(30)
+        seq += 1
+        time.sleep(0.002)
+
+
+# -- the parent's side ---------------------------------------------------------------------------
+
+
+class Child:
+    """A child process whose stdout lines are collected by a thread."""
+
+    def __init__(self, mode: str, config: dict[str, Any]) -> None:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, mode, json.dumps(config)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self.lines: list[str] = []
+        self._lock = threading.Lock()
+        assert self.proc.stdout is not None
+        self._reader = threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True)
+        self._reader.start()
+
+    def _read(self, stream: IO[str]) -> None:
+        for line in stream:
+            if line.endswith("\n"):  # a line cut by SIGKILL is not a report
+                with self._lock:
+                    self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, predicate: Any, what: str) -> None:
+        deadline = time.monotonic() + _CHILD_TIMEOUT_S
+        while time.monotonic() < deadline:
+            with self._lock:
+                if predicate(self.lines):
+                    return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.02)
+        err = self.proc.stderr.read() if self.proc.poll() is not None and self.proc.stderr else ""
+        raise AssertionError(f"child never {what}; lines {self.lines[-5:]}; stderr {err[-2000:]}")
+
+    def acked(self) -> set[str]:
+        with self._lock:
+            return {line.split()[2] for line in self.lines if line.startswith("ACK ")}
+
+    def streams(self) -> list[int]:
+        with self._lock:
+            line = next(x for x in self.lines if x.startswith("STREAMS "))
+        return [int(x) for x in line.split()[1:]]
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self._reader.join(10)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.kill()
+        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if f is not None:
+                f.close()
+
+
+def _count_acks(n: int) -> Any:
+    return lambda lines: sum(line.startswith("ACK ") for line in lines) >= n
+
+
+def _visible(reader: Any, stream_ids: list[int]) -> dict[int, list[str]]:
+    """Payload ids of every committed batch, per stream, in offset order."""
+    out: dict[int, list[str]] = {}
+    for sid in stream_ids:
+        info = reader.stream_info(sid)
+        ids: list[str] = []
+        offset = info.start_offset
+        while offset < info.end_offset:
+            res = reader.read(sid, offset, max_bytes=4 << 20)
+            ids += [b.payload.split(b":", 2)[0].decode() + ":" + b.payload.split(b":", 2)[1].decode()
+                    for b in res.batches]  # fmt: skip
+            offset = res.next_offset
+        out[sid] = ids
+    return out
+
+
+@pytest.mark.s3
+@pytest.mark.slow
+def test_sigkilled_writer_is_taken_over_and_its_zombie_is_fenced(seaweedfs: Any) -> None:
+    import s3stream
+    from s3stream.settings import ObjectWalSettings
+    from s3stream.types import RecordBatch
+
+    url = f"s3://{seaweedfs.bucket}/failover-{uuid.uuid4().hex}"
+    options = seaweedfs.storage_options()
+    base = {"url": url, "options": options, "streams": []}
+    children: list[Child] = []
+    try:
+        # The zombie: an earlier holder of node A, still running with epoch 1.
+        zombie = Child("zombie", {**base, "tag": "Z"})
+        children.append(zombie)
+        zombie.wait_for(lambda ls: "PAUSED" in ls, "paused")
+        zombie_streams = zombie.streams()
+
+        # Round 1: A (epoch 2) appends until it is killed; B takes over in-process.
+        a1 = Child("writer", {**base, "tag": "A1"})
+        children.append(a1)
+        a1.wait_for(_count_acks(150), "acknowledged 150 appends")
+        time.sleep(0.1)
+        a1.kill()
+        a_streams = a1.streams()
+
+        taker = s3stream.open(
+            url,
+            node_id="B",
+            storage_options=options,
+            object_wal_settings=ObjectWalSettings(wal_batch_interval_ms=10),
+        )
+        with taker:
+            report = taker.take_over("A")
+            assert report.node_epoch == 3
+            assert set(report.released_streams) == set(a_streams) | set(zombie_streams)
+
+            # The zombie wakes up: nothing it writes may become visible.
+            assert zombie.proc.stdin is not None
+            zombie.proc.stdin.write("GO\n")
+            zombie.proc.stdin.flush()
+            zombie.wait_for(lambda ls: "DONE" in ls, "finished")
+            assert not [x for x in zombie.lines if x.startswith("ZACK")], zombie.lines
+
+            # Round 2: A restarts (epoch 4), reopens its streams, is killed again; the take-over
+            # runs as a command this time.
+            a2 = Child("writer", {**base, "tag": "A2", "streams": a_streams})
+            children.append(a2)
+            a2.wait_for(_count_acks(100), "acknowledged 100 appends")
+            a2.kill()
+            cli = subprocess.run(
+                [sys.executable, "-m", "s3stream", "take-over", url, "A"]
+                + [f"-o{k}={v}" for k, v in options.items()],
+                capture_output=True,
+                text=True,
+                timeout=_CHILD_TIMEOUT_S,
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+                check=False,
+            )
+            assert cli.returncode == 0, cli.stderr
+            assert json.loads(cli.stdout)["node_epoch"] == 5
+
+            visible = _visible(taker, a_streams + zombie_streams)
+            every = [x for ids in visible.values() for x in ids]
+            assert len(every) == len(set(every)), "a batch is visible twice"
+            acked = a1.acked() | a2.acked() | zombie.acked()
+            missing = acked - set(every)
+            assert not missing, f"{len(missing)} acknowledged batches lost, e.g. {sorted(missing)[:5]}"
+            assert all(x.split(":")[0] in ("A1", "A2", "Z") for x in every)
+            zombie_ids = [int(x.split(":")[1]) for x in every if x.startswith("Z:")]
+            assert max(zombie_ids) < 20, "the zombie wrote after the fence and it became visible"
+            for ids in visible.values():  # each writer's batches in the order it sent them
+                for tag in ("A1", "A2", "Z"):
+                    seqs = [int(x.split(":")[1]) for x in ids if x.startswith(tag + ":")]
+                    assert seqs == sorted(seqs)
+
+            # The streams were released: the taker can open and use them.
+            stream = taker.open_stream(a_streams[0])
+            stream.append(RecordBatch(b"B:0:after the take-over", count=1))
+            taker.flush()
+            assert _visible(taker, [a_streams[0]])[a_streams[0]][-1] == "B:0"
+    finally:
+        for child in children:
+            child.close()
+
+
+def test_take_over_of_a_file_wal_given_by_path(tmp_path: Path) -> None:
+    """In-process: node A's file WAL (a local directory store) recovered by node B."""
+    import s3stream
+    from s3stream.types import RecordBatch
+
+    root = tmp_path / "store"
+    a = s3stream.open(root, node_id="A")
+    stream = a.create_stream()
+    payloads = [b"A:%d:" % i for i in range(30)]
+    for p in payloads:
+        stream.append(RecordBatch(p, count=1))
+    a._storage.abandon()  # crash: everything is only in A's WAL
+    a._wal._abandon()  # type: ignore[attr-defined]
+    with s3stream.open(root, node_id="B") as b:
+        wal_path = root.resolve() / "wal" / "A.wal"
+        report = b.take_over("A", wal=f"file://{wal_path}")
+        assert report.recovery.uploaded_batches == 30
+        assert report.released_streams == (stream.stream_id,)
+        assert _visible(b, [stream.stream_id])[stream.stream_id] == [f"A:{i}" for i in range(30)]
+        again = b.take_over("A")  # the default WAL of a local store, by node id
+        assert again.recovery.records == 0 and again.node_epoch == report.node_epoch + 1
+
+
+if __name__ == "__main__":
+    _child_main(sys.argv[1], json.loads(sys.argv[2]))
