@@ -22,12 +22,11 @@ from __future__ import annotations
 import contextlib
 import itertools
 import shutil
-import tempfile
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
 from ..errors import InvalidArgumentError, ObjectNotFoundError, S3StreamError
 from ..objectstore.base import ObjectInfo, ObjectStore
@@ -40,6 +39,7 @@ try:
 except ImportError as exc:  # pragma: no cover - only without the testing extras
     raise ImportError(MISSING_DEPENDENCIES_MESSAGE) from exc
 
+from ._binding import bind_state_machine
 from .profiles import kit_settings
 from .strategies import EDGE_SIZES, INVALID_KEYS, filler, object_data, object_keys
 
@@ -637,20 +637,4 @@ def make_object_store_state_machine(
     """An `ObjectStoreStateMachine` bound to `hooks`; each run gets a new directory for
     `make_store`, below `directory` if given, else in a temporary directory; it is removed
     after the run."""
-    counter = itertools.count()
-
-    def new_directory() -> Path:
-        if directory is None:
-            return Path(tempfile.mkdtemp(prefix="s3stream-store-kit-"))
-        path = directory / f"example-{next(counter)}"
-        path.mkdir(parents=True)
-        return path
-
-    namespace = {
-        "hooks": hooks,
-        "new_directory": staticmethod(new_directory),
-    }
-    return cast(
-        type[ObjectStoreStateMachine],
-        type(f"{type(hooks).__name__}StateMachine", (ObjectStoreStateMachine,), namespace),
-    )
+    return bind_state_machine(ObjectStoreStateMachine, hooks, directory, "s3stream-store-kit-")

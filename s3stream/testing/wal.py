@@ -26,7 +26,6 @@ import functools
 import itertools
 import random
 import shutil
-import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -56,6 +55,7 @@ try:
 except ImportError as exc:  # pragma: no cover - only without the testing extras
     raise ImportError(MISSING_DEPENDENCIES_MESSAGE) from exc
 
+from ._binding import bind_state_machine
 from .profiles import kit_settings
 from .strategies import EDGE_SIZES, filler, wal_records
 
@@ -1077,20 +1077,4 @@ class WalStateMachine(RuleBasedStateMachine):
 def make_wal_state_machine(hooks: WalTests, directory: Path | None = None) -> type[WalStateMachine]:
     """A `WalStateMachine` bound to `hooks`; each run gets a new directory for its medium,
     below `directory` if given, else in a temporary directory; it is removed after the run."""
-    counter = itertools.count()
-
-    def new_directory() -> Path:
-        if directory is None:
-            return Path(tempfile.mkdtemp(prefix="s3stream-wal-kit-"))
-        path = directory / f"example-{next(counter)}"
-        path.mkdir(parents=True)
-        return path
-
-    namespace = {
-        "hooks": hooks,
-        "new_directory": staticmethod(new_directory),
-    }
-    return cast(
-        type[WalStateMachine],
-        type(f"{type(hooks).__name__}StateMachine", (WalStateMachine,), namespace),
-    )
+    return bind_state_machine(WalStateMachine, hooks, directory, "s3stream-wal-kit-")
