@@ -9,7 +9,8 @@ Roles of the public names:
 
 - entry point: `open` (URLs) or `StreamClient` (components);
 - handles: `StreamClient`, `Stream`;
-- values: `RecordBatch` (in), `FetchedBatch`, `AppendResult`, `FetchResult`, `StreamInfo` (out);
+- values: `RecordBatch` (in), `FetchedBatch`, `AppendResult`, `FetchResult`, `StreamInfo`,
+  `TakeOverReport` (out);
 - settings: `ClientSettings`, `CompactionSettings`, `FileWalSettings`, `ObjectWalSettings`,
   `RetentionPolicy` (per-stream, as stream tags);
 - reports: `CompactionReport` (`StreamClient.compact`);
@@ -34,6 +35,7 @@ from .errors import (
     UnavailableError,
     WalFullError,
 )
+from .failover import TakeOverReport
 from .objectstore.base import ObjectStore
 from .opening import open
 from .records import Record
@@ -83,6 +85,7 @@ __all__ = [
     "StreamNotFoundError",
     "StreamState",
     "SystemClock",
+    "TakeOverReport",
     "UnavailableError",
     "WalFullError",
     "WriteAheadLog",

@@ -198,7 +198,7 @@ def _compact(args: argparse.Namespace) -> int:
         args.url,
         node_id=args.node_id,
         wal="memory://",
-        settings=ClientSettings(compaction=compaction),
+        settings=ClientSettings(compaction=compaction, background_bytes_per_s=args.bytes_per_s),
     )
     bar, progress = (None, None) if args.no_progress else _progress_bar()
     try:
@@ -290,6 +290,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--deletion-delay-ms", type=int, default=600_000)
     c.add_argument("--orphan-grace-ms", type=int, default=86_400_000)
     c.add_argument("--sweep-orphans", action="store_true", default=None)
+    c.add_argument(
+        "--bytes-per-s", type=int, default=0, help="throttle object-store traffic (0: no limit)"
+    )
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
     c.set_defaults(fn=_compact)
     t = sub.add_parser(

@@ -39,14 +39,14 @@ class CompactionSettings:
     #: A stream with at least this many bytes in the merged stream-set objects leaves them as
     #: stream objects of its own.
     stream_split_bytes: int = 8 * MiB
-    #: Stream-set objects holding data older than this are split completely.
+    #: Stream-set objects holding data older than this are split completely (0: never).
     stream_set_max_age_ms: int = 3_600_000
     #: Merge stream-set objects only when at least this many can be merged.
     stream_set_min_objects: int = 2
     #: Adjacent stream objects of a stream are merged into objects of up to this size.
     stream_object_target_bytes: int = 64 * MiB
     #: Most bytes one compaction task reads (and holds in memory while writing).
-    max_task_bytes: int = 512 * MiB
+    max_task_bytes: int = 256 * MiB
     #: Retention by age for streams without a ``retention.ms`` tag (0: keep forever).
     retention_ms: int = 0
     #: Retention by size for streams without a ``retention.bytes`` tag (0: unlimited).

@@ -503,7 +503,9 @@ def test_client_on_s3_defaults_to_the_object_wal_and_recovers(seaweedfs: Any) ->
     url = f"s3://{seaweedfs.bucket}/client-{uuid.uuid4().hex}"
     opts = seaweedfs.storage_options()
     wal_settings = ObjectWalSettings(wal_batch_interval_ms=10)
-    client = s3stream.open(url, node_id="n1", storage_options=opts, object_wal_settings=wal_settings)
+    client = s3stream.open(
+        url, node_id="n1", storage_options=opts, object_wal_settings=wal_settings
+    )
     assert isinstance(client.wal, ObjectWal)
     stream = client.create_stream()
     payloads = [b"payload %d" % i for i in range(50)]

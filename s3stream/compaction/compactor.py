@@ -134,6 +134,8 @@ class Compactor:
             retention_bytes=settings.retention_bytes or None,
         )
         self._pass_lock = threading.Lock()
+        # Separate from the pass lock: reading metrics must not wait for a pass.
+        self._totals_lock = threading.Lock()
         self._last_sweep: float | None = None
         self._totals = dict.fromkeys(CompactionMetrics.__slots__, 0)
         self._stop = threading.Event()
@@ -152,7 +154,7 @@ class Compactor:
     @property
     def metrics(self) -> CompactionMetrics:
         """Totals over every pass so far."""
-        with self._pass_lock:
+        with self._totals_lock:
             return CompactionMetrics(**self._totals)
 
     # ------------------------------------------------------------------ one pass
@@ -165,8 +167,14 @@ class Compactor:
             try:
                 report = self._pass(progress, sweep_orphans)
             except BaseException:
-                self._totals["failed_passes"] += 1
+                with self._totals_lock:
+                    self._totals["failed_passes"] += 1
                 raise
+            self._add_totals(report)
+            return report
+
+    def _add_totals(self, report: CompactionReport) -> None:
+        with self._totals_lock:
             t = self._totals
             t["passes"] += 1
             t["tasks"] += sum(report.tasks.values())
@@ -181,7 +189,6 @@ class Compactor:
                 "orphans_deleted",
             ):
                 t[name] += getattr(report, name)
-            return report
 
     def _pass(self, progress: Progress | None, sweep_orphans: bool | None) -> CompactionReport:
         started = self._clock.monotonic()
@@ -200,6 +207,8 @@ class Compactor:
         if progress is not None:
             progress(0, total, "stream-set compaction")
         for task in tasks:
+            if self._stop.is_set():
+                break  # stopping: the rest waits for the next pass
             self._run_task(task, state, report)
             done += task.read_bytes
             if progress is not None:
@@ -211,6 +220,8 @@ class Compactor:
         if progress is not None:
             progress(0, total, "stream object compaction")
         for task in tasks:
+            if self._stop.is_set():
+                break
             self._run_task(task, state, report)
             done += task.read_bytes
             if progress is not None:
@@ -275,12 +286,13 @@ class Compactor:
         for stream in state.streams.values():
             if stream.state is StreamState.DELETED:
                 continue
-            policy = RetentionPolicy.from_tags(stream.tags, self._default_policy)
-            if policy.unlimited:
-                continue
             try:
+                policy = RetentionPolicy.from_tags(stream.tags, self._default_policy)
+                if policy.unlimited:
+                    continue
                 new_start = retention_start(state, stream, policy, self._index_of, now)
             except S3StreamError as exc:
+                # A bad tag or an unreadable index must not stop compaction of the rest.
                 log.warning("retention of stream %d: %s", stream.stream_id, exc)
                 continue
             if new_start > stream.start_offset:
@@ -316,11 +328,13 @@ class Compactor:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop the background thread (waits for a pass in progress to finish)."""
+        """Stop the background thread; a pass in progress ends after its current task."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        with self._pass_lock:  # let a pass cut short by stopping finish first
+            self._stop.clear()
 
     def _run(self) -> None:
         interval_s = self._settings.interval_ms / 1000

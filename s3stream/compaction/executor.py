@@ -56,6 +56,8 @@ __all__ = ["CompactionExecutor", "TaskResult", "WriterOptions"]
 log = logging.getLogger(__name__)
 
 MiB = 1 << 20
+#: Output bytes encoded between two payments to the rate limiter.
+_PACE_BYTES = 1 * MiB
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +124,8 @@ class CompactionExecutor:
         keys: list[str] = []
         try:
             for meta, data in outputs:
-                self._throttle(len(data))
+                # The bytes were paid for while encoding them (see _write).
+                self._throttle(0)
                 self._store.put(meta.key, data)
                 keys.append(meta.key)
         except BaseException:
@@ -220,9 +223,9 @@ class CompactionExecutor:
                     runs.append([b])
         return runs
 
-    def _throttle(self, nbytes: int) -> None:
+    def _throttle(self, nbytes: int, requests: int = 1) -> None:
         if self._limiter is not None:
-            self._limiter.acquire(nbytes, Priority.COMPACTION)
+            self._limiter.acquire(nbytes, Priority.COMPACTION, requests)
 
     # ------------------------------------------------------------------ write + verify
 
@@ -239,6 +242,10 @@ class CompactionExecutor:
         limit = self._max_object if out.kind is ObjectKind.STREAM else None
         done: list[tuple[ObjectMeta, bytes]] = []
         w = self._new_writer()
+        # Pay for output bytes as they are encoded, not in one lump at the PUT: this spreads
+        # the CPU work of a big output evenly over time (appends in the same process share
+        # the interpreter with it).
+        unpaid = 0
         for p in sorted(out.pieces, key=lambda p: (p.stream_id, p.start_offset)):
             keep = keep_from(state, p.stream_id)
             for b in batches.get((p.source, p.stream_id), ()):
@@ -254,8 +261,13 @@ class CompactionExecutor:
                     done.append(self._finish(w, sources))
                     w = self._new_writer()
                 w.add_fetched(b)
+                unpaid += len(b.payload)
+                if unpaid >= _PACE_BYTES:
+                    self._throttle(unpaid, requests=0)
+                    unpaid = 0
         if not w.is_empty():
             done.append(self._finish(w, sources))
+        self._throttle(unpaid, requests=0)
         return done
 
     def _new_writer(self) -> ObjectWriter:

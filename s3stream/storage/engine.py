@@ -133,6 +133,8 @@ class Storage:
         self._node_id = node_id
         self._cache = LogCache(settings.log_cache_bytes)
         self._limiter = limiter
+        # A block cache made here is ours to close; one passed in belongs to the caller.
+        self._owns_block_cache = block_cache is None
         self._block_cache = block_cache or BlockCache(
             store, capacity_bytes=settings.block_cache_bytes, limiter=limiter
         )
@@ -295,6 +297,8 @@ class Storage:
                 self._thread.join()
             self._put_pool.shutdown(wait=True)
             self._wal.close()
+            if self._owns_block_cache:
+                self._block_cache.close()
 
     def abandon(self) -> None:
         """Stop background work without uploading (tests: simulate a crash in-process)."""
@@ -307,6 +311,8 @@ class Storage:
         if self._thread is not None:
             self._thread.join()
         self._put_pool.shutdown(wait=True)
+        if self._owns_block_cache:
+            self._block_cache.close()
 
     # ------------------------------------------------------------------ append path
 

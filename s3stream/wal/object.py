@@ -16,7 +16,8 @@ Recovery is one LIST: the newest marker gives the anchor, the chain is followed 
 key and size (``next`` of each object is the key of the following one), data objects are
 read, and a SEAL is created where the chain ends. Because every WAL position can be claimed by
 one object only, the seal makes an older writer's next PUT fail (`FencedError`), and whatever
-it manages to write after the seal lies off the chain, where nobody ever reads it.
+it manages to write after the seal lies off the chain, where nobody ever reads it. Trims
+delete whole data objects below the anchor; seals are kept, so their positions stay claimed.
 """
 
 from __future__ import annotations

@@ -1,0 +1,441 @@
+"""Caching and compaction benchmark against SeaweedFS on loopback.
+
+Measures, in one run (a throw-away ``weed mini`` started with `SeaweedS3Server`):
+
+- **cold catch-up read**: one stream of 1 GiB (interleaved with 20 small streams, then
+  compacted into stream objects) read sequentially by a new client with a cold BlockCache,
+  1 MiB per fetch: MB/s and GETs issued, against the server's raw sequential GET throughput
+  for the same objects (whole-object GETs one after another), measured in the same run;
+- **tail-read hit rate**: a reader following a writer (same client); the share of fetches
+  that needed no GET (served by the LogCache or the BlockCache);
+- **append p99** (file WAL on local disk, object store on SeaweedFS) without compaction,
+  with the client's own compactor running (throttled through the rate limiter), and with a
+  standalone compaction process (``python -m s3stream compact``) running.
+
+Targets: catch-up >= 70% of raw GET throughput with <= 1 GET per 4 MiB read; append p99
+under compaction <= 1.5x append p99 without. Prints a table and saves JSON to
+bench/results/compaction.json.
+
+    .venv/bin/python bench/compaction_bench.py [--quick] [--out PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import s3stream
+from s3stream import ClientSettings, CompactionSettings, RecordBatch
+from s3stream.objectstore.registry import open_object_store
+from s3stream.testing.seaweedfs import SeaweedS3Server
+
+MiB = 1 << 20
+GiB = 1 << 30
+ROOT = Path(__file__).resolve().parent
+#: Rate limit of compaction traffic in the append-latency phases.
+COMPACTION_RATE = 16 * MiB
+
+
+def _batch(base: bytes, i: int) -> bytes:
+    # Distinct content per batch without generating random bytes for each.
+    return i.to_bytes(8, "little") + base[8:]
+
+
+# ------------------------------------------------------------------------------------------
+# Cold catch-up read vs raw GET
+
+
+def _catch_up_read(
+    url: str, opts: dict[str, Any], sid: int, attempt: int, digest: bytes
+) -> dict[str, Any]:
+    """A new client (cold caches) reads the whole stream, 1 MiB per fetch."""
+    with s3stream.open(url, wal="memory://", node_id=f"reader{attempt}", storage_options=opts) as r:
+        s = r.open_stream(sid)
+        m0 = r.metrics
+        check = hashlib.blake2b()
+        t = time.perf_counter()
+        off, nbytes, fetches = 0, 0, 0
+        while off < s.confirm_offset:
+            res = s.fetch(off, max_bytes=1 * MiB)
+            for b in res.batches:
+                check.update(b.payload)
+                nbytes += len(b.payload)
+            off = res.next_offset
+            fetches += 1
+        dt = time.perf_counter() - t
+        m = r.metrics
+    if check.digest() != digest:
+        raise SystemExit("catch-up read returned different bytes")
+    gets = m.object_store.gets - m0.object_store.gets
+    return {
+        "mb_per_s": nbytes / dt / 1e6,
+        "seconds": dt,
+        "bytes": nbytes,
+        "fetches": fetches,
+        "gets": gets,
+        "mib_per_get": nbytes / MiB / max(1, gets),
+        "block_gets": m.block_cache.gets,
+        "readahead_blocks": m.block_cache.readahead_blocks,
+        "readahead_used": m.block_cache.readahead_used,
+        "hit_rate": m.block_cache.hit_rate,
+    }
+
+
+def bench_catch_up(url: str, opts: dict[str, Any], total: int, repeats: int) -> dict[str, Any]:
+    settings = ClientSettings(
+        upload_threshold_bytes=64 * MiB,
+        stream_split_bytes=16 * MiB,
+        max_pending_bytes=256 * MiB,
+        compaction=CompactionSettings(deletion_delay_ms=0),
+    )
+    batch_bytes = 64 * 1024
+    base = os.urandom(batch_bytes)
+    digest = hashlib.blake2b()
+    t0 = time.perf_counter()
+    with s3stream.open(
+        url, wal="memory://", node_id="writer", storage_options=opts, settings=settings
+    ) as c:
+        big = c.create_stream(tags={"role": "catch-up"})
+        small = [c.create_stream() for _ in range(20)]
+        futures = []
+        for i in range(total // batch_bytes):
+            data = _batch(base, i)
+            digest.update(data)
+            futures.append(big.append_async(RecordBatch(data)))
+            if i % 16 == 0:
+                small[i % 20].append(RecordBatch(data[:1024]))
+            if len(futures) >= 512:
+                for f in futures:
+                    f.result()
+                futures.clear()
+        for f in futures:
+            f.result()
+        c.flush()
+        write_s = time.perf_counter() - t0
+        objects_before = sum(1 for o in c.metadata.state.objects.values() if o.live)
+        t1 = time.perf_counter()
+        report = c.compact()
+        compact_s = time.perf_counter() - t1
+        sid = big.stream_id
+        objs = [(o.key, o.size) for o in c.metadata.state.objects_for(sid, 0)]
+    # Raw GETs and catch-up reads alternate, so that both see the same machine load.
+    store = open_object_store(url, opts)
+    raw: list[float] = []
+    reads: list[dict[str, Any]] = []
+    for attempt in range(repeats):
+        t2 = time.perf_counter()
+        n = sum(len(store.get(key)) for key, _ in objs)
+        raw.append(n / (time.perf_counter() - t2) / 1e6)
+        reads.append(_catch_up_read(url, opts, sid, attempt, digest.digest()))
+    store.close()
+    raw_mb_s = statistics.median(raw)
+    ours_mb_s = statistics.median(r["mb_per_s"] for r in reads)
+    return {
+        "stream_bytes": total,
+        "write_seconds": write_s,
+        "objects_before_compaction": objects_before,
+        "compaction": {
+            "seconds": compact_s,
+            "objects_after": report.objects_after,
+            "bytes_read": report.bytes_read,
+            "bytes_written": report.bytes_written,
+        },
+        "stream_objects": len(objs),
+        "object_mib": [round(size / MiB, 1) for _, size in objs],
+        "raw_get_mb_per_s": raw,
+        "reads": reads,
+        "raw_get_median_mb_per_s": raw_mb_s,
+        "catch_up_median_mb_per_s": ours_mb_s,
+        "ratio_to_raw": ours_mb_s / raw_mb_s,
+        "gets": max(r["gets"] for r in reads),
+        "mib_per_get": min(r["mib_per_get"] for r in reads),
+    }
+
+
+# ------------------------------------------------------------------------------------------
+# Tail reads
+
+
+def bench_tail(url: str, opts: dict[str, Any], seconds: float) -> dict[str, Any]:
+    settings = ClientSettings(upload_threshold_bytes=8 * MiB, upload_interval_ms=1000)
+    payload = os.urandom(4096)
+    with s3stream.open(
+        url, wal="memory://", node_id="tail", storage_options=opts, settings=settings
+    ) as c:
+        s = c.create_stream()
+        stop = threading.Event()
+        counts = {"fetches": 0, "with_get": 0, "batches": 0}
+
+        def reader() -> None:
+            off = 0
+            while not stop.is_set() or off < s.confirm_offset:
+                if off >= s.confirm_offset:
+                    time.sleep(0.0005)
+                    continue
+                gets = c.metrics.object_store.gets
+                res = s.fetch(off, max_bytes=256 * 1024)
+                counts["fetches"] += 1
+                counts["batches"] += len(res.batches)
+                if c.metrics.object_store.gets != gets:
+                    counts["with_get"] += 1
+                off = res.next_offset
+
+        t = threading.Thread(target=reader)
+        t.start()
+        end = time.perf_counter() + seconds
+        appended = 0
+        while time.perf_counter() < end:
+            s.append(RecordBatch(payload))
+            appended += 1
+        stop.set()
+        t.join()
+        m = c.metrics
+    return {
+        "seconds": seconds,
+        "appended_batches": appended,
+        "fetches": counts["fetches"],
+        "fetches_with_get": counts["with_get"],
+        "hit_rate": 1 - counts["with_get"] / max(1, counts["fetches"]),
+        "uploads": m.storage.uploads,
+        "from_log_cache": m.storage.fetches_from_cache,
+        "from_objects": m.storage.fetches_from_objects,
+    }
+
+
+# ------------------------------------------------------------------------------------------
+# Append latency with and without compaction
+
+
+def _load_for_compaction(c: s3stream.StreamClient, rounds: int, streams: int) -> None:
+    """Many small stream-set objects plus small stream objects: work for the compactor."""
+    ss = [c.create_stream(tags={"role": "load"}) for _ in range(streams)]
+    body = os.urandom(32 * 1024)
+    for r in range(rounds):
+        for i, s in enumerate(ss):
+            n = 8 if i % 10 == 0 else 1  # a few streams leave as stream objects
+            for k in range(n):
+                s.append(RecordBatch(_batch(body, r * 100 + k)[: 4096 * (1 + i % 8)]))
+        c.flush()
+
+
+def _append_latencies(s: s3stream.Stream, n: int, payload: bytes, rate: float) -> list[float]:
+    out = []
+    interval = 1 / rate
+    nxt = time.perf_counter()
+    for _ in range(n):
+        nxt += interval
+        t = time.perf_counter()
+        s.append(RecordBatch(payload))
+        out.append((time.perf_counter() - t) * 1000)
+        pause = nxt - time.perf_counter()
+        if pause > 0:
+            time.sleep(pause)
+    return out
+
+
+def _pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(len(xs) * p))]
+
+
+def bench_append(
+    url: str, opts: dict[str, Any], wal_dir: Path, n: int, load_rounds: int
+) -> dict[str, Any]:
+    settings = ClientSettings(
+        upload_threshold_bytes=8 * MiB,
+        upload_interval_ms=2000,
+        block_target_bytes=512 * 1024,
+        background_bytes_per_s=COMPACTION_RATE,
+        compaction=CompactionSettings(
+            deletion_delay_ms=0, stream_split_bytes=2 * MiB, stream_object_target_bytes=16 * MiB
+        ),
+    )
+    wal = f"file://{wal_dir}/node.wal?capacity=512MiB"
+    payload = os.urandom(1024)
+    out: dict[str, Any] = {
+        "appends_per_phase": n,
+        "rate_per_s": 500,
+        "compaction_bytes_per_s": COMPACTION_RATE,
+    }
+    with s3stream.open(
+        url, wal=wal, node_id="appender", storage_options=opts, settings=settings
+    ) as c:
+        s = c.create_stream()
+        _append_latencies(s, 200, payload, 500)  # warm up
+        phases: dict[str, list[float]] = {}
+        phases["idle"] = _append_latencies(s, n, payload, 500)
+
+        _load_for_compaction(c, load_rounds, 60)
+        done = threading.Event()
+        reports: list[Any] = []
+
+        def compact() -> None:
+            reports.append(c.compact())
+            done.set()
+
+        t = threading.Thread(target=compact)
+        t.start()
+        lat: list[float] = []
+        while not done.is_set():
+            lat.extend(_append_latencies(s, 250, payload, 500))
+        t.join()
+        phases["in_process_compaction"] = lat
+        out["in_process_compaction_report"] = {
+            "objects_before": reports[0].objects_before,
+            "objects_after": reports[0].objects_after,
+            "bytes_read": reports[0].bytes_read,
+            "seconds": reports[0].duration_s,
+        }
+
+        _load_for_compaction(c, load_rounds, 60)
+        env = dict(os.environ)
+        env.update(
+            {
+                "AWS_ACCESS_KEY_ID": opts["aws_access_key_id"],
+                "AWS_SECRET_ACCESS_KEY": opts["aws_secret_access_key"],
+                "AWS_ENDPOINT_URL": opts["endpoint_url"],
+                "AWS_DEFAULT_REGION": opts.get("region_name", "us-east-1"),
+            }
+        )
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "s3stream",
+                "compact",
+                url,
+                "--no-progress",
+                "--deletion-delay-ms",
+                "0",
+                "--bytes-per-s",
+                str(COMPACTION_RATE),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        lat = []
+        while proc.poll() is None:
+            lat.extend(_append_latencies(s, 250, payload, 500))
+        phases["standalone_compaction"] = lat
+        out["standalone_output"] = (proc.stdout.read() if proc.stdout else "").strip()[-400:]
+        phases["idle_after"] = _append_latencies(s, n, payload, 500)
+        for name, xs in phases.items():
+            out[name] = {
+                "appends": len(xs),
+                "p50_ms": _pct(xs, 0.50),
+                "p99_ms": _pct(xs, 0.99),
+                "max_ms": max(xs),
+            }
+        out["throttle"] = {
+            "bytes": c.metrics.throttle.bytes,
+            "waited_s": c.metrics.throttle.waited_s,
+        }
+    idle_p99 = _pct(phases["idle"] + phases["idle_after"], 0.99)
+    out["idle_pooled_p99_ms"] = idle_p99
+    out["p99_ratio_in_process"] = out["in_process_compaction"]["p99_ms"] / idle_p99
+    out["p99_ratio_standalone"] = out["standalone_compaction"]["p99_ms"] / idle_p99
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="128 MiB, short phases")
+    ap.add_argument("--out", default=str(ROOT / "results" / "compaction.json"))
+    args = ap.parse_args()
+    total = 128 * MiB if args.quick else 1 * GiB
+    work = Path(tempfile.mkdtemp(prefix="s3s-compaction-bench-"))
+    results: dict[str, Any] = {
+        "environment": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "quick": args.quick,
+            "load_average_at_start": os.getloadavg(),
+        }
+    }
+    try:
+        with SeaweedS3Server(work / "weed") as server:
+            opts = server.storage_options()
+            base = f"s3://{server.bucket}"
+            print("cold catch-up read ...", flush=True)
+            results["catch_up"] = bench_catch_up(
+                f"{base}/catchup", opts, total, 2 if args.quick else 3
+            )
+            print("tail reads ...", flush=True)
+            results["tail"] = bench_tail(f"{base}/tail", opts, 3.0 if args.quick else 10.0)
+            print("append latency ...", flush=True)
+            (work / "wal").mkdir()
+            results["append"] = bench_append(
+                f"{base}/append",
+                opts,
+                work / "wal",
+                1500 if args.quick else 5000,
+                20 if args.quick else 60,
+            )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    results["environment"]["load_average_at_end"] = os.getloadavg()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    _table(results)
+    print(f"saved {out}")
+    return 0
+
+
+def _table(r: dict[str, Any]) -> None:
+    cu, tail, ap = r["catch_up"], r["tail"], r["append"]
+    idle = ap["idle_pooled_p99_ms"]
+    rows = [
+        ("raw sequential GET (same objects)", f"{cu['raw_get_median_mb_per_s']:.0f} MB/s", ""),
+        ("cold catch-up read", f"{cu['catch_up_median_mb_per_s']:.0f} MB/s", ""),
+        ("  ratio to raw GET", f"{cu['ratio_to_raw']:.0%}", ">= 70%"),
+        ("  GETs issued", f"{cu['gets']} ({cu['mib_per_get']:.1f} MiB/GET)", ">= 4 MiB/GET"),
+        (
+            "compaction before the read",
+            f"{cu['objects_before_compaction']} -> {cu['compaction']['objects_after']} objects "
+            f"in {cu['compaction']['seconds']:.1f} s",
+            "",
+        ),
+        ("tail-read hit rate", f"{tail['hit_rate']:.1%} of {tail['fetches']} fetches", ""),
+        (
+            "append p99, no compaction",
+            f"{idle:.2f} ms (before {ap['idle']['p99_ms']:.2f}, "
+            f"after {ap['idle_after']['p99_ms']:.2f})",
+            "",
+        ),
+        (
+            "append p99, in-process compaction",
+            f"{ap['in_process_compaction']['p99_ms']:.2f} ms ({ap['p99_ratio_in_process']:.2f}x)",
+            "<= 1.5x",
+        ),
+        (
+            "append p99, standalone compaction",
+            f"{ap['standalone_compaction']['p99_ms']:.2f} ms ({ap['p99_ratio_standalone']:.2f}x)",
+            "<= 1.5x",
+        ),
+    ]
+    w = max(len(a) for a, _, _ in rows)
+    v = max(len(b) for _, b, _ in rows)
+    for a, b, c in rows:
+        print(f"{a:<{w}}  {b:<{v}}  {c}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
