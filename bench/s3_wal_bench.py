@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import platform
@@ -109,7 +110,12 @@ def lat_summary(values: list[float]) -> dict[str, float]:
 
 
 def s3stream_run(
-    server: SeaweedS3Server, size: int, interval_ms: int, duration: float, inflight: int
+    server: SeaweedS3Server,
+    size: int,
+    interval_ms: int,
+    duration: float,
+    inflight: int,
+    freeze: bool,
 ) -> dict:
     store = TimingStore(
         S3ObjectStore(server.bucket, f"bench-{uuid.uuid4().hex}", **server.storage_options())
@@ -128,6 +134,7 @@ def s3stream_run(
         for f in warm:
             f.result()
     store.take()
+    settle(freeze)
     record = os.urandom(size)
 
     # Latency: open loop at RATE[size].
@@ -142,17 +149,18 @@ def s3stream_run(
 
     n = int(rate * duration)
     start = time.perf_counter()
-    futures = []
+    # Only the last future is kept (acks come in order): a harness holding thousands of
+    # futures makes every full garbage collection, and so the measured tail, longer.
+    last: Future[int] | None = None
     for i in range(n):
         scheduled = start + i / rate
         delay = scheduled - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
-        fut = wal.append(record)
-        fut.add_done_callback(lambda f, s=scheduled: done(s, f))
-        futures.append(fut)
-    for f in futures:
-        f.result()
+        last = wal.append(record)
+        last.add_done_callback(lambda f, s=scheduled: done(s, f))
+    assert last is not None
+    last.result()
     put_s = store.take()
     latency = lat_summary(latencies)
 
@@ -160,10 +168,10 @@ def s3stream_run(
     # uploader would after each upload (else the WAL fills up at max_unflushed_bytes).
     window = max(1, WINDOW_BYTES // size)
     sem = threading.Semaphore(window)
-    last = [-1]
+    highest = [-1]
 
     def acked_one(fut: Future[int]) -> None:
-        last[0] = max(last[0], fut.result())
+        highest[0] = max(highest[0], fut.result())
         sem.release()
 
     t0 = time.perf_counter()
@@ -173,8 +181,8 @@ def s3stream_run(
         sem.acquire()
         wal.append(record).add_done_callback(acked_one)
         acked += 1
-        if acked % max(1, (16 << 20) // size) == 0 and last[0] >= 0:
-            wal.trim(last[0])
+        if acked % max(1, (16 << 20) // size) == 0 and highest[0] >= 0:
+            wal.trim(highest[0])
             trims += 1
     for _ in range(window):
         sem.acquire()
@@ -199,7 +207,9 @@ def s3stream_run(
 # -- SlateDB -------------------------------------------------------------------------------------
 
 
-def slatedb_run(server: SeaweedS3Server, size: int, interval_ms: int, duration: float) -> dict:
+def slatedb_run(
+    server: SeaweedS3Server, size: int, interval_ms: int, duration: float, freeze: bool
+) -> dict:
     from slatedb.uniffi import DbBuilder, Settings
     from slatedb.uniffi import ObjectStore as SlateStore
 
@@ -218,6 +228,7 @@ def slatedb_run(server: SeaweedS3Server, size: int, interval_ms: int, duration: 
             await handle.await_durable()
 
         await write()
+        settle(freeze)
         rate = RATE[size]
         latencies: list[float] = []
 
@@ -227,14 +238,16 @@ def slatedb_run(server: SeaweedS3Server, size: int, interval_ms: int, duration: 
 
         n = int(rate * duration)
         start = time.perf_counter()
-        tasks = []
+        outstanding: set[asyncio.Future[None]] = set()  # only what is in flight, as above
         for i in range(n):
             scheduled = start + i / rate
             delay = scheduled - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.ensure_future(timed(scheduled)))
-        await asyncio.gather(*tasks)
+            task = asyncio.ensure_future(timed(scheduled))
+            outstanding.add(task)
+            task.add_done_callback(outstanding.discard)
+        await asyncio.gather(*outstanding)
         latency = lat_summary(latencies)
 
         window = max(1, WINDOW_BYTES // size)
@@ -279,6 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=SIZES, help="record bytes")
     parser.add_argument("--intervals", type=int, nargs="+", default=INTERVALS_MS, help="ms")
     parser.add_argument("--inflight", type=int, default=4, help="max_inflight_puts")
+    parser.add_argument(
+        "--no-gc-freeze", action="store_true", help="do not gc.freeze() before each run"
+    )
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "s3_wal.json"))
     args = parser.parse_args(argv)
     duration = args.duration or (1.5 if args.quick else 5.0)
@@ -297,11 +313,13 @@ def main(argv: list[str] | None = None) -> int:
             )
             for size in args.sizes:
                 for interval in args.intervals:
-                    time.sleep(1)  # let the server settle after the previous run
                     row: dict[str, Any] = {"record_bytes": size, "interval_ms": interval}
-                    row["s3stream"] = s3stream_run(server, size, interval, duration, args.inflight)
+                    freeze = not args.no_gc_freeze
+                    row["s3stream"] = s3stream_run(
+                        server, size, interval, duration, args.inflight, freeze
+                    )
                     if not args.no_slatedb:
-                        row["slatedb"] = slatedb_run(server, size, interval, duration)
+                        row["slatedb"] = slatedb_run(server, size, interval, duration, freeze)
                     ours = row["s3stream"]
                     bound = interval + 2 * ours["put_latency"]["p99_ms"]
                     row["p99_bound_ms"] = bound
@@ -321,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         "quick": args.quick,
         "phase_seconds": duration,
         "max_inflight_puts": args.inflight,
+        "gc_freeze": not args.no_gc_freeze,
         "server": "SeaweedFS (weed mini) on loopback",
         "machine": {
             "python": platform.python_version(),
@@ -336,6 +355,17 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {out}")
     return 0
+
+
+def settle(freeze: bool) -> None:
+    """Let the server settle after the previous run; with `freeze`, move every object alive
+    now (the libraries, boto3's clients) out of the collector's reach, as a latency-minded
+    application does after start-up, so full collections only scan what the run creates."""
+    time.sleep(1)
+    gc.unfreeze()
+    gc.collect()
+    if freeze:
+        gc.freeze()
 
 
 _HEADER_PRINTED = False

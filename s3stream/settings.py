@@ -112,7 +112,7 @@ class ClientSettings:
     #: Readahead of a sequential (catch-up) reader starts at this many bytes ...
     readahead_initial_bytes: int = 1 * MiB
     #: ... and doubles per sequential fetch up to this (0 disables readahead).
-    readahead_max_bytes: int = 32 * MiB
+    readahead_max_bytes: int = 64 * MiB
     #: Rate limit of background object-store traffic (uploads, compaction, readahead), in
     #: bytes and requests per second; 0 means unlimited. Foreground reads are never delayed.
     background_bytes_per_s: int = 0

@@ -6,7 +6,6 @@ counts come from `CountingStore`, a pass-through wrapper over the real store.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
@@ -19,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from s3stream.clock import ManualClock
+from s3stream.clock import ManualClock, SystemClock
 from s3stream.errors import (
     CorruptionError,
     FencedError,
@@ -702,8 +701,9 @@ def run_writer(
 def test_race_two_writers_every_op_lands_once(kind: str, tmp_path: Path) -> None:
     store = make_store(kind, tmp_path)
     counting = CountingStore(store, yield_gil=True)
-    ma = manager(counting, writer="A", checkpoint_interval=50)
-    mb = manager(counting, writer="B", checkpoint_interval=50)
+    # Real time: the jittered backoff after repeated lost races must really wait.
+    ma = manager(counting, writer="A", checkpoint_interval=50, clock=SystemClock())
+    mb = manager(counting, writer="B", checkpoint_interval=50, clock=SystemClock())
     errors: list[BaseException] = []
     start = threading.Barrier(2)
     threads = [
@@ -724,8 +724,8 @@ def test_race_two_writers_every_op_lands_once(kind: str, tmp_path: Path) -> None
     assert [e.seq for e in entries] == list(range(1, 401))
     assert log_keys(store) == [ma.log.entry_key(s) for s in range(1, 401)]
     assert Counter(e.writer for e in entries) == {"A": 200, "B": 200}
-    # The writers really raced: entries interleave, and some creates lost and were retried.
-    assert sum(a.writer != b.writer for a, b in itertools.pairwise(entries)) > 20
+    # The writers really raced: some creates lost and were retried. (A writer that keeps
+    # losing backs off with jitter, so entries need not interleave much.)
     assert counting.count("put_if_absent") > 400
     committed = [
         o.key for e in entries for op in e.ops if isinstance(op, CommitObjects) for o in op.objects

@@ -103,7 +103,7 @@ class BlockCache:
         limiter: PriorityRateLimiter | None = None,
         max_get_bytes: int = 8 * MiB,
         merge_gap_bytes: int = 64 * 1024,
-        readahead_workers: int = 2,
+        readahead_workers: int = 4,
         index_entries: int = 4096,
     ) -> None:
         if not isinstance(store, ObjectStore):
@@ -401,7 +401,8 @@ class Readahead:
 
     A reader is identified by where its next fetch must start: a fetch of stream s starting at
     offset o continues the reader whose previous fetch of s ended at o. Its window starts at
-    `initial_bytes` on the second sequential fetch and doubles per fetch up to `max_bytes`;
+    `initial_bytes` on the second sequential fetch and doubles per fetch up to `max_bytes`
+    (and at most a quarter of the cache's capacity);
     new readahead is issued only once less than half a window is left ahead of the reader, so
     each batch of readahead is large (few GETs). Up to `max_readers` readers are tracked (LRU).
     """
@@ -439,7 +440,9 @@ class Readahead:
                 cur = _Cursor(0, 0, next_offset)
                 need = 0
             else:
-                cur.window = min(self._max, max(self._initial, cur.window * 2))
+                # Never more than a quarter of the cache ahead, or readahead evicts itself.
+                limit = min(self._max, self._cache.capacity_bytes // 4)
+                cur.window = min(limit, max(self._initial, cur.window * 2))
                 cur.ahead = max(0, cur.ahead - nbytes)
                 if cur.ahead == 0 or cur.frontier < next_offset:
                     cur.ahead, cur.frontier = 0, next_offset

@@ -10,6 +10,7 @@ exactly the state it follows, and the object store is the only coordination serv
 from __future__ import annotations
 
 import logging
+import random
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
@@ -65,6 +66,7 @@ class MetadataManager:
         prefix: str = "meta",
         checkpoint_interval: int = 64,
         commit_attempts: int = 32,
+        rng: random.Random | None = None,
     ) -> None:
         if not isinstance(clock, Clock):
             raise InvalidArgumentError(f"clock must be a Clock, got {clock!r}")
@@ -77,6 +79,9 @@ class MetadataManager:
         self._writer_id = writer_id
         self._checkpoint_interval = checkpoint_interval
         self._commit_attempts = commit_attempts
+        # Jitter after repeated lost races, so a writer whose view is always one entry stale
+        # does not starve behind one committing back to back. Seeded: no ambient randomness.
+        self._rng = rng if rng is not None else random.Random(writer_id)
         # Serializes commits and replays; never held by readers.
         self._lock = threading.Lock()
         self._state: MetadataState | None = None
@@ -255,7 +260,9 @@ class MetadataManager:
     # -- internals -----------------------------------------------------------------------
 
     def _commit_locked(self, build: Build) -> tuple[LogEntry, MetadataState]:
-        for _ in range(self._commit_attempts):
+        for attempt in range(self._commit_attempts):
+            if attempt >= 4:
+                self._clock.sleep(self._rng.uniform(0, min(0.05, 0.0005 * 2 ** (attempt - 4))))
             base = self.state
             try:
                 ops = tuple(build(base))

@@ -214,7 +214,14 @@ class LocalObjectStore(ObjectStore):
                 # A concurrent delete pruned a parent we had just created: start over.
                 if attempt + 1 >= _MAX_TEMP_ATTEMPTS:
                     raise self._translate(exc, "create a directory for", key) from exc
-            except (FileExistsError, NotADirectoryError) as exc:
+            except FileExistsError as exc:
+                if os.path.lexists(directory) and not os.path.isdir(directory):
+                    raise self._conflict(key) from exc
+                # Another writer created it and a concurrent delete pruned it between
+                # makedirs' mkdir and its isdir check: start over.
+                if attempt + 1 >= _MAX_TEMP_ATTEMPTS:
+                    raise self._translate(exc, "create a directory for", key) from exc
+            except NotADirectoryError as exc:
                 raise self._conflict(key) from exc
             except OSError as exc:
                 raise self._translate(exc, "create a directory for", key) from exc
