@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ from s3stream import (
     StreamNotFoundError,
 )
 from s3stream.objectstore.local import LocalObjectStore
+from s3stream.testing.faults import FaultRule, FaultyObjectStore
 from s3stream.wal.memory import MemoryWal
 
 SMALL = ClientSettings(
@@ -361,3 +363,56 @@ def test_wal_records_recovered_after_crash(tmp_path: Path) -> None:
     s2 = client2.open_stream(s.stream_id)
     assert [b.payload for b in read_all(s2)] == [b"committed"] + [payload(i) for i in range(5)]
     client2.close()
+
+
+def test_backpressure_when_uploads_fail_then_nothing_lost(tmp_path: Path) -> None:
+    """Uploads fail (data PUTs rejected): appends block at max_pending_bytes, then raise
+    BackpressureError; once the store heals, everything acknowledged is uploaded."""
+    faulty = FaultyObjectStore(
+        LocalObjectStore(tmp_path),
+        rng=random.Random(7),
+        rules=[FaultRule(error_rate=1.0, operations=frozenset({"put"}), key_prefix="data/")],
+    )
+    settings = ClientSettings(
+        upload_threshold_bytes=16 * 1024,
+        max_pending_bytes=64 * 1024,
+        backpressure_timeout_ms=300,
+        upload_interval_ms=0,
+    )
+    client = s3stream.StreamClient(faulty, MemoryWal(), settings=settings, retry=False)
+    s = client.create_stream()
+    acked = []
+    with pytest.raises(s3stream.BackpressureError):
+        for i in range(1000):
+            acked.append(s.append(RecordBatch(payload(i, 1000))).base_offset)
+    assert 40 <= len(acked) < 1000
+    with pytest.raises(s3stream.UnavailableError):
+        client.flush(timeout_s=0.5)
+    with faulty.healthy():
+        client.flush()
+        got = [b.payload for b in read_all(s)]
+        assert got == [payload(i, 1000) for i in range(len(acked))]
+        client.close()
+    with open_local(tmp_path) as c2:
+        assert c2.stream_info(s.stream_id).end_offset == len(acked)
+
+
+def test_unreachable_s3_endpoint_is_unavailable_after_bounded_retries() -> None:
+    import socket
+
+    with socket.socket() as sock:  # a loopback port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    t0 = time.monotonic()
+    with pytest.raises(s3stream.UnavailableError):
+        s3stream.open(
+            "s3://bucket/prefix",
+            wal="memory://",
+            storage_options={
+                "endpoint_url": f"http://127.0.0.1:{port}",
+                "aws_access_key_id": "k",
+                "aws_secret_access_key": "s",
+                "region_name": "us-east-1",
+            },
+        )
+    assert time.monotonic() - t0 < 60

@@ -259,11 +259,14 @@ class Storage:
         if not self._thread_alive():
             self._upload_sync()
         with self._cond:
+            # Only failures seen during this flush count: an error left from before the store
+            # healed must not fail a flush that the next retry will satisfy.
+            failures_at_start = self._upload_failures
             self._upload_requested = True
             self._cond.notify_all()
             while not self._flushed(target):
                 if self._upload_error is not None and (
-                    self._current_attempts >= 3 or not self._thread_alive()
+                    self._upload_failures - failures_at_start >= 3 or not self._thread_alive()
                 ):
                     raise UnavailableError(
                         f"upload keeps failing: {self._upload_error}"
@@ -451,6 +454,8 @@ class Storage:
     # ------------------------------------------------------------------ uploader
 
     _current_attempts = 0
+    #: Failed upload attempts since the client opened (flush counts those during its wait).
+    _upload_failures = 0
 
     def _thread_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -531,6 +536,7 @@ class Storage:
                 with self._cond:
                     self._upload_error = exc
                     self._current_attempts = up.attempts = up.attempts + 1
+                    self._upload_failures += 1
                     self._cond.notify_all()
                 raise
             except S3StreamError as exc:
@@ -539,6 +545,7 @@ class Storage:
                 with self._cond:
                     self._upload_error = exc
                     self._current_attempts = up.attempts
+                    self._upload_failures += 1
                     self._cond.notify_all()
                     if self._stop and up.attempts >= 3:
                         # Closing: leave the data in the WAL for the next open to recover.
