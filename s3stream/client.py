@@ -415,6 +415,19 @@ class StreamClient:
             self._block_cache.close()
             self._store.close()
 
+    def abandon(self) -> None:
+        """Stop as a crash would: no upload, the WAL is not closed (for crash tests).
+
+        What was acknowledged stays in the WAL; the next client on the same WAL recovers it.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for s in self._streams.values():
+                s._mark_closed("closed (client abandoned)")
+        self._storage.abandon()
+
     def _check_open(self) -> None:
         if self._closed:
             raise StreamClosedError("the client is closed")

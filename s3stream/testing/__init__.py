@@ -10,6 +10,8 @@ Roles:
   for the `ObjectStore` contract, checked against a dict.
 - `FaultyObjectStore` (`s3stream.testing.faults`): a seeded fault-injecting wrapper (transient
   errors, latency, ambiguous writes) for testing code that uses an object store.
+- `StorageStateMachine` (`s3stream.testing.storage`): a whole client (streams, appends,
+  fetches, trims, flushes, restarts, crashes, compaction) checked against a model.
 - `s3stream.testing.strategies`: Hypothesis strategies for records, keys and ranges.
 - `s3stream.testing.profiles` and `s3stream.testing.plugin`: the Hypothesis profiles
   ``s3stream-quick`` and ``s3stream-long``, and the pytest plugin (registered through the
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
         ObjectStoreTests,
         make_object_store_state_machine,
     )
+    from .storage import StorageStateMachine
     from .wal import WalStateMachine, WalTests, make_wal_state_machine
 
 __all__ = [
@@ -42,6 +45,7 @@ __all__ = [
     "FaultyObjectStore",
     "ObjectStoreStateMachine",
     "ObjectStoreTests",
+    "StorageStateMachine",
     "WalStateMachine",
     "WalTests",
     "make_object_store_state_machine",
@@ -60,6 +64,7 @@ _LAZY = {
     "ObjectStoreStateMachine": "objectstore",
     "ObjectStoreTests": "objectstore",
     "make_object_store_state_machine": "objectstore",
+    "StorageStateMachine": "storage",
     "WalStateMachine": "wal",
     "WalTests": "wal",
     "make_wal_state_machine": "wal",
