@@ -6,9 +6,11 @@ never waits: it only spends tokens, so the background yields to it. Background t
 for tokens in priority order — uploads first (they free the WAL), then catch-up readahead,
 then compaction — and first come, first served within one priority.
 
-The bucket may go into debt: a request is admitted as soon as both balances are non-negative,
-whatever its size, and then pays for all of it. A request larger than the burst therefore
-never blocks forever, and the long-run rate is exact.
+The bucket may go into debt: a request is admitted as soon as both balances are non-negative
+and then pays for all of it, so the long-run rate is exact. A background request larger than
+a quarter of the byte burst is paid in slices of that size, each queued anew: a higher
+priority arriving meanwhile overtakes it, and no request leaves more than one slice of debt
+for others to wait out.
 
 Time comes from an injected `Clock`: the waiter at the head of the line sleeps on it, so a
 `ManualClock` makes every wait deterministic (and instant).
@@ -129,20 +131,40 @@ class PriorityRateLimiter:
                 self._count(name, nbytes, requests)
             return 0.0
         started = self._clock.monotonic()
+        # A big request is paid in slices of a quarter of the byte burst, each queued anew,
+        # so a higher priority arriving meanwhile goes first and the debt a lower priority
+        # leaves behind never exceeds one slice.
+        step = max(1, int(self._bytes_cap // 4)) if self._bytes_rate else max(1, nbytes)
+        remaining, reqs = nbytes, requests
+        while True:
+            part = min(remaining, step)
+            self._admit(priority, part, reqs)
+            remaining -= part
+            reqs = 0
+            if remaining <= 0:
+                break
+        waited = max(0.0, self._clock.monotonic() - started)
+        with self._cond:
+            self._count(name, nbytes, requests)
+            if waited > 0:
+                self._waits[name] += 1
+                self._waited_s[name] += waited
+        return waited
+
+    def _admit(self, priority: Priority, nbytes: int, requests: int) -> None:
+        """Queue at `priority`, wait to be first in line with a non-negative balance, spend."""
         ticket = next(self._tickets)
         line = self._lines[priority]
         with self._cond:
             line.append(ticket)
             try:
-                while True:
-                    if self._closed:
-                        break
+                while not self._closed:
                     self._refill()
                     if self._is_next(priority, ticket):
                         wait = self._deficit_s()
                         if wait <= 0:
                             self._spend(nbytes, requests)
-                            break
+                            return
                         # Sleep outside the lock so others can queue (and outrank us).
                         self._cond.release()
                         try:
@@ -154,12 +176,6 @@ class PriorityRateLimiter:
             finally:
                 line.remove(ticket)
                 self._cond.notify_all()
-            waited = max(0.0, self._clock.monotonic() - started)
-            self._count(name, nbytes, requests)
-            if waited > 0:
-                self._waits[name] += 1
-                self._waited_s[name] += waited
-        return waited
 
     def close(self) -> None:
         """Let every waiter through at once and stop limiting (shutdown must not block)."""

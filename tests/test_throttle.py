@@ -32,11 +32,11 @@ def test_byte_rate_is_kept_over_time() -> None:
     assert lim.acquire(1000, Priority.UPLOAD) == 0.0  # the burst
     waited = sum(lim.acquire(500, Priority.UPLOAD) for _ in range(10))
     elapsed = clock.monotonic() - t0
-    # 1000 B of burst, then 5000 B at 1000 B/s: the last request is admitted once the debt
-    # of the one before it is paid, so about 4.5 s pass.
-    assert 4.4 <= elapsed <= 4.6
+    # 1000 B of burst, then 5000 B at 1000 B/s, paid in slices of 250 B: the last slice is
+    # admitted once the debt of the one before it is paid, so about 4.75 s pass.
+    assert 4.7 <= elapsed <= 4.8
     assert waited == pytest.approx(elapsed, abs=0.01)
-    assert lim.metrics.waits["upload"] >= 9
+    assert lim.metrics.waits["upload"] == 10
 
 
 def test_request_rate_is_kept() -> None:
@@ -49,13 +49,36 @@ def test_request_rate_is_kept() -> None:
     assert 1.8 <= clock.monotonic() - t0 <= 2.1
 
 
-def test_request_larger_than_the_burst_is_admitted_and_paid_for() -> None:
+def test_big_request_is_paid_in_slices() -> None:
     clock = ManualClock()
     lim = PriorityRateLimiter(clock=clock, bytes_per_s=100, burst_s=1.0)
-    assert lim.acquire(1000, Priority.COMPACTION) == 0.0  # admitted at once, 900 B in debt
+    # 100 B of burst, then the rest in slices of 25 B, each after the previous one's debt.
+    assert lim.acquire(1000, Priority.COMPACTION) == pytest.approx(8.75, abs=0.06)
     t0 = clock.monotonic()
     lim.acquire(1, Priority.COMPACTION)
-    assert clock.monotonic() - t0 == pytest.approx(9.0, abs=0.06)
+    assert clock.monotonic() - t0 == pytest.approx(0.25, abs=0.06)  # one slice of debt
+
+
+def test_higher_priority_overtakes_a_big_request_midway() -> None:
+    lim = PriorityRateLimiter(clock=SystemClock(), bytes_per_s=10_000, burst_s=1.0)
+    done: dict[str, float] = {}
+    t0 = time.monotonic()
+
+    def take(name: str, nbytes: int, priority: Priority) -> None:
+        lim.acquire(nbytes, priority)
+        done[name] = time.monotonic() - t0
+
+    big = threading.Thread(target=take, args=("compaction", 30_000, Priority.COMPACTION))
+    big.start()
+    time.sleep(0.3)
+    small = threading.Thread(target=take, args=("upload", 100, Priority.UPLOAD))
+    small.start()
+    small.join(5)
+    big.join(5)
+    # The upload waited at most about one slice (0.25 s), not for the compaction's 2 s.
+    assert done["upload"] < 0.9
+    assert done["compaction"] > 1.6
+    assert done["upload"] < done["compaction"]
 
 
 def test_foreground_never_waits_but_spends() -> None:

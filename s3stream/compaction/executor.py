@@ -22,7 +22,6 @@ deletion delay).
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -322,9 +321,16 @@ class CompactionExecutor:
                 covered.setdefault(r.stream_id, []).append((r.start_offset, r.end_offset))
         for sid, spans in covered.items():
             spans.sort()
-            for (_, a_end), (b_start, _) in itertools.pairwise(spans):
-                if b_start < a_end:
+            joined: list[tuple[int, int]] = []
+            for a, b in spans:
+                if joined and a < joined[-1][1]:
                     raise CorruptionError(f"compaction outputs overlap in stream {sid}: {spans}")
+                if joined and a == joined[-1][1]:
+                    # Outputs cut at the size limit continue each other.
+                    joined[-1] = (joined[-1][0], b)
+                else:
+                    joined.append((a, b))
+            covered[sid] = joined
         for obj in task.replaced:
             for rng in obj.ranges:
                 keep = keep_from(state, rng.stream_id)
