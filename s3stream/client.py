@@ -7,9 +7,9 @@ import random
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any
 
+from ._closeable import Closeable
 from .cache.block_cache import BlockCache, BlockCacheMetrics
 from .clock import Clock, SystemClock
 from .compaction import CompactionMetrics, CompactionReport, Compactor, Progress, WriterOptions
@@ -62,7 +62,7 @@ def _check_tags(tags: Mapping[str, str] | None) -> dict[str, str]:
     return dict(tags)
 
 
-class StreamClient:
+class StreamClient(Closeable):
     """An embedded stream-storage client over one object store and one WAL.
 
     Opening a client registers its node id in the metadata log (bumping the node epoch, which
@@ -432,16 +432,6 @@ class StreamClient:
         if self._closed:
             raise StreamClosedError("the client is closed")
 
-    def __enter__(self) -> StreamClient:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return (

@@ -5,9 +5,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future
-from types import MappingProxyType, TracebackType
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+from ._closeable import Closeable
 from .errors import (
     InvalidArgumentError,
     OffsetOutOfRangeError,
@@ -30,7 +31,7 @@ def _check_offset(name: str, value: object) -> int:
     return value
 
 
-class Stream:
+class Stream(Closeable):
     """An open stream: append batches, fetch them back by offset, trim the head.
 
     Obtained from `StreamClient.create_stream` or `StreamClient.open_stream`; opening bumps
@@ -256,13 +257,3 @@ class Stream:
             f"confirm={self.confirm_offset}, next={self.next_offset})"
         )
 
-    def __enter__(self) -> Stream:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

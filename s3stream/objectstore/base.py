@@ -11,11 +11,11 @@ exceptions into these at the boundary.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from types import TracebackType
 
+from .._closeable import Closeable
 from ..errors import InvalidArgumentError
 
 __all__ = ["ObjectInfo", "ObjectStore", "check_key", "check_range"]
@@ -46,7 +46,7 @@ def check_range(start: int, end: int | None) -> None:
         raise InvalidArgumentError(f"range end must be an int >= start, got {end!r}")
 
 
-class ObjectStore(ABC):
+class ObjectStore(Closeable):
     """Immutable-object storage: put, conditional create, ranged get, head, delete, list."""
 
     @abstractmethod
@@ -88,20 +88,9 @@ class ObjectStore(ABC):
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """Objects whose key starts with `prefix`, in key order. Never on a hot path."""
 
-    def close(self) -> None:  # noqa: B027 - most stores hold nothing to release
+    def close(self) -> None:
         """Release connections and other resources."""
 
     def describe(self) -> str:
         """A short human-readable name of the store (for messages and `inspect`)."""
         return type(self).__name__
-
-    def __enter__(self) -> ObjectStore:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

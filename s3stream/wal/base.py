@@ -22,12 +22,13 @@ Contract, checked by `s3stream.testing.WalTests` for every implementation:
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
-from types import TracebackType
 from typing import NamedTuple
+
+from .._closeable import Closeable
 
 __all__ = ["WalCapabilities", "WalPosition", "WalRecord", "WriteAheadLog"]
 
@@ -60,7 +61,7 @@ class WalCapabilities:
     max_record_bytes: int = 64 << 20
 
 
-class WriteAheadLog(ABC):
+class WriteAheadLog(Closeable):
     """Durable, ordered, trimmable log of opaque records."""
 
     @property
@@ -91,14 +92,3 @@ class WriteAheadLog(ABC):
     def describe(self) -> str:
         """A short human-readable name (for messages and `inspect`)."""
         return type(self).__name__
-
-    def __enter__(self) -> WriteAheadLog:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
