@@ -30,7 +30,6 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -38,8 +37,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from s3stream.objectstore.base import ObjectInfo, ObjectStore  # noqa: E402
+from s3stream.objectstore.base import ObjectStore  # noqa: E402
 from s3stream.objectstore.s3 import S3ObjectStore  # noqa: E402
+from s3stream.objectstore.wrappers import ForwardingObjectStore  # noqa: E402
 from s3stream.settings import ObjectWalSettings  # noqa: E402
 from s3stream.testing.seaweedfs import SeaweedS3Server  # noqa: E402
 from s3stream.wal.object import ObjectWal  # noqa: E402
@@ -52,11 +52,11 @@ WINDOW_BYTES = 64 << 20
 AUTOMQ_S3_WAL = {"avg_ms": 168, "p99_ms": 296, "note": "AutoMQ S3 WAL on AWS S3, 250 ms batch"}
 
 
-class TimingStore(ObjectStore):
+class TimingStore(ForwardingObjectStore):
     """Records the latency of every conditional create (the WAL's PUTs)."""
 
     def __init__(self, inner: ObjectStore) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.lock = threading.Lock()
         self.put_s: list[float] = []
 
@@ -65,27 +65,12 @@ class TimingStore(ObjectStore):
             out, self.put_s = self.put_s, []
         return out
 
-    def put(self, key: str, data: bytes) -> None:
-        self.inner.put(key, data)
-
     def put_if_absent(self, key: str, data: bytes) -> bool:
         t0 = time.perf_counter()
         created = self.inner.put_if_absent(key, data)
         with self.lock:
             self.put_s.append(time.perf_counter() - t0)
         return created
-
-    def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
-        return self.inner.get(key, start, end)
-
-    def head(self, key: str) -> ObjectInfo | None:
-        return self.inner.head(key)
-
-    def delete_many(self, keys: Iterable[str]) -> None:
-        self.inner.delete_many(keys)
-
-    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        return self.inner.list(prefix)
 
 
 def pct(values: list[float], q: float) -> float:

@@ -6,7 +6,6 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,11 @@ from s3stream.clock import SystemClock
 from s3stream.errors import FencedError, InvalidArgumentError, UnavailableError
 from s3stream.objectstore.base import ObjectInfo, ObjectStore
 from s3stream.objectstore.memory import MemoryObjectStore
-from s3stream.objectstore.wrappers import MetricsObjectStore, RetryingObjectStore
+from s3stream.objectstore.wrappers import (
+    ForwardingObjectStore,
+    MetricsObjectStore,
+    RetryingObjectStore,
+)
 from s3stream.settings import ClientSettings, ObjectWalSettings
 from s3stream.testing.faults import FaultRule, FaultyObjectStore
 from s3stream.types import RecordBatch
@@ -48,18 +51,15 @@ def _data_objects(store: ObjectStore) -> list[ObjectInfo]:
     return [i for i in _chain_objects(store) if i.size > HEADER.size]
 
 
-class GatedStore(ObjectStore):
+class GatedStore(ForwardingObjectStore):
     """Holds conditional creates of chosen keys until released (to reorder PUTs)."""
 
     def __init__(self, inner: ObjectStore) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.gates: dict[str, threading.Event] = {}
         self.created: list[str] = []
         self.lock = threading.Lock()
         self.hold_next_data = 0
-
-    def put(self, key: str, data: bytes) -> None:
-        self.inner.put(key, data)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         gate = None
@@ -73,18 +73,6 @@ class GatedStore(ObjectStore):
         with self.lock:
             self.created.append(key)
         return created
-
-    def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
-        return self.inner.get(key, start, end)
-
-    def head(self, key: str) -> ObjectInfo | None:
-        return self.inner.head(key)
-
-    def delete_many(self, keys: Iterable[str]) -> None:
-        self.inner.delete_many(keys)
-
-    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        return self.inner.list(prefix)
 
     def release_all(self) -> None:
         with self.lock:
