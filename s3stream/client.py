@@ -26,7 +26,7 @@ from .objectstore.wrappers import MetricsObjectStore, ObjectStoreMetrics, Retryi
 from .settings import ClientSettings
 from .storage.engine import RecoveryReport, Storage, StorageMetrics
 from .storage.packing import KeyFactory, check_node_id
-from .stream import Stream
+from .stream import Stream, check_offset
 from .throttle import PriorityRateLimiter, ThrottleMetrics
 from .types import FetchResult, StreamInfo
 from .wal.base import WriteAheadLog
@@ -289,9 +289,9 @@ class StreamClient(Closeable):
             raise InvalidArgumentError(f"max_bytes must be an int >= 1, got {max_bytes!r}")
         self._meta.refresh()
         meta = self._meta.get_stream(stream_id)
-        for name, value in (("start_offset", start_offset), ("end_offset", end_offset)):
-            if value is not None and (type(value) is not int or value < 0):
-                raise InvalidArgumentError(f"{name} must be an int >= 0, got {value!r}")
+        check_offset("start_offset", start_offset)
+        if end_offset is not None:
+            check_offset("end_offset", end_offset)
         end = meta.end_offset if end_offset is None else min(end_offset, meta.end_offset)
         if not meta.start_offset <= start_offset <= meta.end_offset:
             raise OffsetOutOfRangeError(

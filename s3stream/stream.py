@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 __all__ = ["Stream"]
 
 
-def _check_offset(name: str, value: object) -> int:
+def check_offset(name: str, value: object) -> int:
+    """`value` if it is an int >= 0, else `InvalidArgumentError` naming `name`."""
     if type(value) is not int or value < 0:
         raise InvalidArgumentError(f"{name} must be an int >= 0, got {value!r}")
     return value
@@ -128,12 +129,12 @@ class Stream(Closeable):
         `confirm_offset`; fetching at `confirm_offset` returns no batches.
         """
         self._check_open()
-        start = _check_offset("start_offset", start_offset)
+        start = check_offset("start_offset", start_offset)
         confirm = self._w.confirm_offset
         if end_offset is None:
             end = confirm
         else:
-            end = min(_check_offset("end_offset", end_offset), confirm)
+            end = min(check_offset("end_offset", end_offset), confirm)
             if end_offset < start:
                 raise InvalidArgumentError(f"end_offset {end_offset} is below start_offset {start}")
         if type(max_bytes) is not int or max_bytes < 1:
@@ -188,9 +189,9 @@ class Stream(Closeable):
         offset (as in the Spark source), so adjacent ranges never both return it.
         """
         self._check_open()
-        start = _check_offset("start_offset", start_offset)
+        start = check_offset("start_offset", start_offset)
         confirm = self._w.confirm_offset
-        end = confirm if end_offset is None else _check_offset("end_offset", end_offset)
+        end = confirm if end_offset is None else check_offset("end_offset", end_offset)
         if type(max_bytes) is not int or max_bytes < 1:
             raise InvalidArgumentError(f"max_bytes must be an int >= 1, got {max_bytes!r}")
         if start < self._start_offset or start > confirm:
@@ -217,7 +218,7 @@ class Stream(Closeable):
     def trim(self, new_start_offset: int) -> None:
         """Move `start_offset` forward; data below it becomes unreadable and is reclaimed."""
         self._check_open()
-        new_start = _check_offset("new_start_offset", new_start_offset)
+        new_start = check_offset("new_start_offset", new_start_offset)
         with self._lock:
             if new_start > self._w.confirm_offset:
                 raise OffsetOutOfRangeError(

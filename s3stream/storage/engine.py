@@ -14,6 +14,7 @@ Read: LogCache first; below what it holds, objects found through the metadata an
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections import deque
@@ -156,6 +157,8 @@ class Storage:
         self._failed: S3StreamError | None = None
         self._upload_requested = False
         self._upload_error: S3StreamError | None = None
+        #: Failed upload attempts since the client opened (flush counts those during its wait).
+        self._upload_failures = 0
         self._last_upload_mono = clock.monotonic()
         self._stop = False
         self._abandoned = False
@@ -181,16 +184,7 @@ class Storage:
     @property
     def metrics(self) -> StorageMetrics:
         """A snapshot of the counters."""
-        m = self._metrics
-        return StorageMetrics(
-            m.appends,
-            m.append_bytes,
-            m.uploads,
-            m.objects_uploaded,
-            m.uploaded_bytes,
-            m.fetches_from_cache,
-            m.fetches_from_objects,
-        )
+        return dataclasses.replace(self._metrics)
 
     def start(self) -> None:
         """Start the background uploader."""
@@ -453,9 +447,6 @@ class Storage:
 
     # ------------------------------------------------------------------ uploader
 
-    _current_attempts = 0
-    #: Failed upload attempts since the client opened (flush counts those during its wait).
-    _upload_failures = 0
 
     def _thread_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -527,7 +518,6 @@ class Storage:
                 self._commit(up)
                 with self._cond:
                     self._upload_error = None
-                    self._current_attempts = 0
                     self._cond.notify_all()
                 return
             except FencedError as exc:
@@ -535,7 +525,7 @@ class Storage:
                 self._fail(exc)
                 with self._cond:
                     self._upload_error = exc
-                    self._current_attempts = up.attempts = up.attempts + 1
+                    up.attempts += 1
                     self._upload_failures += 1
                     self._cond.notify_all()
                 raise
@@ -544,7 +534,6 @@ class Storage:
                 log.warning("upload attempt %d failed: %s", up.attempts, exc)
                 with self._cond:
                     self._upload_error = exc
-                    self._current_attempts = up.attempts
                     self._upload_failures += 1
                     self._cond.notify_all()
                     if self._stop and up.attempts >= 3:
@@ -647,7 +636,7 @@ class Storage:
             if complete:
                 if got:
                     m.fetches_from_cache += 1
-                out.extend(b for b in got if not out or b.base_offset >= out[-1].next_offset)
+                out.extend(got)
                 break
             first_cached = self._cache.first_offset(stream_id)
             obj_end = end if first_cached is None else min(end, max(first_cached, pos + 1))
