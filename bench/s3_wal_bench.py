@@ -9,21 +9,29 @@ For 1 KiB and 64 KiB records at ``wal_batch_interval_ms`` 250, 50 and 10, two ph
 - *throughput*: a closed loop keeping 64 MiB of appends outstanding; bytes/s, PUTs/s and
   PUTs per GiB.
 
+Slow WAL PUTs are hedged (``ObjectWalSettings.max_hedged_puts``, adaptive delay); each row
+records the hedges sent and won, and for every PUT slower than 5x the median how many other
+PUTs started and finished while it ran (so an isolated slow request tells itself apart from
+a stall of the whole server). "PUT" latencies count every attempt, hedges included.
+
 SlateDB (the ``slatedb`` Python package, an embedded LSM store whose WAL is also on object
 storage) runs the same phases against the same server with ``flush_interval`` equal to the
 batch interval, each write awaited until durable. Both sides are driven from Python.
 
-Usage: ``python bench/s3_wal_bench.py [--quick] [--out bench/results/s3_wal.json]``
+Usage: ``python bench/s3_wal_bench.py [--quick] [--rows 1024:50 ...] [--no-hedge]
+[--out bench/results/s3_wal.json]``
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -53,24 +61,75 @@ AUTOMQ_S3_WAL = {"avg_ms": 168, "p99_ms": 296, "note": "AutoMQ S3 WAL on AWS S3,
 
 
 class TimingStore(ForwardingObjectStore):
-    """Records the latency of every conditional create (the WAL's PUTs)."""
+    """Records start and end of every conditional create (the WAL's PUTs, hedges included)."""
 
     def __init__(self, inner: ObjectStore) -> None:
         super().__init__(inner)
         self.lock = threading.Lock()
-        self.put_s: list[float] = []
+        self.spans: list[tuple[float, float]] = []
 
-    def take(self) -> list[float]:
+    def take(self) -> list[tuple[float, float]]:
         with self.lock:
-            out, self.put_s = self.put_s, []
+            out, self.spans = self.spans, []
         return out
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         t0 = time.perf_counter()
-        created = self.inner.put_if_absent(key, data)
+        try:
+            return self.inner.put_if_absent(key, data)
+        finally:
+            with self.lock:
+                self.spans.append((t0, time.perf_counter()))
+
+
+class StallingStore(ForwardingObjectStore):
+    """Once armed, holds the first attempt of the `at`-th new WAL object for `stall_s`: one
+    isolated slow request, like the 1 s outlier seen in a full run, made reproducible to
+    show what hedging does about it (``--stall-ms``; off by default)."""
+
+    def __init__(self, inner: ObjectStore, stall_s: float, at: int) -> None:
+        super().__init__(inner)
+        self.stall_s = stall_s
+        self.at = at
+        self.lock = threading.Lock()
+        self.armed = False
+        self.seen: set[str] = set()
+        self.stalled = 0
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
         with self.lock:
-            self.put_s.append(time.perf_counter() - t0)
-        return created
+            stall = self.armed and key not in self.seen and len(self.seen) + 1 == self.at
+            if self.armed:
+                self.seen.add(key)
+            self.stalled += stall
+        if stall:
+            time.sleep(self.stall_s)
+        return self.inner.put_if_absent(key, data)
+
+
+_WALL_OFFSET = time.time() - time.perf_counter()
+
+
+def slow_puts(spans: list[tuple[float, float]], factor: float = 5.0) -> list[dict[str, float]]:
+    """Every PUT slower than `factor` x the median, with how many other PUTs started and
+    finished while it ran: many means the server kept serving (a hedge can help), none
+    with PUTs started meanwhile means everything stalled."""
+    if not spans:
+        return []
+    median = statistics.median(b - a for a, b in spans)
+    out = []
+    for a, b in spans:
+        if b - a > factor * median:
+            started = [(a2, b2) for a2, b2 in spans if a < a2 < b]
+            out.append(
+                {
+                    "at_unix_s": round(a + _WALL_OFFSET, 3),  # to match the server's log
+                    "ms": 1000 * (b - a),
+                    "others_started": len(started),
+                    "others_done_meanwhile": sum(b2 < b for _, b2 in started),
+                }
+            )
+    return out
 
 
 def pct(values: list[float], q: float) -> float:
@@ -101,12 +160,18 @@ def s3stream_run(
     duration: float,
     inflight: int,
     freeze: bool,
-) -> dict:
-    store = TimingStore(
-        S3ObjectStore(server.bucket, f"bench-{uuid.uuid4().hex}", **server.storage_options())
-    )
+    hedges: int,
+    stall_ms: int = 0,
+    stall_at: int = 50,
+) -> dict[str, Any]:
+    s3 = S3ObjectStore(server.bucket, f"bench-{uuid.uuid4().hex}", **server.storage_options())
+    stalling = StallingStore(s3, stall_ms / 1000, stall_at)
+    store = TimingStore(stalling)
     settings = ObjectWalSettings(
-        wal_batch_interval_ms=interval_ms, wal_batch_max_bytes=8 << 20, max_inflight_puts=inflight
+        wal_batch_interval_ms=interval_ms,
+        wal_batch_max_bytes=8 << 20,
+        max_inflight_puts=inflight,
+        max_hedged_puts=hedges,
     )
     wal = ObjectWal(store, node_id="bench", node_epoch=1, settings=settings)
     list(wal.recover())
@@ -121,6 +186,8 @@ def s3stream_run(
     store.take()
     settle(freeze)
     record = os.urandom(size)
+    hedged0, won0 = wal.hedged_puts, wal.hedges_won
+    stalling.armed = stall_ms > 0
 
     # Latency: open loop at RATE[size].
     rate = RATE[size]
@@ -143,11 +210,20 @@ def s3stream_run(
         if delay > 0:
             time.sleep(delay)
         last = wal.append(record)
-        last.add_done_callback(lambda f, s=scheduled: done(s, f))
+        last.add_done_callback(functools.partial(done, scheduled))
     assert last is not None
-    last.result()
-    put_s = store.take()
+    wal.trim(last.result())  # as the uploader would; long phases would fill the WAL otherwise
+    spans = store.take()
+    put_s = [b - a for a, b in spans]
     latency = lat_summary(latencies)
+    hedging = {
+        "hedged_puts": wal.hedged_puts - hedged0,
+        "hedges_won": wal.hedges_won - won0,
+        # for objects of < 256 KiB, < 2 MiB and more (each size class adapts on its own)
+        "hedge_delay_ms_at_end": [wal.hedge_delay_ms(n) for n in (0, 1 << 20, 8 << 20)],
+    }
+    hedged1, won1 = wal.hedged_puts, wal.hedges_won
+    stalling.armed = False
 
     # Throughput: closed loop with WINDOW_BYTES outstanding; trimmed every 16 MiB as the
     # uploader would after each upload (else the WAL fills up at max_unflushed_bytes).
@@ -172,19 +248,26 @@ def s3stream_run(
     for _ in range(window):
         sem.acquire()
     elapsed = time.perf_counter() - t0
-    tput_puts = len(store.take())
+    tput_spans = store.take()
+    tput_puts = len(tput_spans)
+    hedging["throughput_hedged_puts"] = wal.hedged_puts - hedged1
+    hedging["throughput_hedges_won"] = wal.hedges_won - won1
     wal.close()
-    store.inner.close()
+    s3.close()
     gib = acked * size / (1 << 30)
     return {
         "latency": latency,
         "offered_appends_per_s": rate,
         "put_latency": lat_summary(put_s),
+        "slow_puts": slow_puts(spans),
+        "injected_stalls": stalling.stalled,
+        "hedging": hedging,
         "puts_per_s_at_offered_load": len(put_s) / duration,
         "throughput_mb_s": acked * size / elapsed / 1e6,
         "throughput_appends_per_s": acked / elapsed,
         "puts_per_s": tput_puts / elapsed,
         "puts_per_gib": tput_puts / gib if gib else float("nan"),
+        "throughput_put_latency": lat_summary([b - a for a, b in tput_spans]),
         "trims_per_s": trims / elapsed,
     }
 
@@ -194,11 +277,11 @@ def s3stream_run(
 
 def slatedb_run(
     server: SeaweedS3Server, size: int, interval_ms: int, duration: float, freeze: bool
-) -> dict:
+) -> dict[str, Any]:
     from slatedb.uniffi import DbBuilder, Settings
     from slatedb.uniffi import ObjectStore as SlateStore
 
-    async def main() -> dict:
+    async def main() -> dict[str, Any]:
         store = SlateStore.resolve(f"s3://{server.bucket}/")
         builder = DbBuilder(f"slatedb-bench-{uuid.uuid4().hex}", store)
         settings = Settings.default()
@@ -278,11 +361,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--intervals", type=int, nargs="+", default=INTERVALS_MS, help="ms")
     parser.add_argument("--inflight", type=int, default=4, help="max_inflight_puts")
     parser.add_argument(
+        "--rows",
+        nargs="+",
+        default=None,
+        metavar="BYTES:MS",
+        help="only these rows, e.g. 1024:50 (overrides --sizes and --intervals)",
+    )
+    parser.add_argument("--hedges", type=int, default=1, help="max_hedged_puts (0: no hedging)")
+    parser.add_argument(
         "--no-gc-freeze", action="store_true", help="do not gc.freeze() before each run"
     )
+    parser.add_argument(
+        "--stall-ms",
+        type=int,
+        default=0,
+        help="hold one WAL PUT this long in each latency phase (a reproducible outlier)",
+    )
+    parser.add_argument(
+        "--stall-at", type=int, default=50, help="...the first attempt of this WAL object"
+    )
+    parser.add_argument("--server-log", default=None, help="copy SeaweedFS's log here")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "s3_wal.json"))
     args = parser.parse_args(argv)
     duration = args.duration or (1.5 if args.quick else 5.0)
+    if args.rows:
+        try:
+            rows = [tuple(int(x) for x in r.split(":")) for r in args.rows]
+            assert all(len(r) == 2 for r in rows)
+        except (ValueError, AssertionError):
+            parser.error(f"--rows takes BYTES:MS pairs, got {args.rows}")
+    else:
+        rows = [(size, interval) for size in args.sizes for interval in args.intervals]
     results: list[dict[str, Any]] = []
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="s3wal-bench-") as tmp:
@@ -296,34 +405,45 @@ def main(argv: list[str] | None = None) -> int:
                 AWS_SECRET_ACCESS_KEY=opts["aws_secret_access_key"],
                 AWS_REGION=opts["region_name"],
             )
-            for size in args.sizes:
-                for interval in args.intervals:
-                    row: dict[str, Any] = {"record_bytes": size, "interval_ms": interval}
-                    freeze = not args.no_gc_freeze
-                    row["s3stream"] = s3stream_run(
-                        server, size, interval, duration, args.inflight, freeze
-                    )
-                    if not args.no_slatedb:
-                        row["slatedb"] = slatedb_run(server, size, interval, duration, freeze)
-                    ours = row["s3stream"]
-                    bound = interval + 2 * ours["put_latency"]["p99_ms"]
-                    row["p99_bound_ms"] = bound
-                    row["p99_within_bound"] = ours["latency"]["p99_ms"] <= bound
-                    if "slatedb" in row:
-                        peer = row["slatedb"]
-                        row["beats_slatedb"] = {
-                            "throughput": ours["throughput_mb_s"] > peer["throughput_mb_s"],
-                            "p99": ours["latency"]["p99_ms"] < peer["latency"]["p99_ms"],
-                        }
-                    results.append(row)
-                    print_row(row)
+            for size, interval in rows:
+                row: dict[str, Any] = {"record_bytes": size, "interval_ms": interval}
+                freeze = not args.no_gc_freeze
+                row["s3stream"] = s3stream_run(
+                    server,
+                    size,
+                    interval,
+                    duration,
+                    args.inflight,
+                    freeze,
+                    args.hedges,
+                    args.stall_ms,
+                    args.stall_at,
+                )
+                if not args.no_slatedb:
+                    row["slatedb"] = slatedb_run(server, size, interval, duration, freeze)
+                ours = row["s3stream"]
+                bound = interval + 2 * ours["put_latency"]["p99_ms"]
+                row["p99_bound_ms"] = bound
+                row["p99_within_bound"] = ours["latency"]["p99_ms"] <= bound
+                if "slatedb" in row:
+                    peer = row["slatedb"]
+                    row["beats_slatedb"] = {
+                        "throughput": ours["throughput_mb_s"] > peer["throughput_mb_s"],
+                        "p99": ours["latency"]["p99_ms"] < peer["latency"]["p99_ms"],
+                    }
+                results.append(row)
+                print_row(row)
         finally:
             server.stop()
+            if args.server_log:
+                shutil.copy(Path(tmp) / "weed.log", args.server_log)
     report = {
         "bench": "s3_wal",
         "quick": args.quick,
         "phase_seconds": duration,
         "max_inflight_puts": args.inflight,
+        "max_hedged_puts": args.hedges,
+        "injected_stall_ms": args.stall_ms,
         "gc_freeze": not args.no_gc_freeze,
         "server": "SeaweedFS (weed mini) on loopback",
         "machine": {
@@ -361,7 +481,8 @@ def print_row(row: dict[str, Any]) -> None:
     if not _HEADER_PRINTED:
         print(
             f"{'system':9} {'rec':>5} {'ivl':>4} | {'p50':>7} {'p99':>7} {'p999':>7} ms | "
-            f"{'PUT p99':>7} {'bound':>6} | {'MB/s':>7} {'app/s':>8} {'PUT/s':>6} {'PUT/GiB':>8}"
+            f"{'PUT p99':>7} {'bound':>6} {'hedges':>7} | {'MB/s':>7} {'app/s':>8} {'PUT/s':>6} "
+            f"{'PUT/GiB':>8} {'hedges':>7}"
         )
         _HEADER_PRINTED = True
     size = f"{row['record_bytes'] // 1024}K"
@@ -370,21 +491,27 @@ def print_row(row: dict[str, Any]) -> None:
         if r is None:
             continue
         lat = r["latency"]
-        extra = (
-            f"{r['put_latency']['p99_ms']:7.1f} {row['p99_bound_ms']:6.0f}"
-            if name == "s3stream"
-            else f"{'':7} {'':6}"
-        )
-        puts = (
-            f"{r['puts_per_s']:6.1f} {r['puts_per_gib']:8.0f}"
-            if name == "s3stream"
-            else f"{'':6} {'':8}"
-        )
+        if name == "s3stream":
+            h = r["hedging"]
+            won = f"{h['hedged_puts']}/{h['hedges_won']}"
+            won_t = f"{h['throughput_hedged_puts']}/{h['throughput_hedges_won']}"
+            extra = f"{r['put_latency']['p99_ms']:7.1f} {row['p99_bound_ms']:6.0f} {won:>7}"
+            puts = f"{r['puts_per_s']:6.1f} {r['puts_per_gib']:8.0f} {won_t:>7}"
+        else:
+            extra = f"{'':7} {'':6} {'':7}"
+            puts = f"{'':6} {'':8} {'':7}"
         print(
             f"{name:9} {size:>5} {row['interval_ms']:4d} | {lat['p50_ms']:7.1f} "
             f"{lat['p99_ms']:7.1f} {lat['p999_ms']:7.1f}    | {extra} | "
             f"{r['throughput_mb_s']:7.1f} {r['throughput_appends_per_s']:8.0f} {puts}"
         )
+        slow = r.get("slow_puts") or []
+        if slow:
+            shown = ", ".join(
+                f"{p['ms']:.0f} ms ({p['others_done_meanwhile']}/{p['others_started']})"
+                for p in sorted(slow, key=lambda p: -p["ms"])[:6]
+            )
+            print(f"{'':9} slow PUTs (others done/started meanwhile): {shown}")
     sys.stdout.flush()
 
 

@@ -9,15 +9,19 @@ Run: ``.venv/bin/python bench/spark_bench.py [--records 10000000] [--dir /tmp/s3
 3. In one SparkSession (``local[N]``), scans each three ways with
    ``df.write.format("noop")`` (every column materialised, nothing collected): our reader
    (Arrow path), ``spark.read.parquet``, our reader with ``useArrow=false`` (tuple path).
-   The first two alternate for ``--repeat`` rounds and the best time of each counts (so
-   load from elsewhere on the machine hits both alike); the tuple path runs once.
-4. For context, the same rounds also scan a *ceiling* source: a Python data source with our
+   After one warm-up scan of each, the fast scans alternate for ``--repeat`` rounds (so load
+   from elsewhere on the machine hits them alike); the best time of each counts, and the
+   ratio of each round is printed too. The tuple path runs once.
+4. Per scan, the CPU seconds of the JVM and of the Python workers are read from ``/proc``
+   (median over the rounds): a view of where the time goes that load from elsewhere on the
+   machine distorts less than wall time.
+5. For context, the same rounds also scan a *ceiling* source: a Python data source with our
    schema that yields one pre-decoded Arrow batch over and over (no I/O, no decoding). It is
    the most any Python data source can deliver here: Spark's own cost of taking Arrow
    batches from a Python worker and turning them into rows.
 
-Prints rows/s for each and the ratio of our Arrow path to Parquet; ``--out FILE`` also
-writes them as JSON.
+Prints rows/s for each and the ratio of our Arrow path to Parquet, and writes them as JSON
+to ``--out`` (default ``bench/results/spark.json``).
 """
 
 from __future__ import annotations
@@ -120,11 +124,48 @@ def ceiling_source(store: str, rows: int, partitions: int) -> type:
     return Ceiling
 
 
-def scan(df: Any) -> float:
-    """Wall time of materialising every row and column of `df`."""
+def child_cpu() -> dict[str, float]:
+    """CPU seconds used so far by the processes below this one, split into the JVM and the
+    Python workers (Linux /proc; empty elsewhere). Reused workers never exit, so their own
+    counters are read, not the parent's counts of exited children."""
+    tick = os.sysconf("SC_CLK_TCK")
+    procs: dict[int, tuple[int, str, float]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        name_end = text.rfind(")")
+        fields = text[name_end + 2 :].split()
+        name = text[text.find("(") + 1 : name_end]
+        procs[int(stat.parent.name)] = (
+            int(fields[1]),
+            name,
+            (int(fields[11]) + int(fields[12])) / tick,
+        )
+    out = {"jvm": 0.0, "python": 0.0}
+    todo = [os.getpid()]
+    while todo:
+        parent = todo.pop()
+        for pid, (ppid, name, cpu) in procs.items():
+            if ppid == parent:
+                out["jvm" if name == "java" else "python"] += cpu
+                todo.append(pid)
+    return out
+
+
+def scan(df: Any, cpu: dict[str, list[float]] | None = None) -> float:
+    """Wall time of materialising every row and column of `df`; appends the CPU seconds of
+    the JVM and of the Python workers to `cpu` when given."""
+    before = child_cpu()
     t = time.perf_counter()
     df.write.format("noop").mode("overwrite").save()
-    return time.perf_counter() - t
+    seconds = time.perf_counter() - t
+    if cpu is not None:
+        after = child_cpu()
+        for k, v in after.items():
+            cpu.setdefault(k, []).append(v - before.get(k, 0.0))
+    return seconds
 
 
 def main() -> None:
@@ -134,10 +175,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1000, help="records per appended batch")
     ap.add_argument("--value-bytes", type=int, default=100)
     ap.add_argument("--cores", type=int, default=2, help="Spark local[N]")
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--dir", default="/tmp/s3stream-spark-bench")
     ap.add_argument("--keep", action="store_true", help="reuse data already in --dir")
-    ap.add_argument("--out", help="write the results as JSON to this file")
+    ap.add_argument(
+        "--out", default=str(REPO / "bench" / "results" / "spark.json"), help="JSON results file"
+    )
     args = ap.parse_args()
 
     root = Path(args.dir)
@@ -173,23 +216,48 @@ def main() -> None:
 
         # Rounds alternate the two fast scans so that load from elsewhere on the machine hits
         # both alike; the best round of each counts. The tuple path runs once, last.
+        # A warm-up scan of each first: the JVM's JIT and the Python workers' imports would
+        # otherwise land on whichever scan runs first.
+        for df in (ours, pq, ceiling):
+            scan(df)
         best = {"s3stream_arrow": float("inf"), "parquet": float("inf"), "ceiling": float("inf")}
+        round_ratios: list[float] = []
+        cpu: dict[str, dict[str, list[float]]] = {}
         for _ in range(args.repeat):
+            times = {}
             for name, df in (("s3stream_arrow", ours), ("parquet", pq), ("ceiling", ceiling)):
-                best[name] = min(best[name], scan(df))
+                times[name] = scan(df, cpu.setdefault(name, {}))
+                best[name] = min(best[name], times[name])
+            round_ratios.append(times["parquet"] / times["s3stream_arrow"])
+            print(
+                "round: "
+                + ", ".join(f"{k} {v:.2f} s" for k, v in times.items())
+                + f"; arrow/parquet {round_ratios[-1]:.2f}",
+                flush=True,
+            )
         best["s3stream_tuples"] = scan(tuples)
         results: dict[str, Any] = {}
         for name, seconds in best.items():
             results[name] = {"seconds": round(seconds, 2), "rows_per_s": round(n / seconds)}
-            print(f"{name:16s} {seconds:7.2f} s  {n / seconds / 1e6:6.2f} M rows/s", flush=True)
+            # Median CPU seconds per scan: less sensitive to other load than wall time.
+            med = {k: sorted(v)[len(v) // 2] for k, v in cpu.get(name, {}).items() if v}
+            if med:
+                results[name]["cpu_seconds_median"] = {k: round(v, 2) for k, v in med.items()}
+            cpu_text = "  ".join(f"{k} cpu {v:5.2f} s" for k, v in med.items())
+            print(
+                f"{name:16s} {seconds:7.2f} s  {n / seconds / 1e6:6.2f} M rows/s  {cpu_text}",
+                flush=True,
+            )
         ratio = results["s3stream_arrow"]["rows_per_s"] / results["parquet"]["rows_per_s"]
         tuple_ratio = (
             results["s3stream_arrow"]["rows_per_s"] / results["s3stream_tuples"]["rows_per_s"]
         )
         of_ceiling = results["s3stream_arrow"]["rows_per_s"] / results["ceiling"]["rows_per_s"]
+        median_ratio = sorted(round_ratios)[len(round_ratios) // 2]
         print(
-            f"arrow path / parquet = {ratio:.2f}; arrow path / tuple path = {tuple_ratio:.1f}x; "
-            f"arrow path / ceiling = {of_ceiling:.2f}"
+            f"arrow path / parquet = {ratio:.2f} (best times; per round: "
+            f"{', '.join(f'{r:.2f}' for r in round_ratios)}, median {median_ratio:.2f}); "
+            f"arrow path / tuple path = {tuple_ratio:.1f}x; arrow path / ceiling = {of_ceiling:.2f}"
         )
         du = {
             "s3stream_bytes": sum(f.stat().st_size for f in store.rglob("*.s3o")),
@@ -212,6 +280,8 @@ def main() -> None:
                         "write_seconds": None if write_s is None else round(write_s, 1),
                         **results,
                         "arrow_over_parquet": round(ratio, 3),
+                        "arrow_over_parquet_per_round": [round(r, 3) for r in round_ratios],
+                        "arrow_over_parquet_median_round": round(median_ratio, 3),
                         "arrow_over_ceiling": round(of_ceiling, 3),
                         "load_average_1min": round(os.getloadavg()[0], 2),
                         **du,

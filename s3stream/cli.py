@@ -189,16 +189,23 @@ def _progress_bar() -> tuple[Any, Callable[[int, int, str], None] | None]:
 
 
 def _compact(args: argparse.Namespace) -> int:
+    import os
+
     from .settings import ClientSettings, CompactionSettings
 
+    if args.nice and hasattr(os, "nice"):
+        # A batch job: the processes it shares the machine with (the writers appending to
+        # the streams, the object store) should win any contention for the CPU.
+        os.nice(args.nice)
+    limit = {} if args.bytes_per_s is None else {"bytes_per_s": args.bytes_per_s}
     compaction = CompactionSettings(
-        deletion_delay_ms=args.deletion_delay_ms, orphan_grace_ms=args.orphan_grace_ms
+        deletion_delay_ms=args.deletion_delay_ms, orphan_grace_ms=args.orphan_grace_ms, **limit
     )
     client = open_client(
         args.url,
         node_id=args.node_id,
         wal="memory://",
-        settings=ClientSettings(compaction=compaction, background_bytes_per_s=args.bytes_per_s),
+        settings=ClientSettings(compaction=compaction),
     )
     bar, progress = (None, None) if args.no_progress else _progress_bar()
     try:
@@ -216,6 +223,13 @@ def _compact(args: argparse.Namespace) -> int:
         f"orphans deleted {report.orphans_deleted}; {report.duration_s:.2f} s"
     )
     return 0
+
+
+def _non_negative(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {number}")
+    return number
 
 
 def _take_over(args: argparse.Namespace) -> int:
@@ -291,7 +305,17 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--orphan-grace-ms", type=int, default=86_400_000)
     c.add_argument("--sweep-orphans", action="store_true", default=None)
     c.add_argument(
-        "--bytes-per-s", type=int, default=0, help="throttle object-store traffic (0: no limit)"
+        "--bytes-per-s",
+        type=_non_negative,
+        default=None,
+        help="bytes/s the job reads plus writes at most (0: no limit; default: "
+        "CompactionSettings.bytes_per_s, 4 MiB/s)",
+    )
+    c.add_argument(
+        "--nice",
+        type=_non_negative,
+        default=10,
+        help="lower this process's CPU priority by this much first (os.nice; 0: keep it)",
     )
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
     c.set_defaults(fn=_compact)

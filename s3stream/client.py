@@ -253,6 +253,11 @@ class StreamClient(Closeable):
         self._streams[meta.stream_id] = s
         return s
 
+    def _committed_start(self, stream_id: int) -> int:
+        """The stream's start offset as this client last read it from the metadata log."""
+        meta = self._meta.state.streams.get(stream_id)
+        return 0 if meta is None else meta.start_offset
+
     def list_streams(self, tags: Mapping[str, str] | None = None) -> list[StreamInfo]:
         """Streams in the store (not deleted) whose tags include all of `tags`."""
         tags = _check_tags(tags)
@@ -431,7 +436,6 @@ class StreamClient(Closeable):
     def _check_open(self) -> None:
         if self._closed:
             raise StreamClosedError("the client is closed")
-
 
     def __repr__(self) -> str:
         return (

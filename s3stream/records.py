@@ -338,7 +338,7 @@ class _Cursor:
         if width == 0 or n == 0:
             return np.full(n, -1, dtype=np.int64)
         raw = np.frombuffer(self.take(width * n, what), dtype=_WIDTHS[width])
-        return raw.astype(np.int64) - 1
+        return np.subtract(raw, 1, dtype=np.int64)
 
 
 def _corrupt(location: str, what: str) -> CorruptionError:
@@ -346,7 +346,8 @@ def _corrupt(location: str, what: str) -> CorruptionError:
 
 
 def _data(cur: _Cursor, lengths: npt.NDArray[np.int64], what: str) -> memoryview:
-    total = int(lengths[lengths > 0].sum()) if len(lengths) else 0
+    # Nulls are -1 and add nothing: sum plus the number of nulls.
+    total = int(lengths.sum()) + int(np.count_nonzero(lengths < 0)) if len(lengths) else 0
     return cur.take(total, what)
 
 

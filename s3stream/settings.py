@@ -61,6 +61,11 @@ class CompactionSettings:
     orphan_sweep_interval_ms: int = 3_600_000
     #: Most keys one orphan sweep looks at; the next sweep goes on where it stopped.
     orphan_sweep_max_keys: int = 10_000
+    #: Most bytes per second the compactor reads plus writes (0: no limit of its own); the
+    #: client's `background_bytes_per_s` applies as well. Compaction traffic delays appends
+    #: on the same machine (docs/compaction.md has the measurements behind the default);
+    #: raise it when compaction falls behind the ingest.
+    bytes_per_s: int = 4 * MiB
 
     def __post_init__(self) -> None:
         _require_positive(
@@ -73,6 +78,7 @@ class CompactionSettings:
                 "deletion_delay_ms",
                 "orphan_grace_ms",
                 "orphan_sweep_interval_ms",
+                "bytes_per_s",
             ),
         )
         if self.stream_set_min_objects < 1:
@@ -193,6 +199,14 @@ class ObjectWalSettings:
     max_unflushed_bytes: int = 256 * MiB
     #: Longest an append waits for room before `WalFullError`.
     full_wait_ms: int = 30_000
+    #: Send an identical second PUT of a WAL object (a *hedge*) when the first has not
+    #: finished after this long, since one slow PUT holds up every later acknowledgement;
+    #: 0 = adaptive: twice the p90 of the last 64 PUTs, at least `hedge_min_ms`.
+    hedge_after_ms: int = 0
+    #: Lower bound of the adaptive hedge delay (so fast stores are not hedged on noise).
+    hedge_min_ms: int = 10
+    #: Hedges at most per WAL object, one delay apart (0: never hedge).
+    max_hedged_puts: int = 1
 
     def __post_init__(self) -> None:
-        _require_positive(self)
+        _require_positive(self, allow_zero=("hedge_after_ms", "max_hedged_puts"))

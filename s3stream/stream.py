@@ -79,8 +79,14 @@ class Stream(Closeable):
 
     @property
     def start_offset(self) -> int:
-        """First readable offset; data below it was trimmed."""
-        return self._start_offset
+        """First readable offset; data below it was trimmed.
+
+        Besides this stream's own `trim`, it follows trims by retention (this client's
+        compactor or a standalone one) as soon as this client has read them from the
+        metadata log, which it does at its next upload commit at the latest.
+        """
+        committed = self._client._committed_start(self.stream_id)
+        return self._start_offset if committed <= self._start_offset else committed
 
     @property
     def confirm_offset(self) -> int:
@@ -139,10 +145,10 @@ class Stream(Closeable):
                 raise InvalidArgumentError(f"end_offset {end_offset} is below start_offset {start}")
         if type(max_bytes) is not int or max_bytes < 1:
             raise InvalidArgumentError(f"max_bytes must be an int >= 1, got {max_bytes!r}")
-        if start < self._start_offset or start > confirm:
+        first = self.start_offset
+        if start < first or start > confirm:
             raise OffsetOutOfRangeError(
-                f"offset {start} is outside [{self._start_offset}, {confirm}] "
-                f"of stream {self.stream_id}"
+                f"offset {start} is outside [{first}, {confirm}] of stream {self.stream_id}"
             )
         if start >= end:
             return FetchResult([], start)
@@ -194,10 +200,10 @@ class Stream(Closeable):
         end = confirm if end_offset is None else check_offset("end_offset", end_offset)
         if type(max_bytes) is not int or max_bytes < 1:
             raise InvalidArgumentError(f"max_bytes must be an int >= 1, got {max_bytes!r}")
-        if start < self._start_offset or start > confirm:
+        first = self.start_offset
+        if start < first or start > confirm:
             raise OffsetOutOfRangeError(
-                f"offset {start} is outside [{self._start_offset}, {confirm}] "
-                f"of stream {self.stream_id}"
+                f"offset {start} is outside [{first}, {confirm}] of stream {self.stream_id}"
             )
         if end < start:
             raise InvalidArgumentError(f"end_offset {end} is below start_offset {start}")
@@ -225,7 +231,7 @@ class Stream(Closeable):
                     f"cannot trim stream {self.stream_id} to {new_start}: "
                     f"confirm offset is {self._w.confirm_offset}"
                 )
-            if new_start <= self._start_offset:
+            if new_start <= self.start_offset:
                 return
             self._client._trim_stream(self, new_start)
             self._start_offset = new_start
@@ -254,7 +260,6 @@ class Stream(Closeable):
 
     def __repr__(self) -> str:
         return (
-            f"Stream(id={self.stream_id}, epoch={self.epoch}, start={self._start_offset}, "
+            f"Stream(id={self.stream_id}, epoch={self.epoch}, start={self.start_offset}, "
             f"confirm={self.confirm_offset}, next={self.next_offset})"
         )
-

@@ -106,6 +106,11 @@ class PriorityRateLimiter:
         return self._bytes_rate == 0 and self._req_rate == 0
 
     @property
+    def closed(self) -> bool:
+        """True once `close` was called: nothing waits any more."""
+        return self._closed
+
+    @property
     def metrics(self) -> ThrottleMetrics:
         """A snapshot of the counters."""
         with self._cond:

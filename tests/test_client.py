@@ -416,3 +416,34 @@ def test_unreachable_s3_endpoint_is_unavailable_after_bounded_retries() -> None:
             },
         )
     assert time.monotonic() - t0 < 60
+
+
+def test_owner_sees_start_offset_moved_by_retention_elsewhere(tmp_path: Path) -> None:
+    """Retention run by another process's compactor moves the owner's `start_offset` once
+    the owner has read the trim from the metadata log (at its next upload commit)."""
+    clock = s3stream.ManualClock()
+    url = str(tmp_path / "store")
+    settings = s3stream.ClientSettings(compaction=s3stream.CompactionSettings(deletion_delay_ms=0))
+    with s3stream.open(
+        url, wal="memory://", node_id="owner", clock=clock, settings=settings
+    ) as owner:
+        s = owner.create_stream(tags=s3stream.RetentionPolicy(retention_ms=30_000).to_tags())
+        for _ in range(6):
+            s.append(RecordBatch(b"x" * 1000, count=2))
+            owner.flush()
+            clock.advance(10)
+        assert s.start_offset == 0
+        with s3stream.open(
+            url, wal="memory://", node_id="compactor", clock=clock, settings=settings
+        ) as other:
+            assert other.compact().streams_trimmed == 1
+            trimmed = other.stream_info(s.stream_id).start_offset
+        assert trimmed > 0
+        s.append(RecordBatch(b"y" * 1000, count=2))
+        owner.flush()  # the owner's next commit reads the trim
+        assert s.start_offset == trimmed
+        with pytest.raises(OffsetOutOfRangeError):
+            s.fetch(trimmed - 1)
+        assert s.fetch(trimmed).batches[0].base_offset == trimmed
+        s.trim(trimmed - 2)  # below the start already: nothing to do
+        assert s.start_offset == trimmed

@@ -663,6 +663,151 @@ def test_tiny_objects_are_corrupt() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# Copying blocks between objects (compaction)
+
+
+def blocks_of(data: bytes) -> list[tuple[BlockInfo, bytes]]:
+    index = parse_tail(data, len(data), KEY)
+    assert isinstance(index, ObjectIndex)
+    return [(b, data[b.position : b.end_position]) for b in index.blocks]
+
+
+@st.composite
+def copies(draw: st.DrawFn) -> tuple[list[FetchedBatch], list[dict[str, Any]], dict[str, Any]]:
+    """Batches of a few streams, spread over 1-4 source objects (each stream's batches in
+    offset order across them), the sources' writer settings and the copy's."""
+    batches, _ = draw(objects())
+    ordered = by_stream(batches)
+    cuts = sorted(draw(st.lists(st.integers(0, len(ordered)), max_size=3)))
+    parts = [ordered[a:b] for a, b in zip([0, *cuts], [*cuts, len(ordered)], strict=True)]
+
+    def writer_kw() -> dict[str, Any]:
+        return {
+            "block_target_bytes": draw(st.integers(1, 3000)),
+            "compression": draw(st.sampled_from(["none", "zstd"])),
+        }
+
+    # Sources are filled in stream order: a stream's later batches go to later sources.
+    sources = [writer_kw() for _ in parts]
+    return (
+        ordered,
+        [{"part": part, **kw} for part, kw in zip(parts, sources, strict=True)],
+        (writer_kw()),
+    )
+
+
+@settings(
+    max_examples=120, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+)
+@given(copies())
+def test_add_block_round_trip(
+    case: tuple[list[FetchedBatch], list[dict[str, Any]], dict[str, Any]],
+) -> None:
+    batches, sources, copy_kw = case
+    source_blocks: list[tuple[BlockInfo, bytes]] = []
+    for src in sources:
+        kw = {k: v for k, v in src.items() if k != "part"}
+        if src["part"]:
+            source_blocks += blocks_of(write(src["part"], **kw))
+    w = ObjectWriter(**copy_kw)
+    # Copy per stream, in offset order (blocks of one stream may come from several sources).
+    for blk, raw in sorted(
+        source_blocks, key=lambda item: (item[0].stream_id, item[0].start_offset)
+    ):
+        w.add_block(blk, raw, location="src")
+    estimate = w.size_estimate
+    data = w.finish()
+    if copy_kw["compression"] == "none":
+        assert estimate == len(data)
+    index = read_index(stored(data), KEY)
+    assert read_blocks(stored(data), KEY, index.blocks) == batches
+    # Blocks never shrink: every boundary of the copy is a boundary of the sources, and a
+    # block is either copied verbatim or merged from small ones within the target.
+    starts = {(b.stream_id, b.start_offset) for b, _ in source_blocks}
+    verbatim = {(b.stream_id, b.start_offset, b.end_offset, b.crc) for b, _ in source_blocks}
+    target = copy_kw["block_target_bytes"]
+    for blk in index.blocks:
+        assert (blk.stream_id, blk.start_offset) in starts
+        key = (blk.stream_id, blk.start_offset, blk.end_offset, blk.crc)
+        assert key in verbatim or blk.raw_size <= target
+    assert len(index.blocks) <= len(source_blocks)
+
+
+def test_add_block_merges_small_blocks_and_keeps_big_ones_verbatim() -> None:
+    rec = 40 + 60
+    # Ten single-batch sources of one stream, then one source holding a big compressed block.
+    sources = [write([fetched(1, i, 1, b"x" * 60)]) for i in range(10)]
+    big = write([fetched(1, 10, 1, bytes(4000))], compression="zstd", block_target_bytes=1 << 20)
+    w = ObjectWriter(block_target_bytes=350)
+    for data in [*sources, big]:
+        for blk, raw in blocks_of(data):
+            w.add_block(blk, raw)
+    w.add_fetched(fetched(1, 11, 1, b"y" * 60))
+    out = w.finish()
+    got = blocks_of(out)
+    assert [(b.start_offset, b.end_offset, b.raw_size, b.batch_count) for b, _ in got] == [
+        (0, 3, 3 * rec, 3),
+        (3, 6, 3 * rec, 3),
+        (6, 9, 3 * rec, 3),
+        (9, 10, rec, 1),
+        (10, 11, 4040, 1),
+        (11, 12, rec, 1),
+    ]
+    (src_big, src_raw), (copied, copied_raw) = blocks_of(big)[0], got[4]
+    assert copied.compressed and copied_raw == src_raw and copied.crc == src_big.crc
+    assert got[0][0].first_timestamp == 1000 and got[0][0].max_timestamp == 1002
+    expected = [fetched(1, i, 1, b"x" * 60) for i in range(10)]
+    expected += [fetched(1, 10, 1, bytes(4000)), fetched(1, 11, 1, b"y" * 60)]
+    assert read_blocks(stored(out), KEY, read_index(stored(out), KEY).blocks) == expected
+
+
+def test_add_block_decompresses_small_compressed_blocks_to_merge_them() -> None:
+    sources = [write([fetched(7, 2 * i, 2, bytes(300))], compression="zstd") for i in range(4)]
+    blocks = [bb for data in sources for bb in blocks_of(data)]
+    assert all(b.compressed for b, _ in blocks)
+    for compression in ("zstd", "none"):
+        w = ObjectWriter(block_target_bytes=4096, compression=compression)
+        for blk, raw in blocks:
+            w.add_block(blk, raw)
+        out = w.finish()
+        ((merged, _),) = blocks_of(out)
+        assert (merged.start_offset, merged.end_offset, merged.batch_count) == (0, 8, 4)
+        assert merged.compressed is (compression == "zstd")
+        assert read_blocks(stored(out), KEY, [merged]) == [
+            fetched(7, 2 * i, 2, bytes(300)) for i in range(4)
+        ]
+
+
+def test_add_block_rejects_damaged_or_misplaced_blocks() -> None:
+    ((blk, raw),) = blocks_of(write([fetched(3, 5, 2, b"p" * 100)]))
+    w = ObjectWriter()
+    flipped = bytearray(raw)
+    flipped[50] ^= 1
+    with pytest.raises(CorruptionError, match="crc32c mismatch") as exc:
+        w.add_block(blk, bytes(flipped), location="data/src.s3o")
+    assert exc.value.location == "data/src.s3o" and exc.value.position == blk.position
+    with pytest.raises(CorruptionError, match="bytes, index says"):
+        w.add_block(blk, raw[:-1])
+    assert w.is_empty()  # nothing of a refused block stays behind
+    # An entry that does not describe its (intact) bytes: caught by the header check.
+    wrong = BlockInfo(
+        3, 9, 11, blk.position, blk.stored_size, blk.raw_size, 1, 0, 0, False, blk.crc
+    )
+    with pytest.raises(CorruptionError, match="begins with stream 3 offset 5"):
+        w.add_block(wrong, raw)
+    assert w.is_empty()
+    with pytest.raises(InvalidArgumentError, match="BlockInfo"):
+        w.add_block((3, 5), raw)  # type: ignore[arg-type]
+    w.add_block(blk, raw)
+    with pytest.raises(InvalidArgumentError, match="not contiguous"):
+        w.add_block(blk, raw)
+    assert w.ranges() == [(3, 5, 7)]
+    w.finish()
+    with pytest.raises(StreamClosedError):
+        w.add_block(blk, raw)
+
+
+# ---------------------------------------------------------------------------------------------
 # Package surface
 
 

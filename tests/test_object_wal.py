@@ -7,6 +7,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import Future
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from s3stream.clock import SystemClock
 from s3stream.errors import FencedError, InvalidArgumentError, UnavailableError
 from s3stream.objectstore.base import ObjectInfo, ObjectStore
 from s3stream.objectstore.memory import MemoryObjectStore
+from s3stream.objectstore.s3 import S3ObjectStore
 from s3stream.objectstore.wrappers import (
     ForwardingObjectStore,
     MetricsObjectStore,
@@ -162,8 +164,11 @@ def test_records_are_cut_at_max_bytes_without_waiting() -> None:
 
 def test_acks_are_in_order_when_puts_finish_out_of_order() -> None:
     gated = GatedStore(MemoryObjectStore())
-    settings = ObjectWalSettings(
-        wal_batch_interval_ms=1, wal_batch_max_bytes=64 << 10, max_inflight_puts=4
+    settings = ObjectWalSettings(  # no hedging: a hedge would bypass the held PUT
+        wal_batch_interval_ms=1,
+        wal_batch_max_bytes=64 << 10,
+        max_inflight_puts=4,
+        max_hedged_puts=0,
     )
     wal, _ = _ready(gated, settings=settings, retry=False)
     gated.hold_next_data = 1
@@ -191,8 +196,11 @@ def test_acks_are_in_order_when_puts_finish_out_of_order() -> None:
 
 def test_taker_seals_the_chain_and_the_zombies_late_objects_stay_invisible() -> None:
     gated = GatedStore(MemoryObjectStore())
-    settings = ObjectWalSettings(
-        wal_batch_interval_ms=1, wal_batch_max_bytes=64 << 10, max_inflight_puts=4
+    settings = ObjectWalSettings(  # no hedging: a hedge would bypass the held PUT
+        wal_batch_interval_ms=1,
+        wal_batch_max_bytes=64 << 10,
+        max_inflight_puts=4,
+        max_hedged_puts=0,
     )
     zombie, _ = _ready(gated, epoch=1, settings=settings, retry=False)
     acked = [zombie.append(b"before %d" % i).result(5) for i in range(5)]
@@ -349,6 +357,320 @@ def test_a_permanent_failure_fails_appends_with_unavailable_not_a_hang() -> None
     with pytest.raises(UnavailableError):
         wal.append(b"after the failure")
     wal.close()
+
+
+# -- hedged PUTs ---------------------------------------------------------------------------------
+
+
+class AttemptGate(ForwardingObjectStore):
+    """Holds chosen attempts (0 = the first, 1 = the first hedge, ...) to create the next WAL
+    data object once `armed`, each on its own event: before the create reaches the store, or
+    with `after` once it took effect (a reply that is late). Attempts in `fail` then raise
+    `UnavailableError` without reaching the store. Records what each attempt returned (None:
+    it failed)."""
+
+    def __init__(
+        self,
+        inner: ObjectStore,
+        hold: frozenset[int],
+        *,
+        after: bool = False,
+        fail: frozenset[int] = frozenset(),
+        armed: bool = True,
+    ) -> None:
+        super().__init__(inner)
+        self.hold = hold
+        self.after = after
+        self.fail = fail
+        self.armed = armed
+        self.lock = threading.Lock()
+        self.target: str | None = None
+        self.calls = 0
+        self.events = {i: threading.Event() for i in hold}
+        self.returned: list[tuple[int, bool | None]] = []
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        with self.lock:
+            if self.target is None and self.armed and len(data) > HEADER.size:
+                self.target = key
+            index = self.calls if key == self.target else -1
+            self.calls += key == self.target
+        gate = self.events.get(index)
+        if gate is not None and not self.after:
+            assert gate.wait(10), "gate never opened"
+        if index in self.fail:
+            with self.lock:
+                self.returned.append((index, None))
+            raise UnavailableError(f"injected failure of attempt {index}")
+        created = self.inner.put_if_absent(key, data)
+        if gate is not None and self.after:
+            assert gate.wait(10), "gate never opened"
+        if index >= 0:
+            with self.lock:
+                self.returned.append((index, created))
+        return created
+
+    def wait_for(self, predicate: Any, what: str) -> None:
+        deadline = time.monotonic() + 5
+        while not predicate():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.005)
+
+
+HEDGE_FAST = ObjectWalSettings(
+    wal_batch_interval_ms=1, wal_batch_max_bytes=64 << 10, hedge_after_ms=20
+)
+
+
+def test_a_slow_put_is_hedged_and_acked_while_the_first_attempt_still_hangs() -> None:
+    gate = AttemptGate(MemoryObjectStore(), frozenset({0}))
+    wal, _ = _ready(gate, settings=HEDGE_FAST, retry=False)
+    t0 = time.monotonic()
+    pos = wal.append(b"slow first PUT").result(5)
+    assert time.monotonic() - t0 < 2, "the hedge did not rescue the held PUT"
+    assert not gate.events[0].is_set() and gate.returned == [(1, True)]
+    assert (wal.hedged_puts, wal.hedges_won) == (1, 1)
+    gate.events[0].set()  # the first attempt lands late and finds the hedge's object
+    gate.wait_for(lambda: len(gate.returned) == 2, "the first attempt")
+    assert gate.returned[1] == (0, False)
+    later = wal.append(b"after").result(5)  # the WAL goes on normally
+    wal.close()
+    assert [i.key for i in _data_objects(gate.inner)] == [
+        wal.object_key(pos),
+        wal.object_key(later),
+    ]
+    again, got = _ready(gate.inner, epoch=2)
+    assert got == [WalRecord(pos, b"slow first PUT"), WalRecord(later, b"after")]
+    again.close()
+
+
+def test_both_attempts_landing_is_one_object_acked_once() -> None:
+    # The first attempt creates the object but its reply is late: the hedge is told "exists",
+    # reads the object back, finds its own bytes and acknowledges.
+    gate = AttemptGate(MetricsObjectStore(MemoryObjectStore()), frozenset({0}), after=True)
+    wal, _ = _ready(gate, settings=HEDGE_FAST, retry=False)
+    fired: list[int] = []
+    fut = wal.append(b"landed twice")
+    fut.add_done_callback(lambda f: fired.append(f.result()))
+    pos = fut.result(5)
+    assert gate.returned == [(1, False)] and not gate.events[0].is_set()
+    assert (wal.hedged_puts, wal.hedges_won) == (1, 1)
+    assert gate.inner.metrics.gets == 1  # type: ignore[attr-defined]
+    gate.events[0].set()
+    wal.close()  # waits for the late attempt: nothing runs after close()
+    assert gate.returned == [(1, False), (0, True)] and fired == [pos]
+    assert len(_data_objects(gate.inner)) == 1
+    again, got = _ready(gate.inner, epoch=2)
+    assert got == [WalRecord(pos, b"landed twice")]
+    again.close()
+
+
+def test_a_hedge_that_finds_a_takers_seal_is_fenced() -> None:
+    gate = AttemptGate(MemoryObjectStore(), frozenset({0, 1}), armed=False)
+    zombie, _ = _ready(gate, settings=HEDGE_FAST, retry=False)
+    before = zombie.append(b"acked before").result(5)
+    gate.armed = True  # hold the attempts of the next object
+    held = zombie.append(b"in flight at the take-over")
+    gate.wait_for(lambda: gate.calls == 2, "the first attempt and its hedge")
+    taker, got = _ready(gate.inner, epoch=2)  # seals the position the held object claims
+    assert got == [WalRecord(before, b"acked before")]
+    gate.events[1].set()
+    with pytest.raises(FencedError):
+        held.result(5)
+    assert not gate.events[0].is_set(), "fenced by the hedge alone"
+    gate.events[0].set()
+    zombie.close()
+    assert gate.returned == [(1, False), (0, False)]
+    taker.append(b"taker").result(5)
+    taker.close()
+    last, records = _ready(gate.inner, epoch=3)
+    assert [r.data for r in records] == [b"acked before", b"taker"]
+    last.close()
+
+
+def test_without_hedging_a_slow_put_holds_the_ack_as_before() -> None:
+    gate = AttemptGate(MetricsObjectStore(MemoryObjectStore()), frozenset({0}))
+    settings = replace(HEDGE_FAST, max_hedged_puts=0)
+    wal, _ = _ready(gate, settings=settings, retry=False)
+    fut = wal.append(b"waits")
+    time.sleep(0.2)  # ten hedge delays
+    assert not fut.done() and gate.calls == 1 and wal.hedged_puts == 0
+    gate.events[0].set()
+    fut.result(5)
+    # A taker's seal fences at once: one attempt only, so "exists" needs no read-back.
+    taker, _ = _ready(gate.inner, epoch=2)
+    gets = gate.inner.metrics.gets  # type: ignore[attr-defined]
+    with pytest.raises(FencedError):
+        wal.append(b"fenced").result(5)
+    assert gate.inner.metrics.gets == gets  # type: ignore[attr-defined]
+    wal.close()
+    taker.close()
+
+
+def test_a_straggler_landing_after_the_trim_is_stale_and_deleted() -> None:
+    gate = AttemptGate(MemoryObjectStore(), frozenset({0}))
+    wal, _ = _ready(gate, settings=HEDGE_FAST, retry=False)
+    pos = wal.append(b"trimmed soon").result(5)  # acked by the hedge
+    key = wal.object_key(pos)
+    wal.trim(pos)
+    assert gate.inner.head(key) is None, "the trim deletes the acknowledged object"
+    gate.events[0].set()  # the straggler creates it again, below the anchor
+    gate.wait_for(lambda: len(gate.returned) == 2, "the straggler")
+    assert gate.returned == [(1, True), (0, True)] and gate.inner.head(key) is not None
+    nxt = wal.append(b"next").result(5)
+    wal._abandon()  # crash before any trim could delete the straggler
+    again, got = _ready(gate.inner, epoch=2)
+    assert got == [WalRecord(nxt, b"next")], "recovery must not read the straggler"
+    again.reset()
+    assert gate.inner.head(key) is None and _data_objects(gate.inner) == []
+    again.close()
+
+    # In the same session, the next trim deletes the straggler.
+    gate = AttemptGate(MemoryObjectStore(), frozenset({0}))
+    wal, _ = _ready(gate, settings=HEDGE_FAST, retry=False)
+    pos = wal.append(b"trimmed soon").result(5)
+    wal.trim(pos)
+    gate.events[0].set()
+    key = wal.object_key(pos)
+    gate.wait_for(lambda: any(k == key for _, k in wal._stale), "the straggler to be noted")
+    wal.trim(wal.append(b"next").result(5))
+    assert _data_objects(gate.inner) == []
+    wal.close()
+
+
+def test_close_waits_for_hedges_and_attempts_in_flight() -> None:
+    threads_before = set(threading.enumerate())
+    gate = AttemptGate(MemoryObjectStore(), frozenset({0, 1}))
+    wal, _ = _ready(gate, settings=HEDGE_FAST, retry=False)
+    fut = wal.append(b"closing")
+    gate.wait_for(lambda: gate.calls == 2, "the hedge")
+    closer = threading.Thread(target=wal.close)
+    closer.start()
+    time.sleep(0.05)
+    assert closer.is_alive() and not fut.done(), "close() must wait for the unresolved PUT"
+    gate.events[1].set()
+    assert fut.result(5) > 0
+    time.sleep(0.05)
+    assert closer.is_alive(), "close() must wait for the attempt still running"
+    gate.events[0].set()
+    closer.join(5)
+    assert not closer.is_alive()
+    left = set(threading.enumerate()) - threads_before
+    assert not any(t.name.startswith("s3stream-wal-") for t in left), left
+
+
+def test_one_failed_attempt_waits_for_the_other_and_all_failed_fails() -> None:
+    gate = AttemptGate(MemoryObjectStore(), frozenset({0}), fail=frozenset({0}))
+    wal, _ = _ready(gate, settings=HEDGE_FAST, retry=False)
+    pos = wal.append(b"saved by the hedge").result(5)
+    gate.events[0].set()
+    gate.wait_for(lambda: len(gate.returned) == 2, "the first attempt")
+    assert gate.returned == [(1, True), (0, None)]
+    assert wal.append(b"the WAL still works").result(5) > pos
+    wal.close()
+
+    gate = AttemptGate(MemoryObjectStore(), frozenset({0}), fail=frozenset({0, 1}))
+    wal, _ = _ready(gate, settings=HEDGE_FAST, retry=False)
+    fut = wal.append(b"doomed")
+    gate.wait_for(lambda: gate.returned == [(1, None)], "the hedge to fail")
+    time.sleep(0.05)
+    assert not fut.done(), "one attempt failed; the other may still succeed"
+    gate.events[0].set()
+    with pytest.raises(UnavailableError):
+        fut.result(5)
+    wal.close()
+
+
+def test_adaptive_hedge_delay_follows_put_latency_per_size_class() -> None:
+    wal, _ = _ready(MemoryObjectStore())  # hedge_after_ms=0: adaptive
+    assert wal.hedge_delay_ms() == pytest.approx(1000)  # before enough PUTs were measured
+    for i in range(20):
+        wal.append(b"%d" % i).result(5)
+    assert wal.hedge_delay_ms() == pytest.approx(10)  # microsecond PUTs: the floor (hedge_min_ms)
+    # Large objects take longer: small ones say nothing about them.
+    assert wal.hedge_delay_ms(8 << 20) == pytest.approx(1000)
+    wal.close()
+    slow = FaultyObjectStore(
+        MemoryObjectStore(),
+        rng=random.Random(5),
+        clock=SystemClock(),
+        rules=[FaultRule(latency_s=(0.03, 0.03), operations=frozenset({"put_if_absent"}))],
+    )
+    wal, _ = _ready(slow)
+    for i in range(20):
+        wal.append(b"%d" % i).result(5)
+    assert 60 <= wal.hedge_delay_ms() < 300  # twice the p90 of ~30 ms PUTs
+    wal.close()
+    fixed, _ = _ready(slow, epoch=2, settings=HEDGE_FAST)
+    fixed.append(b"x").result(5)
+    assert fixed.hedge_delay_ms() == fixed.hedge_delay_ms(8 << 20) == pytest.approx(20)
+    fixed.close()
+
+
+def test_heavy_hedging_under_faults_loses_and_duplicates_nothing() -> None:
+    """Every slow PUT is hedged (2 ms), up to two hedges each, while PUTs are slow, fail or
+    lose their replies and trims run: recovery returns exactly the acknowledged records."""
+    faulty = FaultyObjectStore(
+        MemoryObjectStore(),
+        rng=random.Random(11),
+        clock=SystemClock(),
+        error_rate=0.03,
+        ambiguous_rate=0.03,
+        latency_s=(0.0, 0.006),
+    )
+    settings = ObjectWalSettings(
+        wal_batch_interval_ms=2,
+        wal_batch_max_bytes=4 << 10,
+        hedge_after_ms=2,
+        max_hedged_puts=2,
+    )
+    wal = _wal(faulty, settings=settings, rng=random.Random(2))
+    assert list(wal.recover()) == []
+    acked: list[WalRecord] = []
+    lock = threading.Lock()
+
+    def writer(t: int) -> None:
+        for window in range(60):
+            data = [b"t%d-%d-%d" % (t, window, i) for i in range(3)]
+            for fut, d in zip([wal.append(d) for d in data], data, strict=True):
+                pos = fut.result(30)
+                with lock:
+                    acked.append(WalRecord(pos, d))
+
+    threads = [threading.Thread(target=writer, args=(t,)) for t in range(3)]
+    for th in threads:
+        th.start()
+    while any(th.is_alive() for th in threads):
+        with lock:
+            target = sorted(acked)[len(acked) // 2].position if len(acked) > 10 else None
+        if target is not None:
+            wal.trim(target)
+        time.sleep(0.005)
+    for th in threads:
+        th.join()
+    trim_point = wal._trim
+    assert wal.hedged_puts >= 20 and wal.hedges_won >= 5, (wal.hedged_puts, wal.hedges_won)
+    wal.close()
+    with faulty.healthy():
+        again, got = _ready(faulty, epoch=2)
+    assert got == sorted(r for r in acked if r.position > trim_point)
+    again.close()
+
+
+@pytest.mark.s3
+def test_s3_hedge_resolves_a_late_first_attempt_by_reading_back(seaweedfs: Any) -> None:
+    s3 = S3ObjectStore(seaweedfs.bucket, f"hedge-{uuid.uuid4().hex}", **seaweedfs.storage_options())
+    gate = AttemptGate(s3, frozenset({0}), after=True)
+    wal, _ = _ready(gate, settings=HEDGE_FAST)
+    pos = wal.append(b"on SeaweedFS").result(10)
+    assert gate.returned == [(1, False)], "the server says 'exists', the read-back 'ours'"
+    assert wal.hedges_won == 1
+    gate.events[0].set()
+    wal.close()
+    again, got = _ready(s3, epoch=2)
+    assert got == [WalRecord(pos, b"on SeaweedFS")]
+    again.close()
+    s3.close()
 
 
 # -- URLs ----------------------------------------------------------------------------------------

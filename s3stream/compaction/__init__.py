@@ -6,7 +6,8 @@ Roles:
   stream-set objects, split streams with enough data out into stream objects, split old ones
   completely) and stream object compaction (merge small adjacent stream objects, drop data
   below the start offset). Pure: reads metadata and object indexes only.
-- `executor` — runs one task: read (throttled), write, verify the outputs, PUT, commit one
+- `executor` — runs one task: read (throttled), copy whole blocks into the outputs (decoding
+  only blocks that straddle a stream's start offset), verify, PUT, check coverage, commit one
   `CompactObjects` after re-checking the replaced objects are still live; aborts cleanly.
 - `retention` — `RetentionPolicy` (stream tags ``retention.ms`` / ``retention.bytes``) and
   the start offset it asks for.

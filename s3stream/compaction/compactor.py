@@ -119,6 +119,7 @@ class Compactor:
             node_id=node_id,
             writer=writer,
             limiter=limiter,
+            bytes_per_s=settings.bytes_per_s,
             max_object_bytes=settings.stream_object_target_bytes,
         )
         self._sweeper = OrphanSweeper(
@@ -330,6 +331,8 @@ class Compactor:
     def stop(self) -> None:
         """Stop the background thread; a pass in progress ends after its current task."""
         self._stop.set()
+        # The current task goes on unthrottled by the compactor's own limit.
+        self._executor.stop_waiting()
         if self._thread is not None:
             self._thread.join()
             self._thread = None

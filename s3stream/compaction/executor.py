@@ -1,19 +1,24 @@
-"""Executing a compaction task: read, write, verify, PUT, commit — or abort cleanly.
+"""Executing a compaction task: read, copy blocks, verify, PUT, commit — or abort cleanly.
 
-1. Read every block the task's pieces need, one ranged GET per run of adjacent blocks (at
-   most `max_get_bytes`), throttled at `Priority.COMPACTION`; every block's crc32c and
-   structure are verified on the way (`decode_block`).
-2. Write the outputs with `ObjectWriter`, dropping batches wholly below the stream's start
-   offset (as of planning; the start only moves forward, so that keeps enough).
-3. Verify each output before it is PUT: its own index, parsed back from its bytes, must show
-   exactly the stream ranges its metadata will claim; and every source batch at or above the
-   start offset must have gone into an output (the coverage check, done here on the data and
-   again by the metadata invariant I10 on the ranges).
-4. PUT the outputs, then commit one `CompactObjects`. The commit's build re-checks, on the
-   latest metadata, that every replaced object is still live: if another compactor replaced
-   one first, the task is aborted and its outputs are deleted (they were never referenced).
-   Any other refusal of the commit is a bug in compaction: the outputs are deleted and a
-   `CorruptionError` is raised, nothing live is touched.
+1. Read the blocks the task's pieces need (none wholly below a stream's start offset), one
+   ranged GET of at most `max_get_bytes` per run of adjacent blocks, each GET paid to the rate
+   limiter at `Priority.COMPACTION` just before it is sent.
+2. Write the outputs with `ObjectWriter.add_block`: blocks are copied without decoding their
+   batches (small adjacent ones of a stream are merged into one), after their crc32c is
+   checked. Only a block straddling a stream's start offset (as of planning; the start only
+   moves forward, so that keeps enough) is decoded, to drop the batches wholly below it.
+3. Verify each output before it is PUT — its own index, parsed back from its bytes, must show
+   exactly the stream ranges its metadata will claim — and PUT it; one output is held at a
+   time. Output bytes are paid to the limiter 1 MiB at a time as they are copied.
+4. Before the commit, the coverage check: for every live range of every replaced object, the
+   offsets actually copied from it must join up to cover the range and lie in the outputs,
+   and the outputs must not overlap (index level; invariant I10 of the metadata checks the
+   ranges once more). A failure is a bug: the outputs are deleted, `CorruptionError` raised.
+5. Commit one `CompactObjects`. The commit's build re-checks, on the latest metadata, that
+   every replaced object is still live: if another compactor replaced one first, the task is
+   aborted and its outputs are deleted (they were never referenced). Any other refusal of the
+   commit is a bug in compaction: the outputs are deleted and a `CorruptionError` is raised,
+   nothing live is touched.
 
 A crash anywhere leaves either nothing committed (the outputs are orphans for the sweeper) or
 the whole task committed (the replaced objects are marked deleted and purged after the
@@ -23,7 +28,7 @@ deletion delay).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from ..clock import Clock
@@ -47,16 +52,20 @@ from ..metadata import (
 from ..objectstore.base import ObjectStore
 from ..storage.packing import KIND_STREAM, KIND_STREAM_SET, KeyFactory
 from ..throttle import Priority, PriorityRateLimiter
-from ..types import FetchedBatch
-from .planner import CompactionTask, IndexOf, OutputObject, Piece, keep_from
+from .planner import CompactionTask, IndexOf, OutputObject, keep_from
 
 __all__ = ["CompactionExecutor", "TaskResult", "WriterOptions"]
 
 log = logging.getLogger(__name__)
 
 MiB = 1 << 20
-#: Output bytes encoded between two payments to the rate limiter.
+#: Output bytes copied between two payments to the rate limiter.
 _PACE_BYTES = 1 * MiB
+
+#: Blocks read for one (source key, stream id): index entries with their stored bytes.
+_SourceBlocks = dict[tuple[str, int], list[tuple[BlockInfo, bytes]]]
+#: Offset spans actually copied, per (source key, stream id).
+_Copied = dict[tuple[str, int], list[tuple[int, int]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,11 +108,18 @@ class CompactionExecutor:
         node_id: str,
         writer: WriterOptions | None = None,
         limiter: PriorityRateLimiter | None = None,
-        max_get_bytes: int = 8 * MiB,
+        bytes_per_s: float = 0,
+        max_get_bytes: int = 4 * MiB,
         max_object_bytes: int = 64 * MiB,
     ) -> None:
+        """`limiter` is the client's shared one (traffic waits there at `Priority.COMPACTION`);
+        `bytes_per_s` > 0 adds a limit of the executor's own on the bytes it reads and writes.
+        """
         if type(max_get_bytes) is not int or max_get_bytes < 1:
             raise InvalidArgumentError(f"max_get_bytes must be an int >= 1, got {max_get_bytes!r}")
+        # Validated by the limiter itself.
+        self._own_rate = bytes_per_s
+        self._own = self._new_own_limiter(clock)
         self._store = store
         self._meta = meta
         self._keys = keys
@@ -115,22 +131,44 @@ class CompactionExecutor:
         self._max_get = max_get_bytes
         self._max_object = max_object_bytes
 
+    def _new_own_limiter(self, clock: Clock) -> PriorityRateLimiter | None:
+        if not self._own_rate:
+            return None
+        # A short burst (a quarter second of the rate, paid in slices of a quarter of that):
+        # the work is spread evenly instead of running a second's worth at full speed.
+        return PriorityRateLimiter(clock=clock, bytes_per_s=self._own_rate, burst_s=0.25)
+
+    def stop_waiting(self) -> None:
+        """Let a task waiting for the executor's own limit through at once (when stopping);
+        the next `execute` is limited again."""
+        own = self._own
+        if own is not None:
+            own.close()
+
     def execute(self, task: CompactionTask, state: MetadataState) -> TaskResult:
         """Run `task`, planned on `state`; see the module docstring for the guarantees."""
-        batches, read_bytes, gets = self._read(task)
-        outputs = [o for out in task.outputs for o in self._write(task, out, batches, state)]
-        self._check_coverage(task, batches, outputs, state)
+        if self._own is not None and self._own.closed:
+            self._own = self._new_own_limiter(self._clock)
+        blocks, read_bytes, gets = self._read(task, state)
+        copied: _Copied = {}
         keys: list[str] = []
+        metas: list[ObjectMeta] = []
+        written = 0
         try:
-            for meta, data in outputs:
-                # The bytes were paid for while encoding them (see _write).
-                self._throttle(0)
-                self._store.put(meta.key, data)
-                keys.append(meta.key)
+            for out in task.outputs:
+                for meta, data in self._write(task, out, blocks, state, copied):
+                    # The bytes were paid for while copying them (see _write).
+                    self._throttle(0)
+                    self._store.put(meta.key, data)
+                    keys.append(meta.key)
+                    metas.append(meta)
+                    written += len(data)
+            del blocks  # the read buffers: the outputs are in the store now
+            self._check_coverage(task, copied, metas, state)
         except BaseException:
             self._delete(keys)
             raise
-        new_objects = tuple(meta for meta, _ in outputs)
+        new_objects = tuple(metas)
         replaced_keys = tuple(o.key for o in task.replaced)
 
         def build(latest: MetadataState) -> list[CompactObjects]:
@@ -155,43 +193,41 @@ class CompactionExecutor:
             ) from exc
         # Any other error leaves the outputs alone: the commit may have landed, and if it
         # did not, they are orphans for the sweeper.
-        return TaskResult(
-            task, True, new_objects, read_bytes, sum(len(d) for _, d in outputs), gets
-        )
+        return TaskResult(task, True, new_objects, read_bytes, written, gets)
 
     # ------------------------------------------------------------------ read
 
-    def _read(
-        self, task: CompactionTask
-    ) -> tuple[dict[tuple[str, int], list[FetchedBatch]], int, int]:
-        """Decoded batches per (source key, stream id) for every piece of the task."""
-        wanted: dict[str, list[Piece]] = {}
+    def _read(self, task: CompactionTask, state: MetadataState) -> tuple[_SourceBlocks, int, int]:
+        """The blocks (with their stored bytes) every piece of the task needs, in offset
+        order per (source key, stream id); blocks wholly below the start offset are skipped."""
+        wanted: dict[str, list[BlockInfo]] = {}
+        by_source = {o.key: o for o in task.replaced}
         for out in task.outputs:
             for p in out.pieces:
-                wanted.setdefault(p.source, []).append(p)
-        by_source = {o.key: o for o in task.replaced}
-        result: dict[tuple[str, int], list[FetchedBatch]] = {}
-        read_bytes = gets = 0
-        for key, pieces in wanted.items():
-            obj = by_source.get(key)
-            if obj is None:
-                raise InvalidArgumentError(f"task reads {key!r}, which it does not replace")
-            idx = self._index_of(obj)
-            blocks: list[BlockInfo] = []
-            for p in pieces:
-                found = idx.find(p.stream_id, p.start_offset, p.end_offset)
-                if (
-                    not found
-                    or found[0].start_offset > p.start_offset
-                    or (found[-1].end_offset < p.end_offset)
-                ):
-                    raise CorruptionError(
-                        f"object {key} does not hold stream {p.stream_id} "
-                        f"[{p.start_offset}, {p.end_offset}) as its metadata says",
-                        location=key,
+                obj = by_source.get(p.source)
+                if obj is None:
+                    raise InvalidArgumentError(
+                        f"task reads {p.source!r}, which it does not replace"
                     )
-                blocks.extend(found)
-            blocks.sort(key=lambda b: b.position)
+                keep = keep_from(state, p.stream_id)
+                if keep is None:
+                    continue  # a deleted stream: nothing to copy
+                lo = max(p.start_offset, keep)
+                if lo >= p.end_offset:
+                    continue
+                found = self._index_of(obj).find(p.stream_id, lo, p.end_offset)
+                if not found or found[0].start_offset > lo or found[-1].end_offset < p.end_offset:
+                    raise CorruptionError(
+                        f"object {p.source} does not hold stream {p.stream_id} "
+                        f"[{lo}, {p.end_offset}) as its metadata says",
+                        location=p.source,
+                    )
+                wanted.setdefault(p.source, []).extend(found)
+        result: _SourceBlocks = {}
+        read_bytes = gets = 0
+        for key, found in wanted.items():
+            # Unique by position: two pieces of one stream may share a block.
+            blocks = sorted({b.position: b for b in found}.values(), key=lambda b: b.position)
             for run in self._runs(blocks):
                 start, end = run[0].position, run[-1].end_position
                 self._throttle(end - start)
@@ -202,10 +238,15 @@ class CompactionExecutor:
                     raise CorruptionError(
                         f"corrupt object {key}: ends before byte {end}", location=key
                     )
-                view = memoryview(data)
                 for b in run:
-                    got = decode_block(view[b.position - start : b.end_position - start], b, key)
-                    result.setdefault((key, b.stream_id), []).extend(got)
+                    # A bytes slice (a copy of one block) rather than a memoryview: joining
+                    # the output releases the GIL only over exact bytes, and an object's
+                    # worth of copying must not stall the threads appending meanwhile.
+                    result.setdefault((key, b.stream_id), []).append(
+                        (b, data[b.position - start : b.end_position - start])
+                    )
+        for got in result.values():
+            got.sort(key=lambda item: item[0].start_offset)
         return result, read_bytes, gets
 
     def _runs(self, blocks: Sequence[BlockInfo]) -> list[list[BlockInfo]]:
@@ -223,6 +264,9 @@ class CompactionExecutor:
         return runs
 
     def _throttle(self, nbytes: int, requests: int = 1) -> None:
+        own = self._own
+        if own is not None:
+            own.acquire(nbytes, Priority.COMPACTION, requests)
         if self._limiter is not None:
             self._limiter.acquire(nbytes, Priority.COMPACTION, requests)
 
@@ -232,42 +276,55 @@ class CompactionExecutor:
         self,
         task: CompactionTask,
         out: OutputObject,
-        batches: dict[tuple[str, int], list[FetchedBatch]],
+        blocks: _SourceBlocks,
         state: MetadataState,
-    ) -> list[tuple[ObjectMeta, bytes]]:
-        """The objects for `out`: one, or for a stream object several of at most
-        `max_object_bytes` each (cut between batches)."""
+        copied: _Copied,
+    ) -> Iterator[tuple[ObjectMeta, bytes]]:
+        """The objects for `out`, one at a time: one, or for a stream object several of at
+        most `max_object_bytes` each (cut between blocks). Records what it copied."""
         sources = [o for o in task.replaced if o.key in {p.source for p in out.pieces}]
         limit = self._max_object if out.kind is ObjectKind.STREAM else None
-        done: list[tuple[ObjectMeta, bytes]] = []
         w = self._new_writer()
-        # Pay for output bytes as they are encoded, not in one lump at the PUT: this spreads
-        # the CPU work of a big output evenly over time (appends in the same process share
-        # the interpreter with it).
+        # Pay for output bytes as they are copied, not in one lump at the PUT, so that the
+        # work spreads evenly over time when throttled.
         unpaid = 0
         for p in sorted(out.pieces, key=lambda p: (p.stream_id, p.start_offset)):
             keep = keep_from(state, p.stream_id)
-            for b in batches.get((p.source, p.stream_id), ()):
-                if b.next_offset <= p.start_offset or b.base_offset >= p.end_offset:
-                    continue
-                if keep is None or b.next_offset <= keep:
+            if keep is None:
+                continue
+            lo, hi = max(p.start_offset, keep), p.end_offset
+            spans = copied.setdefault((p.source, p.stream_id), [])
+            for b, data in blocks.get((p.source, p.stream_id), ()):
+                if b.end_offset <= lo or b.start_offset >= hi:
                     continue
                 if (
                     limit is not None
                     and not w.is_empty()
-                    and w.size_estimate + len(b.payload) > limit
+                    and w.size_estimate + b.stored_size > limit
                 ):
-                    done.append(self._finish(w, sources))
+                    yield self._finish(w, sources)
                     w = self._new_writer()
-                w.add_fetched(b)
-                unpaid += len(b.payload)
+                if lo <= b.start_offset and b.end_offset <= hi:
+                    w.add_block(b, data, location=p.source)
+                    spans.append((b.start_offset, b.end_offset))
+                else:
+                    # Straddles the start offset (or the piece's end): the only blocks decoded.
+                    kept = [
+                        x
+                        for x in decode_block(data, b, p.source)
+                        if x.next_offset > lo and x.base_offset < hi
+                    ]
+                    for x in kept:
+                        w.add_fetched(x)
+                    if kept:
+                        spans.append((kept[0].base_offset, kept[-1].next_offset))
+                unpaid += b.stored_size
                 if unpaid >= _PACE_BYTES:
                     self._throttle(unpaid, requests=0)
                     unpaid = 0
-        if not w.is_empty():
-            done.append(self._finish(w, sources))
         self._throttle(unpaid, requests=0)
-        return done
+        if not w.is_empty():
+            yield self._finish(w, sources)
 
     def _new_writer(self) -> ObjectWriter:
         return ObjectWriter(
@@ -309,49 +366,42 @@ class CompactionExecutor:
     def _check_coverage(
         self,
         task: CompactionTask,
-        batches: dict[tuple[str, int], list[FetchedBatch]],
-        outputs: list[tuple[ObjectMeta, bytes]],
+        copied: _Copied,
+        outputs: Sequence[ObjectMeta],
         state: MetadataState,
     ) -> None:
-        """Every source batch at or above its stream's start offset was read and lies in an
-        output; outputs do not overlap. Raises `CorruptionError` otherwise (a bug)."""
+        """Every live range of every replaced object was copied — the spans copied from it
+        join up and cover it — into the outputs, which do not overlap. Works on offsets only
+        (every copied block's crc32c was checked as it was copied). Raises `CorruptionError`
+        otherwise (a bug)."""
         covered: dict[int, list[tuple[int, int]]] = {}
-        for meta, _ in outputs:
+        for meta in outputs:
             for r in meta.ranges:
                 covered.setdefault(r.stream_id, []).append((r.start_offset, r.end_offset))
         for sid, spans in covered.items():
-            spans.sort()
-            joined: list[tuple[int, int]] = []
-            for a, b in spans:
-                if joined and a < joined[-1][1]:
-                    raise CorruptionError(f"compaction outputs overlap in stream {sid}: {spans}")
-                if joined and a == joined[-1][1]:
-                    # Outputs cut at the size limit continue each other.
-                    joined[-1] = (joined[-1][0], b)
-                else:
-                    joined.append((a, b))
-            covered[sid] = joined
+            covered[sid] = _join(spans, f"compaction outputs overlap in stream {sid}: {spans}")
         for obj in task.replaced:
             for rng in obj.ranges:
                 keep = keep_from(state, rng.stream_id)
                 if keep is None or rng.end_offset <= keep:
                     continue
-                live = [
-                    b for b in batches.get((obj.key, rng.stream_id), ()) if b.next_offset > keep
-                ]
-                lo = live[0].base_offset if live else None
-                hi = live[-1].next_offset if live else None
+                got = _join(
+                    copied.get((obj.key, rng.stream_id), []),
+                    f"compaction copied overlapping data of stream {rng.stream_id} from {obj.key}",
+                )
+                want = (max(keep, rng.start_offset), rng.end_offset)
                 if (
-                    lo is None
-                    or hi is None
-                    or lo > max(keep, rng.start_offset)
-                    or hi < rng.end_offset
-                    or not any(a <= lo and hi <= b for a, b in covered.get(rng.stream_id, []))
+                    len(got) != 1
+                    or got[0][0] > want[0]
+                    or got[0][1] < want[1]
+                    or not any(
+                        a <= got[0][0] and got[0][1] <= b for a, b in covered.get(rng.stream_id, [])
+                    )
                 ):
                     raise CorruptionError(
                         f"compaction would lose live data of stream {rng.stream_id} in "
-                        f"{obj.key} [{max(keep, rng.start_offset)}, {rng.end_offset}) "
-                        f"(outputs hold {covered.get(rng.stream_id, [])}); nothing was changed",
+                        f"{obj.key} [{want[0]}, {want[1]}) (copied {got}, outputs hold "
+                        f"{covered.get(rng.stream_id, [])}); nothing was changed",
                         location=obj.key,
                     )
 
@@ -363,3 +413,16 @@ class CompactionExecutor:
         except S3StreamError as exc:
             # Harmless: unreferenced objects are orphans the sweeper removes later.
             log.warning("could not delete aborted compaction outputs %s: %s", keys, exc)
+
+
+def _join(spans: list[tuple[int, int]], overlap_message: str) -> list[tuple[int, int]]:
+    """Sorted `spans` with touching ones joined; `CorruptionError` if any overlap."""
+    joined: list[tuple[int, int]] = []
+    for a, b in sorted(spans):
+        if joined and a < joined[-1][1]:
+            raise CorruptionError(overlap_message)
+        if joined and a == joined[-1][1]:
+            joined[-1] = (joined[-1][0], b)
+        else:
+            joined.append((a, b))
+    return joined

@@ -251,6 +251,7 @@ class _StreamBuffer:
     __slots__ = (
         "blocks",
         "closed_bytes",
+        "cur_batches",
         "cur_crc",
         "cur_first_ts",
         "cur_max_ts",
@@ -267,6 +268,7 @@ class _StreamBuffer:
         self.start_offset = start_offset
         self.next_offset = start_offset
         self.cur_pieces: list[bytes | memoryview] = []
+        self.cur_batches = 0
         self.cur_size = 0
         self.cur_crc = 0
         self.cur_start = start_offset
@@ -275,10 +277,11 @@ class _StreamBuffer:
 
 
 class ObjectWriter:
-    """Builds one object from batch records of any number of streams.
+    """Builds one object from batch records (`add`, `add_fetched`) and from blocks copied out
+    of other objects (`add_block`), of any number of streams.
 
-    Batches of one stream must arrive in offset order without gaps; streams may be added in
-    any order and interleaved. Blocks are emitted grouped and sorted by stream id. A block
+    Batches and blocks of one stream must arrive in offset order without gaps; streams may be
+    added in any order and interleaved. Blocks are emitted grouped and sorted by stream id. A block
     closes when the next batch would push it past `block_target_bytes`; a batch larger than
     the target gets a block of its own. With ``compression="zstd"`` a block is stored
     compressed only when that makes it smaller. Not thread-safe.
@@ -355,31 +358,125 @@ class ObjectWriter:
         if BATCH_HEADER.size + props_len + payload_len != size:
             raise InvalidArgumentError("batch_record length does not match its header")
 
-        buf = self._streams.get(stream_id)
-        if buf is None:
-            buf = self._streams[stream_id] = _StreamBuffer(base_offset)
-            self._estimate += INDEX_ENTRY_SIZE
-        elif base_offset != buf.next_offset:
-            raise InvalidArgumentError(
-                f"base_offset {base_offset} of stream {stream_id} is not contiguous: "
-                f"expected {buf.next_offset}"
-            )
+        buf = self._buffer(stream_id, base_offset)
         if buf.cur_pieces and buf.cur_size + size > self._target:
             self._close_block(buf)
-            self._estimate += INDEX_ENTRY_SIZE
+        self._append_raw(
+            buf, batch_record, base_offset, base_offset + count, 1, base_timestamp, base_timestamp
+        )
+
+    def add_block(
+        self, block: BlockInfo, stored: bytes | memoryview, *, location: str = "?"
+    ) -> None:
+        """Append a data block read from another object without decoding its batches.
+
+        `block` is the block's index entry in its source object (`location` names that
+        object in errors) and `stored` its bytes as stored there. The crc32c of `stored` is
+        checked against the entry (`CorruptionError` on a mismatch: the copy never carries
+        damaged bytes on). A small block joins the block being filled for its stream when
+        both fit in `block_target_bytes` together — an uncompressed block's bytes are its
+        batch records, so they are appended as they are; a compressed one is decompressed
+        first. Any other block is copied verbatim: bytes, crc, compression and index fields.
+        Blocks never shrink. `block.start_offset` must continue the stream as in `add`. The
+        writer keeps a reference to `stored` until `finish`.
+        """
+        if self._finished:
+            raise StreamClosedError("ObjectWriter.add_block after finish()")
+        if not isinstance(block, BlockInfo):
+            raise InvalidArgumentError(f"block must be a BlockInfo, got {block!r}")
+        pos = block.position
+        if len(stored) != block.stored_size:
+            raise _corrupt(
+                location, pos, f"block has {len(stored)} bytes, index says {block.stored_size}"
+            )
+        if crc32c.crc32c(stored) != block.crc:
+            raise _corrupt(location, pos, "block crc32c mismatch")
+        prev = self._streams.get(block.stream_id)
+        if prev is not None and block.start_offset != prev.next_offset:
+            raise InvalidArgumentError(
+                f"block of stream {block.stream_id} starts at {block.start_offset}, which is "
+                f"not contiguous: expected {prev.next_offset}"
+            )
+        filling = prev is not None and bool(prev.cur_pieces)
+        fits = (prev.cur_size if prev is not None else 0) + block.raw_size <= self._target
+        # A small block is worth merging (an index entry and a block boundary for readers go
+        # away); one of at least half the target stays as it is, which is free even when it
+        # is compressed.
+        merge = block.raw_size < self._target // 2 or (filling and fits)
+        # Everything that may fail comes before the writer changes. The first batch header
+        # is checked whenever it is at hand without decompressing.
+        raw = _raw_bytes(stored, block, location) if merge or not block.compressed else None
+        buf = self._buffer(block.stream_id, block.start_offset)
+        if filling and not fits:
+            self._close_block(buf)
+        if merge and raw is not None:
+            self._append_raw(
+                buf,
+                raw,
+                block.start_offset,
+                block.end_offset,
+                block.batch_count,
+                block.first_timestamp,
+                block.max_timestamp,
+            )
+            return
+        buf.blocks.append(
+            _Block(
+                [stored],
+                block.start_offset,
+                block.end_offset,
+                block.stored_size,
+                block.raw_size,
+                block.batch_count,
+                block.first_timestamp,
+                block.max_timestamp,
+                block.compressed,
+                block.crc,
+            )
+        )
+        buf.closed_bytes += block.stored_size
+        buf.next_offset = block.end_offset
+        self._estimate += INDEX_ENTRY_SIZE + block.stored_size
+
+    def _buffer(self, stream_id: int, start_offset: int) -> _StreamBuffer:
+        """The stream's buffer, created at `start_offset`; which must continue the stream."""
+        buf = self._streams.get(stream_id)
+        if buf is None:
+            buf = self._streams[stream_id] = _StreamBuffer(start_offset)
+        elif start_offset != buf.next_offset:
+            raise InvalidArgumentError(
+                f"base_offset {start_offset} of stream {stream_id} is not contiguous: "
+                f"expected {buf.next_offset}"
+            )
+        return buf
+
+    def _append_raw(
+        self,
+        buf: _StreamBuffer,
+        raw: bytes | memoryview,
+        start_offset: int,
+        end_offset: int,
+        batches: int,
+        first_ts: int,
+        max_ts: int,
+    ) -> None:
+        """Append whole batch records covering ``[start_offset, end_offset)`` to the block
+        being filled (opening one if none is)."""
         if not buf.cur_pieces:
-            buf.cur_start = base_offset
-            buf.cur_first_ts = base_timestamp
-            buf.cur_max_ts = base_timestamp
-        elif base_timestamp > buf.cur_max_ts:
-            buf.cur_max_ts = base_timestamp
-        buf.cur_pieces.append(batch_record)
-        buf.cur_size += size
+            buf.cur_start = start_offset
+            buf.cur_first_ts = first_ts
+            buf.cur_max_ts = max_ts
+            self._estimate += INDEX_ENTRY_SIZE
+        elif max_ts > buf.cur_max_ts:
+            buf.cur_max_ts = max_ts
+        buf.cur_pieces.append(raw)
+        buf.cur_batches += batches
+        buf.cur_size += len(raw)
         if self._compressor is None:
             # Chained so the finished block needs no second pass over its bytes.
-            buf.cur_crc = crc32c.crc32c(batch_record, buf.cur_crc)
-        buf.next_offset = base_offset + count
-        self._estimate += size
+            buf.cur_crc = crc32c.crc32c(raw, buf.cur_crc)
+        buf.next_offset = end_offset
+        self._estimate += len(raw)
 
     def add_fetched(self, batch: FetchedBatch) -> None:
         """Append a batch read back from storage (re-encodes it; used by compaction)."""
@@ -416,7 +513,7 @@ class ObjectWriter:
                 buf.next_offset,
                 stored_size,
                 raw_size,
-                len(pieces),
+                buf.cur_batches,
                 buf.cur_first_ts,
                 buf.cur_max_ts,
                 compressed,
@@ -426,6 +523,7 @@ class ObjectWriter:
         self._estimate += stored_size - raw_size
         buf.closed_bytes += stored_size
         buf.cur_pieces = []
+        buf.cur_batches = 0
         buf.cur_size = 0
         buf.cur_crc = 0
 
@@ -488,6 +586,30 @@ class ObjectWriter:
         # Drop the block bytes but keep the offset ranges so `ranges()` still answers.
         for buf in self._streams.values():
             buf.blocks = []
+
+
+def _raw_bytes(stored: bytes | memoryview, block: BlockInfo, location: str) -> bytes | memoryview:
+    """The batch records of a block whose stored bytes passed the crc check: decompressed if
+    need be, and checked (cheaply: sizes and the first batch header) against the entry."""
+    raw = stored
+    if block.compressed:
+        try:
+            raw = zstandard.ZstdDecompressor().decompress(stored, max_output_size=block.raw_size)
+        except zstandard.ZstdError as exc:
+            raise _corrupt(location, block.position, f"block does not decompress: {exc}") from exc
+    if len(raw) != block.raw_size or len(raw) < BATCH_HEADER.size:
+        raise _corrupt(
+            location, block.position, f"block has {len(raw)} raw bytes, index says {block.raw_size}"
+        )
+    sid, base, *_ = BATCH_HEADER.unpack_from(raw, 0)
+    if (sid, base) != (block.stream_id, block.start_offset):
+        raise _corrupt(
+            location,
+            block.position,
+            f"block begins with stream {sid} offset {base}, index says stream "
+            f"{block.stream_id} offset {block.start_offset}",
+        )
+    return raw
 
 
 # ---------------------------------------------------------------------------------------------

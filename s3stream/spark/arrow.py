@@ -23,7 +23,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from ..errors import CorruptionError
-from ..records import CREATE_TIME, decode_columns
+from ..records import CREATE_TIME, LOG_APPEND_TIME, NO_TIMESTAMP, decode_columns
 from ..types import BatchKind, FetchedBatch
 from .planning import ReadSlice
 
@@ -50,6 +50,10 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _HEADER_TYPE = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
 _HEADERS_TYPE = pa.list_(pa.field("element", _HEADER_TYPE))
 _TIMESTAMP_TYPE = pa.timestamp("us", tz="UTC")
+_NULL_LENGTH = np.array([-1], dtype=np.int64)
+_NULL_LENGTH.flags.writeable = False
+_NO_HEADERS = np.zeros(1, dtype=np.int64)
+_NO_HEADERS.flags.writeable = False
 
 I64 = npt.NDArray[np.int64]
 
@@ -72,49 +76,63 @@ def arrow_schema(include_headers: bool) -> pa.Schema:
 
 
 class _Chunk:
-    """Columns of the rows gathered for the next Arrow batch (one stream at a time)."""
+    """Columns of the rows gathered for the next Arrow batch (one stream at a time).
+
+    Per appended batch only views and a few numbers are kept; offsets, timestamps, kinds
+    and counts are computed once per chunk in `build`, because per-batch numpy calls
+    (microseconds each, ten thousand batches per GiB of 100-byte records) would otherwise
+    cost more than decoding itself.
+    """
 
     def __init__(self, include_headers: bool) -> None:
         self.headers = include_headers
         self.rows = 0
         self.bytes = 0
-        self.offsets: list[I64] = []
+        #: (first offset, rows) per added piece, and whether each starts where the last ended.
+        self.runs: list[tuple[int, int]] = []
+        self.contiguous = True
+        #: Own timestamps (`NO_TIMESTAMP` where a record has none), and per piece the base
+        #: timestamp that replaces them.
         self.stamps: list[I64] = []
-        self.kinds: list[npt.NDArray[np.int32]] = []
+        self.bases: list[int] = []
+        #: (row index, record count) of RAW rows; every other row counts one record.
+        self.raw_rows: list[tuple[int, int]] = []
         self.key_lens: list[I64] = []
         self.key_data: list[memoryview | bytes] = []
         self.value_lens: list[I64] = []
         self.value_data: list[memoryview | bytes] = []
-        self.counts: list[npt.NDArray[np.int32]] = []
         self.h_counts: list[I64] = []
         self.hkey_lens: list[I64] = []
         self.hkey_data: list[memoryview | bytes] = []
         self.hval_lens: list[I64] = []
         self.hval_data: list[memoryview | bytes] = []
 
+    def _run(self, first: int, n: int, base_timestamp: int) -> None:
+        if self.runs:
+            last_first, last_n = self.runs[-1]
+            if last_first + last_n != first:
+                self.contiguous = False
+        self.runs.append((first, n))
+        self.bases.append(base_timestamp)
+        self.rows += n
+
     def add_raw(self, batch: FetchedBatch) -> None:
-        self.rows += 1
+        self.raw_rows.append((self.rows, batch.count))
+        self._run(batch.base_offset, 1, batch.base_timestamp)
         self.bytes += len(batch.payload)
-        self.offsets.append(np.array([batch.base_offset], dtype=np.int64))
+        # A raw batch's own time is its append time, reported as CREATE_TIME.
         self.stamps.append(np.array([batch.base_timestamp], dtype=np.int64))
-        self.kinds.append(np.array([CREATE_TIME], dtype=np.int32))
-        self.key_lens.append(np.array([-1], dtype=np.int64))
+        self.key_lens.append(_NULL_LENGTH)
         self.value_lens.append(np.array([len(batch.payload)], dtype=np.int64))
         self.value_data.append(batch.payload)
-        self.counts.append(np.array([batch.count], dtype=np.int32))
         if self.headers:
-            self.h_counts.append(np.zeros(1, dtype=np.int64))
+            self.h_counts.append(_NO_HEADERS)
 
     def add_records(self, batch: FetchedBatch, lo: int, hi: int, location: str) -> None:
         cols = decode_columns(batch.payload, expected_count=batch.count, location=location)
-        stamps, kinds = cols.resolve_timestamps(batch.base_timestamp)
         whole = lo == 0 and hi == cols.count
-        n = hi - lo
-        self.rows += n
-        self.offsets.append(np.arange(batch.base_offset + lo, batch.base_offset + hi))
-        self.stamps.append(stamps if whole else stamps[lo:hi])
-        self.kinds.append(kinds if whole else kinds[lo:hi])
-        self.counts.append(np.ones(n, dtype=np.int32))
+        self._run(batch.base_offset + lo, hi - lo, batch.base_timestamp)
+        self.stamps.append(cols.timestamps if whole else cols.timestamps[lo:hi])
         for lens, data, out_lens, out_data in (
             (cols.key_lengths, cols.key_data, self.key_lens, self.key_data),
             (cols.value_lengths, cols.value_data, self.value_lens, self.value_data),
@@ -146,12 +164,34 @@ class _Chunk:
                     out_lens.append(lens[h0:h1])
                     out_data.append(_slice_data(data, lens, h0, h1))
 
+    def _offsets(self) -> I64:
+        if self.contiguous:
+            first = self.runs[0][0]
+            return np.arange(first, first + self.rows, dtype=np.int64)
+        return np.concatenate([np.arange(f, f + n, dtype=np.int64) for f, n in self.runs])
+
+    def _times(self) -> tuple[I64, npt.NDArray[np.int32]]:
+        """(timestamp, timestampType): own times are CREATE_TIME, missing ones take the
+        batch's append time as LOG_APPEND_TIME."""
+        stamps = np.concatenate(self.stamps)
+        missing = stamps == NO_TIMESTAMP
+        if not missing.any():
+            return stamps, np.full(self.rows, CREATE_TIME, dtype=np.int32)
+        lengths = np.fromiter((n for _, n in self.runs), dtype=np.int64, count=len(self.runs))
+        bases = np.repeat(np.array(self.bases, dtype=np.int64), lengths)
+        stamps = np.where(missing, bases, stamps)
+        kinds = np.where(missing, np.int32(LOG_APPEND_TIME), np.int32(CREATE_TIME))
+        return stamps, kinds.astype(np.int32, copy=False)
+
     def build(self, s: ReadSlice, schema: pa.Schema) -> pa.RecordBatch:
         n = self.rows
-        stamps = np.concatenate(self.stamps)
+        stamps, kinds = self._times()
         ok = np.abs(stamps) <= MAX_TIMESTAMP_MS
-        micros = np.where(ok, stamps, 0) * 1000
-        ts_nulls = n - int(ok.sum())
+        ts_nulls = n - int(np.count_nonzero(ok))
+        micros = (np.where(ok, stamps, 0) if ts_nulls else stamps) * 1000
+        counts = np.ones(n, dtype=np.int32)
+        for row, count in self.raw_rows:
+            counts[row] = count
         arrays: list[pa.Array] = [
             _binary(pa.binary(), self.key_lens, self.key_data),
             _binary(pa.binary(), self.value_lens, self.value_data),
@@ -159,19 +199,19 @@ class _Chunk:
             pa.nulls(n, pa.int32())
             if s.partition is None
             else pa.repeat(pa.scalar(s.partition, pa.int32()), n),
-            pa.array(np.concatenate(self.offsets), type=pa.int64()),
+            pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(self._offsets())]),
             pa.Array.from_buffers(
                 _TIMESTAMP_TYPE,
                 n,
                 [_validity(ok, ts_nulls), pa.py_buffer(micros)],
                 null_count=ts_nulls,
             ),
-            pa.array(np.concatenate(self.kinds), type=pa.int32()),
+            pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(kinds)]),
         ]
         if self.headers:
             arrays.append(self._headers(n, s))
         arrays.append(pa.repeat(pa.scalar(s.stream_id, pa.int64()), n))
-        arrays.append(pa.array(np.concatenate(self.counts), type=pa.int32()))
+        arrays.append(pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(counts)]))
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
     def _headers(self, n: int, s: ReadSlice) -> pa.Array:

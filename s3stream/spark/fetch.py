@@ -56,10 +56,13 @@ def _runs(slices: Sequence[ReadSlice], max_run_bytes: int) -> list[_Run]:
     return runs
 
 
-def _fetch(store: ObjectStore, run: _Run) -> list[FetchedBatch]:
+def _get(store: ObjectStore, run: _Run) -> bytes:
+    return store.get(run.key, run.blocks[0].position, run.blocks[-1].end_position)
+
+
+def _decode(run: _Run, data: bytes) -> list[FetchedBatch]:
     start = run.blocks[0].position
     end = run.blocks[-1].end_position
-    data = store.get(run.key, start, end)
     if len(data) != end - start:
         raise CorruptionError(
             f"object {run.key} ends at byte {start + len(data)}, before block end {end}",
@@ -94,20 +97,22 @@ def fetch_slices(
         return
     pool = ThreadPoolExecutor(max(1, min(concurrency, len(runs))), "s3stream-fetch")
     try:
-        pending: deque[tuple[_Run, Future[list[FetchedBatch]]]] = deque()
+        # Threads only GET (the GIL is free while they wait); decoding stays on the consuming
+        # thread, since Python work spread over threads costs more in GIL hand-overs.
+        pending: deque[tuple[_Run, Future[bytes]]] = deque()
         todo = iter(runs)
         for run in todo:
-            pending.append((run, pool.submit(_fetch, store, run)))
+            pending.append((run, pool.submit(_get, store, run)))
             if len(pending) >= concurrency:
                 break
         while pending:
             run, fut = pending.popleft()
             nxt = next(todo, None)
             if nxt is not None:
-                pending.append((nxt, pool.submit(_fetch, store, nxt)))
+                pending.append((nxt, pool.submit(_get, store, nxt)))
             s = slices[run.slice_index]
             try:
-                batches = fut.result()
+                batches = _decode(run, fut.result())
             except ObjectNotFoundError as exc:
                 start = max(s.start_offset, run.blocks[0].start_offset)
                 end = min(s.end_offset, run.blocks[-1].end_offset)

@@ -447,7 +447,6 @@ class Storage:
 
     # ------------------------------------------------------------------ uploader
 
-
     def _thread_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
@@ -579,9 +578,7 @@ class Storage:
             if not metas:
                 return []
             epochs = {sid: e[EPOCH] for sid, e in first.items() if sid not in fenced}
-            return [
-                CommitObjects(objects=tuple(metas), epochs=epochs, node_epoch=self._node_epoch)
-            ]
+            return [CommitObjects(objects=tuple(metas), epochs=epochs, node_epoch=self._node_epoch)]
 
         self._meta.commit(build)
         live = [e for e in up.entries if e[SID] not in fenced]

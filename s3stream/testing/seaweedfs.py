@@ -50,6 +50,28 @@ def find_weed() -> str | None:
     return shutil.which("weed")
 
 
+#: weed mini's embedded worker dials the admin server's gRPC port at admin port + this,
+#: whatever ``-admin.port.grpc`` says; the two are picked together to keep it reachable.
+_ADMIN_GRPC_OFFSET = 10000
+
+
+def _free_port_pair(offset: int) -> tuple[int, int]:
+    """Ports ``p`` and ``p + offset``, both free on 127.0.0.1 right now."""
+    for _ in range(200):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as a:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            if port + offset > 65535:
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as b:
+                try:
+                    b.bind(("127.0.0.1", port + offset))
+                except OSError:
+                    continue
+                return port, port + offset
+    raise OSError(f"no free pair of loopback ports {offset} apart")
+
+
 def _free_ports(count: int) -> list[int]:
     """`count` distinct ports free on 127.0.0.1 right now (held open together while picking)."""
     sockets = []
@@ -143,10 +165,12 @@ class SeaweedS3Server:
             "volume_grpc",
             "filer",
             "filer_grpc",
-            "admin",
-            "admin_grpc",
         ]
         self._ports = dict(zip(names, _free_ports(len(names)), strict=True))
+        admin, admin_grpc = _free_port_pair(_ADMIN_GRPC_OFFSET)
+        while admin in self._ports.values() or admin_grpc in self._ports.values():
+            admin, admin_grpc = _free_port_pair(_ADMIN_GRPC_OFFSET)
+        self._ports.update(admin=admin, admin_grpc=admin_grpc)
         env = dict(os.environ)
         env.update(
             AWS_ACCESS_KEY_ID=self.access_key,

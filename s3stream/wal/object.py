@@ -18,12 +18,18 @@ read, and a SEAL is created where the chain ends. Because every WAL position can
 one object only, the seal makes an older writer's next PUT fail (`FencedError`), and whatever
 it manages to write after the seal lies off the chain, where nobody ever reads it. Trims
 delete whole data objects below the anchor; seals are kept, so their positions stay claimed.
+
+A WAL object PUT that is slow gets *hedged*: an identical PUT of the same key, sent from a
+pool of its own; the first attempt that lands acknowledges the batch, and an attempt told
+"exists" reads the object back (equal bytes: a sibling attempt made it; different: fenced).
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import logging
+import math
 import random
 import re
 import struct
@@ -92,6 +98,16 @@ _MARKER_NAME = re.compile(r"^trim/(\d{20})\.(\d{20})\.(\d{12})$")
 _WAIT_SLICE_S = 0.05
 _SEAL_ATTEMPTS = 64
 _RECOVERY_READ_AHEAD = 8
+#: Adaptive hedging: the delay is `_HEDGE_FACTOR` times the p90 of the last `_HEDGE_WINDOW`
+#: PUT latencies of objects of the same size class, and `_HEDGE_INITIAL_S` until
+#: `_HEDGE_MIN_SAMPLES` were measured. Classes split at `_HEDGE_CLASS_BYTES`: latency grows
+#: with size, so one window for all would hedge every large object when a burst follows a
+#: trickle of small ones.
+_HEDGE_CLASS_BYTES = (256 << 10, 2 << 20)
+_HEDGE_WINDOW = 64
+_HEDGE_MIN_SAMPLES = 8
+_HEDGE_FACTOR = 2.0
+_HEDGE_INITIAL_S = 1.0
 
 assert HEADER.size == 40
 
@@ -157,8 +173,18 @@ class _Rec:
 class _Batch:
     obj: _Obj
     records: list[_Rec]
+    #: Resolved: acknowledged (`error` None) or failed; later attempts change nothing.
     done: bool = False
     error: S3StreamError | None = None
+    #: The object's bytes, built by the first attempt that runs; every attempt sends these.
+    blob: bytes | None = None
+    #: PUT attempts started (the first one plus hedges) and those not yet returned.
+    attempts: int = 0
+    running: int = 0
+    #: When the next hedge is due (`Clock.monotonic`); inf when none may follow.
+    hedge_due: float = math.inf
+    #: Size class of the object, for the adaptive hedge delay.
+    size_class: int = 0
 
 
 @dataclass(slots=True)
@@ -195,7 +221,9 @@ class ObjectWal(WriteAheadLog):
     `UnavailableError`, ambiguous conditional creates resolved by reading back), drawing
     jitter from `rng` (seeded from the node id by default). `on_full` is called (without
     locks held) when an append starts waiting because `max_unflushed_bytes` are untrimmed.
-    With `close_store`, `close()` also closes the store.
+    With `close_store`, `close()` also closes the store. PUTs slower than the hedge delay
+    (`ObjectWalSettings.hedge_after_ms`, adaptive by default) are hedged; `hedged_puts` and
+    `hedges_won` count that.
     """
 
     def __init__(
@@ -281,6 +309,7 @@ class ObjectWal(WriteAheadLog):
         self._pending_bytes = 0
         self._flush_now = False
         self._last_cut = float("-inf")
+        #: Batches cut and not yet resolved.
         self._inflight = 0
         self._queue: deque[_Batch] = deque()
         #: Chain objects not yet deleted, in position order (recovered ones first).
@@ -292,7 +321,18 @@ class ObjectWal(WriteAheadLog):
         self._live: deque[tuple[int, int]] = deque()
         self._live_bytes = 0
         self._pool: ThreadPoolExecutor | None = None
+        #: Runs hedges only, so a hedge never queues behind the slow PUTs it works around.
+        self._hedge_pool: ThreadPoolExecutor | None = None
         self._flusher: threading.Thread | None = None
+        #: Per size class: latencies of recent PUT attempts (seconds) and the hedge delay.
+        self._put_latencies = [
+            deque[float](maxlen=_HEDGE_WINDOW) for _ in range(len(_HEDGE_CLASS_BYTES) + 1)
+        ]
+        self._hedge_delays_s = [
+            settings.hedge_after_ms / 1000 if settings.hedge_after_ms else _HEDGE_INITIAL_S
+        ] * (len(_HEDGE_CLASS_BYTES) + 1)
+        self._hedges_sent = 0
+        self._hedges_won = 0
 
     # ------------------------------------------------------------------ introspection
 
@@ -319,6 +359,24 @@ class ObjectWal(WriteAheadLog):
     def store(self) -> ObjectStore:
         """The object store (as given, without the retry wrapper)."""
         return self._raw_store
+
+    @property
+    def hedged_puts(self) -> int:
+        """Hedges sent so far: second PUTs of a WAL object whose first PUT was slow."""
+        with self._lock:
+            return self._hedges_sent
+
+    @property
+    def hedges_won(self) -> int:
+        """Hedges that resolved their WAL object's PUT before every other attempt did."""
+        with self._lock:
+            return self._hedges_won
+
+    def hedge_delay_ms(self, object_bytes: int = 0) -> float:
+        """How long the PUT of a WAL object of `object_bytes` may run before it is hedged,
+        as of now."""
+        with self._lock:
+            return 1000 * self._hedge_delays_s[bisect.bisect(_HEDGE_CLASS_BYTES, object_bytes)]
 
     def describe(self) -> str:
         return f"ObjectWal({self._raw_store.describe()} {self._dir}/ epoch {self._epoch})"
@@ -487,11 +545,14 @@ class ObjectWal(WriteAheadLog):
             )
         return records
 
-    def _claim(self, first: int, kind: int, body: bytes = b"", records: int = 0) -> bool:
-        """Create the chain object at `first`; False if the position is taken."""
+    def _claim(self, first: int, kind: int) -> bool:
+        """Create the chain object at `first` (a seal); False if the position is taken."""
+        return self._store.put_if_absent(self.object_key(first), self._object_bytes(first, kind))
+
+    def _object_bytes(self, first: int, kind: int, body: bytes = b"", records: int = 0) -> bytes:
         nxt = first + SESSION_GAP if kind == KIND_SEAL else first + len(body)
         header = _encode_header(WalObjectHeader(kind, self._epoch, first, nxt, records), self._seed)
-        return self._store.put_if_absent(self.object_key(first), header + body)
+        return header + body
 
     def _become_ready(
         self,
@@ -523,6 +584,11 @@ class ObjectWal(WriteAheadLog):
     def _start_workers(self) -> None:
         self._ready = True
         self._pool = ThreadPoolExecutor(self._settings.max_inflight_puts, "s3stream-wal-put")
+        if self._settings.max_hedged_puts:
+            self._hedge_pool = ThreadPoolExecutor(
+                self._settings.max_inflight_puts * self._settings.max_hedged_puts,
+                "s3stream-wal-hedge",
+            )
         self._flusher = threading.Thread(
             target=self._flush_loop, name="s3stream-wal-flusher", daemon=True
         )
@@ -591,20 +657,23 @@ class ObjectWal(WriteAheadLog):
                 continue
             pool = self._pool
             assert pool is not None
-            pool.submit(self._put, batch)
+            pool.submit(self._attempt, batch, 0)
 
     def _next_batch(self) -> _Batch | None:
-        """Wait (under `_cond`) until a batch is due and cut it; None once stopping.
+        """Wait (under `_cond`) until a batch is due and cut it, sending the hedges that fall
+        due meanwhile; None once stopping (after the last batch is resolved, so the batches
+        written by `close()` are hedged too).
 
         After a failure, pending records come back as one batch that is already done."""
         while True:
-            if self._abandoned or (self._closing and not self._pending):
+            if self._abandoned or (self._closing and not self._pending and not self._queue):
                 return None
             if self._failed is not None and self._pending:
                 return self._fail_pending(self._failed)
-            wait = _WAIT_SLICE_S
+            now = self._clock.monotonic()
+            wait = min(_WAIT_SLICE_S, self._send_due_hedges(now))
             if self._pending and self._inflight < self._settings.max_inflight_puts:
-                due = self._last_cut + self._interval_s - self._clock.monotonic()
+                due = self._last_cut + self._interval_s - now
                 if (
                     due <= 0
                     or self._closing
@@ -612,8 +681,29 @@ class ObjectWal(WriteAheadLog):
                     or self._pending_bytes >= self._max_batch
                 ):
                     return self._cut()
-                wait = min(due, _WAIT_SLICE_S)
+                wait = min(due, wait)
             self._cond.wait(wait)
+
+    def _send_due_hedges(self, now: float) -> float:
+        """Start a hedge of every unresolved batch whose PUT is overdue (under `_cond`);
+        the seconds until the next one falls due."""
+        pool = self._hedge_pool
+        if pool is None:
+            return math.inf
+        soonest = math.inf
+        for batch in self._queue:
+            if batch.done:
+                continue
+            if batch.hedge_due <= now:
+                batch.attempts += 1
+                batch.running += 1
+                self._hedges_sent += 1
+                more = batch.attempts <= self._settings.max_hedged_puts
+                delay = self._hedge_delays_s[batch.size_class]
+                batch.hedge_due = now + delay if more else math.inf
+                pool.submit(self._attempt, batch, batch.attempts - 1)
+            soonest = min(soonest, batch.hedge_due - now)
+        return soonest
 
     def _cut(self) -> _Batch:
         records: list[_Rec] = []
@@ -630,7 +720,10 @@ class ObjectWal(WriteAheadLog):
         first = records[0].position
         obj = _Obj(first, first + total, self.object_key(first), records[-1].position, False)
         self._objects.append(obj)
-        batch = _Batch(obj, records)
+        size_class = bisect.bisect(_HEDGE_CLASS_BYTES, HEADER.size + total)
+        batch = _Batch(obj, records, attempts=1, running=1, size_class=size_class)
+        if self._hedge_pool is not None:
+            batch.hedge_due = self._last_cut + self._hedge_delays_s[size_class]
         self._queue.append(batch)
         return batch
 
@@ -645,32 +738,105 @@ class ObjectWal(WriteAheadLog):
         self._queue.append(batch)
         return batch
 
-    def _put(self, batch: _Batch) -> None:
-        obj = batch.obj
-        error: S3StreamError | None = None
-        try:
-            parts: list[bytes] = []
-            for r in batch.records:
-                parts += (r.header, r.data, _ZEROS[: r.size - FRAME_HEADER.size - len(r.data)])
-            if not self._claim(obj.first, KIND_DATA, b"".join(parts), len(batch.records)):
-                error = FencedError(
-                    f"{self.describe()}: WAL position {obj.first} was claimed by a newer owner "
-                    "(the node was taken over)"
-                )
-        except S3StreamError as exc:
-            error = exc
-        except Exception as exc:  # a backend bug must not leave appenders hanging
-            error = UnavailableError(f"{self.describe()}: WAL object PUT failed: {exc!r}")
-            error.__cause__ = exc
+    def _attempt(self, batch: _Batch, index: int) -> None:
+        """One PUT of `batch`'s object: the first (`index` 0) or a hedge. Every attempt sends
+        the same bytes to the same key; the first to get an answer resolves the batch."""
         with self._cond:
+            skip = batch.done  # resolved while this attempt waited for a thread
+        outcome: bool | S3StreamError = False
+        created = False
+        elapsed: float | None = None
+        if not skip:
+            try:
+                blob = batch.blob
+                if blob is None:
+                    blob = batch.blob = self._batch_bytes(batch)
+                started = self._clock.monotonic()
+                created = self._store.put_if_absent(batch.obj.key, blob)
+                elapsed = self._clock.monotonic() - started
+                outcome = created
+                with self._cond:
+                    # With a sibling attempt, "exists" may mean the sibling created it.
+                    check = not created and not batch.done and batch.attempts > 1
+                if check:
+                    outcome = self._holds(batch.obj.key, blob)
+            except S3StreamError as exc:
+                outcome = exc
+            except Exception as exc:  # a backend bug must not leave appenders hanging
+                outcome = UnavailableError(f"{self.describe()}: WAL object PUT failed: {exc!r}")
+                outcome.__cause__ = exc
+        self._attempt_done(batch, index, outcome, created, elapsed)
+
+    def _batch_bytes(self, batch: _Batch) -> bytes:
+        parts: list[bytes] = []
+        for r in batch.records:
+            parts += (r.header, r.data, _ZEROS[: r.size - FRAME_HEADER.size - len(r.data)])
+        return self._object_bytes(batch.obj.first, KIND_DATA, b"".join(parts), len(batch.records))
+
+    def _holds(self, key: str, blob: bytes) -> bool:
+        """Whether `key` holds exactly `blob`: an object of another writer (a taker's seal)
+        always differs, as its header carries that writer's epoch."""
+        try:
+            return self._store.get(key) == blob
+        except ObjectNotFoundError:
+            return False  # it existed, so someone else wrote it (and has since trimmed it)
+
+    def _attempt_done(
+        self,
+        batch: _Batch,
+        index: int,
+        outcome: bool | S3StreamError,
+        created: bool,
+        elapsed: float | None,
+    ) -> None:
+        """Account for one finished attempt; resolve the batch if this settles it."""
+        with self._cond:
+            batch.running -= 1
+            if elapsed is not None:
+                self._observe_put(batch.size_class, elapsed)
+            if batch.done:
+                if created and batch.error is None and batch.obj not in self._objects:
+                    # A late attempt created the object again after a trim had deleted the
+                    # winner's copy: below the anchor, so recovery never reads it, and the
+                    # next trim deletes it.
+                    self._stale.append((batch.obj.first, batch.obj.key))
+                return
+            error: S3StreamError | None
+            if isinstance(outcome, S3StreamError):
+                if batch.running:
+                    return  # a sibling attempt may still succeed
+                error = outcome
+            elif outcome:
+                error = None
+                if index:
+                    self._hedges_won += 1
+            else:
+                error = FencedError(
+                    f"{self.describe()}: WAL position {batch.obj.first} was claimed by a newer "
+                    "owner (the node was taken over)"
+                )
             batch.done = True
             batch.error = error
+            batch.blob = None
+            batch.hedge_due = math.inf
             self._inflight -= 1
             if error is not None and self._failed is None:
                 _log.error("%s failed; no further appends: %s", self.describe(), error)
                 self._failed = error
             self._cond.notify_all()
         self._complete_in_order()
+
+    def _observe_put(self, size_class: int, seconds: float) -> None:
+        """Feed one PUT latency to the adaptive hedge delay of its size class (under
+        `_cond`)."""
+        if self._settings.hedge_after_ms:
+            return
+        window = self._put_latencies[size_class]
+        window.append(seconds)
+        if len(window) >= _HEDGE_MIN_SAMPLES:
+            p90 = sorted(window)[(9 * (len(window) - 1)) // 10]
+            floor = self._settings.hedge_min_ms / 1000
+            self._hedge_delays_s[size_class] = max(floor, _HEDGE_FACTOR * p90)
 
     def _complete_in_order(self) -> None:
         with self._ack_lock:
@@ -796,8 +962,11 @@ class ObjectWal(WriteAheadLog):
             self._cond.notify_all()
         if self._flusher is not None:
             self._flusher.join()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
+        # Attempts still running finish first (bounded by the store's retry deadline), so
+        # nothing of this WAL touches the store once `close()` returns.
+        for pool in (self._pool, self._hedge_pool):
+            if pool is not None:
+                pool.shutdown(wait=True)
 
     def _abandon(self) -> None:
         """Drop the process state as a crash would: pending records are never written."""
@@ -835,6 +1004,9 @@ _QUERY_FIELDS = {
     "max_inflight_puts": "max_inflight_puts",
     "max_unflushed_bytes": "max_unflushed_bytes",
     "full_wait_ms": "full_wait_ms",
+    "hedge_after_ms": "hedge_after_ms",
+    "hedge_min_ms": "hedge_min_ms",
+    "max_hedged_puts": "max_hedged_puts",
 }
 
 
@@ -854,7 +1026,8 @@ def open_object_wal(
     ``object+file:///var/wal``): an `ObjectWal` whose objects go under the URL.
 
     The query may override settings: ``batch_interval_ms``, ``batch_max_bytes``,
-    ``max_inflight_puts``, ``max_unflushed_bytes``, ``full_wait_ms`` (sizes take units).
+    ``max_inflight_puts``, ``max_unflushed_bytes``, ``full_wait_ms``, ``hedge_after_ms``,
+    ``hedge_min_ms``, ``max_hedged_puts`` (sizes take units).
     """
     from ..objectstore.registry import open_object_store
     from .registry import parse_size
