@@ -162,14 +162,18 @@ def test_records_are_cut_at_max_bytes_without_waiting() -> None:
     assert all(f.done() and f.exception() is None for f in futures)
 
 
+#: For tests that hold a PUT at the store: no hedging, since a hedge would bypass the held PUT.
+HELD_PUT_SETTINGS = ObjectWalSettings(
+    wal_batch_interval_ms=1,
+    wal_batch_max_bytes=64 << 10,
+    max_inflight_puts=4,
+    max_hedged_puts=0,
+)
+
+
 def test_acks_are_in_order_when_puts_finish_out_of_order() -> None:
     gated = GatedStore(MemoryObjectStore())
-    settings = ObjectWalSettings(  # no hedging: a hedge would bypass the held PUT
-        wal_batch_interval_ms=1,
-        wal_batch_max_bytes=64 << 10,
-        max_inflight_puts=4,
-        max_hedged_puts=0,
-    )
+    settings = HELD_PUT_SETTINGS
     wal, _ = _ready(gated, settings=settings, retry=False)
     gated.hold_next_data = 1
     fired: list[int] = []
@@ -196,12 +200,7 @@ def test_acks_are_in_order_when_puts_finish_out_of_order() -> None:
 
 def test_taker_seals_the_chain_and_the_zombies_late_objects_stay_invisible() -> None:
     gated = GatedStore(MemoryObjectStore())
-    settings = ObjectWalSettings(  # no hedging: a hedge would bypass the held PUT
-        wal_batch_interval_ms=1,
-        wal_batch_max_bytes=64 << 10,
-        max_inflight_puts=4,
-        max_hedged_puts=0,
-    )
+    settings = HELD_PUT_SETTINGS
     zombie, _ = _ready(gated, epoch=1, settings=settings, retry=False)
     acked = [zombie.append(b"before %d" % i).result(5) for i in range(5)]
     gated.hold_next_data = 1
