@@ -384,13 +384,7 @@ class ObjectWriter:
             raise StreamClosedError("ObjectWriter.add_block after finish()")
         if not isinstance(block, BlockInfo):
             raise InvalidArgumentError(f"block must be a BlockInfo, got {block!r}")
-        pos = block.position
-        if len(stored) != block.stored_size:
-            raise _corrupt(
-                location, pos, f"block has {len(stored)} bytes, index says {block.stored_size}"
-            )
-        if crc32c.crc32c(stored) != block.crc:
-            raise _corrupt(location, pos, "block crc32c mismatch")
+        _check_stored(stored, block, location)
         prev = self._streams.get(block.stream_id)
         if prev is not None and block.start_offset != prev.next_offset:
             raise InvalidArgumentError(
@@ -588,19 +582,41 @@ class ObjectWriter:
             buf.blocks = []
 
 
-def _raw_bytes(stored: bytes | memoryview, block: BlockInfo, location: str) -> bytes | memoryview:
-    """The batch records of a block whose stored bytes passed the crc check: decompressed if
-    need be, and checked (cheaply: sizes and the first batch header) against the entry."""
+def _check_stored(stored: bytes | memoryview, block: BlockInfo, location: str) -> None:
+    """`CorruptionError` unless `stored` has the block's stored size and crc32c."""
+    if len(stored) != block.stored_size:
+        raise _corrupt(
+            location,
+            block.position,
+            f"block has {len(stored)} bytes, index says {block.stored_size}",
+        )
+    if crc32c.crc32c(stored) != block.crc:
+        raise _corrupt(location, block.position, "block crc32c mismatch")
+
+
+def _decompressed(
+    stored: bytes | memoryview, block: BlockInfo, location: str
+) -> bytes | memoryview:
+    """The batch records of a block (decompressed if need be), of the raw size its entry says."""
     raw = stored
     if block.compressed:
         try:
             raw = zstandard.ZstdDecompressor().decompress(stored, max_output_size=block.raw_size)
         except zstandard.ZstdError as exc:
             raise _corrupt(location, block.position, f"block does not decompress: {exc}") from exc
-    if len(raw) != block.raw_size or len(raw) < BATCH_HEADER.size:
+    if len(raw) != block.raw_size:
         raise _corrupt(
             location, block.position, f"block has {len(raw)} raw bytes, index says {block.raw_size}"
         )
+    return raw
+
+
+def _raw_bytes(stored: bytes | memoryview, block: BlockInfo, location: str) -> bytes | memoryview:
+    """The batch records of a block whose stored bytes passed the crc check: decompressed if
+    need be, and checked (cheaply: sizes and the first batch header) against the entry."""
+    raw = _decompressed(stored, block, location)
+    if len(raw) < BATCH_HEADER.size:
+        raise _corrupt(location, block.position, f"block has only {len(raw)} raw bytes")
     sid, base, *_ = BATCH_HEADER.unpack_from(raw, 0)
     if (sid, base) != (block.stream_id, block.start_offset):
         raise _corrupt(
@@ -768,23 +784,8 @@ def decode_block(data: bytes | memoryview, block: BlockInfo, location: str) -> l
     the block's stream; raises `CorruptionError` naming `location` and the block position.
     """
     pos = block.position
-    if len(data) != block.stored_size:
-        raise _corrupt(
-            location, pos, f"block has {len(data)} bytes, index says {block.stored_size}"
-        )
-    if crc32c.crc32c(data) != block.crc:
-        raise _corrupt(location, pos, "block crc32c mismatch")
-    raw: bytes | memoryview = data
-    if block.compressed:
-        try:
-            raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=block.raw_size)
-        except zstandard.ZstdError as exc:
-            raise _corrupt(location, pos, f"block does not decompress: {exc}") from exc
-    if len(raw) != block.raw_size:
-        raise _corrupt(
-            location, pos, f"block has {len(raw)} raw bytes, index says {block.raw_size}"
-        )
-    view = memoryview(raw)
+    _check_stored(data, block, location)
+    view = memoryview(_decompressed(data, block, location))
     batches: list[FetchedBatch] = []
     expected = block.start_offset
     at = 0
