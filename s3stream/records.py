@@ -523,7 +523,7 @@ def batch_records(
         return
     location = f"stream {batch.stream_id} batch at offset {batch.base_offset}"
     records = decode_records(
-        batch.payload,
+        batch.view,
         base_timestamp=batch.base_timestamp,
         expected_count=batch.count,
         location=location,

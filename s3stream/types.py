@@ -100,17 +100,90 @@ class RecordBatch:
                 raise InvalidArgumentError(f"unknown batch kind {self.kind!r}") from exc
 
 
-@dataclass(frozen=True, slots=True)
 class FetchedBatch:
-    """A batch read back from a stream, with the offsets it was given at append time."""
+    """A batch read back from a stream, with the offsets it was given at append time.
+
+    Immutable. The payload is available two ways:
+
+    - `view`: a read-only ``memoryview``, without copying. A batch read from object storage
+      is a slice of the block's GET buffer (zero-copy), so holding the view (or the batch)
+      keeps that whole buffer alive — up to `BlockCache`'s largest GET, 8 MiB by default.
+      Fast readers (checksums, ``pyarrow`` buffers, decoders taking buffers) use this.
+    - `payload`: ``bytes``; made from the view on first use (one copy, then kept).
+
+    Equality and hashing compare the payload bytes, whichever form the batch holds.
+    """
+
+    __slots__ = (
+        "_payload",
+        "base_offset",
+        "base_timestamp",
+        "count",
+        "kind",
+        "properties",
+        "stream_id",
+    )
 
     stream_id: int
     base_offset: int
     count: int
-    payload: bytes
     base_timestamp: int
-    properties: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
-    kind: BatchKind = BatchKind.RAW
+    properties: Mapping[str, str]
+    kind: BatchKind
+    _payload: bytes | memoryview
+
+    def __init__(
+        self,
+        stream_id: int,
+        base_offset: int,
+        count: int,
+        payload: bytes | memoryview,
+        base_timestamp: int,
+        properties: Mapping[str, str] = _EMPTY,
+        kind: BatchKind = BatchKind.RAW,
+    ) -> None:
+        if isinstance(payload, memoryview) and not payload.readonly:
+            payload = payload.toreadonly()
+        elif not isinstance(payload, bytes | memoryview):
+            raise InvalidArgumentError(
+                f"payload must be bytes or memoryview, not {type(payload).__name__}"
+            )
+        setter = object.__setattr__
+        setter(self, "stream_id", stream_id)
+        setter(self, "base_offset", base_offset)
+        setter(self, "count", count)
+        setter(self, "_payload", payload)
+        setter(self, "base_timestamp", base_timestamp)
+        setter(self, "properties", properties)
+        setter(self, "kind", kind)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"FetchedBatch is immutable: cannot set {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"FetchedBatch is immutable: cannot delete {name!r}")
+
+    @property
+    def payload(self) -> bytes:
+        """The payload as ``bytes`` (copied from the view once, on first use)."""
+        p = self._payload
+        if type(p) is bytes:
+            return p
+        b = bytes(p)
+        # A benign race: two threads may both copy; either copy is the same bytes.
+        object.__setattr__(self, "_payload", b)
+        return b
+
+    @property
+    def view(self) -> memoryview:
+        """The payload as a read-only ``memoryview``, without copying."""
+        p = self._payload
+        return p if isinstance(p, memoryview) else memoryview(p)
+
+    @property
+    def size(self) -> int:
+        """Payload length in bytes (no copy)."""
+        return len(self._payload)
 
     @property
     def last_offset(self) -> int:
@@ -121,6 +194,48 @@ class FetchedBatch:
     def next_offset(self) -> int:
         """Offset just after the batch: where the next batch begins."""
         return self.base_offset + self.count
+
+    def _key(self) -> tuple[object, ...]:
+        return (
+            self.stream_id,
+            self.base_offset,
+            self.count,
+            self._payload,
+            self.base_timestamp,
+            dict(self.properties),
+            self.kind,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, FetchedBatch):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash((self.stream_id, self.base_offset, self.count, self.view.tobytes(), self.kind))
+
+    def __repr__(self) -> str:
+        return (
+            f"FetchedBatch(stream_id={self.stream_id}, base_offset={self.base_offset}, "
+            f"count={self.count}, payload=<{self.size} bytes>, "
+            f"base_timestamp={self.base_timestamp}, properties={dict(self.properties)!r}, "
+            f"kind={self.kind!r})"
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # A memoryview does not pickle: send the bytes.
+        return (
+            FetchedBatch,
+            (
+                self.stream_id,
+                self.base_offset,
+                self.count,
+                self.payload,
+                self.base_timestamp,
+                dict(self.properties),
+                self.kind,
+            ),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +266,7 @@ class FetchResult:
     @property
     def total_bytes(self) -> int:
         """Sum of payload sizes of the returned batches."""
-        return sum(len(b.payload) for b in self.batches)
+        return sum(b.size for b in self.batches)
 
 
 @dataclass(frozen=True, slots=True)

@@ -827,3 +827,51 @@ def test_format_all_is_sorted_and_complete() -> None:
     assert set(fmt.__all__) == public
     for name in ("ObjectWriter", "read_index", "encode_batch", "decode_wal_record"):
         assert name in fmt.__all__
+
+
+# ------------------------------------------------------------------------------------------
+# Zero-copy payloads
+
+
+def test_decoded_payloads_are_views_of_the_block_buffer() -> None:
+    batches = [fetched(3, i * 2, 2, bytes([i]) * 5000) for i in range(6)]
+    obj = write(batches, block_target_bytes=1 << 20)
+    st = MemoryObjectStore()
+    st.put("o", obj)
+    idx = read_index(st, "o")
+    (blk,) = idx.find(3, 0)
+    buf = bytearray(obj)  # writable: the views handed out must still be read-only
+    got = decode_block(memoryview(buf)[blk.position : blk.end_position], blk, "o")
+    assert got == batches
+    for b, want in zip(got, batches, strict=True):
+        assert b.view.readonly and b.view.obj is buf  # no copy was made
+        assert b.size == len(want.payload)
+    # Mutating the buffer shows through the view: proof that no copy was taken ...
+    first = got[0]
+    buf[blk.position + 40] ^= 0xFF
+    assert first.view.tobytes() != batches[0].payload
+    # ... while `payload` takes its copy once, and then keeps it.
+    buf[blk.position + 40] ^= 0xFF
+    p = first.payload
+    assert type(p) is bytes and p == batches[0].payload
+    buf[blk.position + 40] ^= 0xFF
+    assert first.payload is p and first.payload == batches[0].payload
+
+
+def test_fetched_batch_equality_hash_pickle_and_immutability() -> None:
+    import pickle
+
+    raw = b"x" * 100
+    a = FetchedBatch(1, 5, 2, raw, 7, {"k": "v"}, BatchKind.RECORDS)
+    b = FetchedBatch(1, 5, 2, memoryview(bytearray(raw)), 7, {"k": "v"}, BatchKind.RECORDS)
+    assert a == b and hash(a) == hash(b)
+    assert a != FetchedBatch(1, 5, 2, b"y" * 100, 7, {"k": "v"}, BatchKind.RECORDS)
+    c = pickle.loads(pickle.dumps(b))
+    assert c == a and type(c._payload) is bytes
+    assert "100 bytes" in repr(b)
+    with pytest.raises(AttributeError):
+        a.count = 3  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        del a.count  # type: ignore[misc]
+    with pytest.raises(InvalidArgumentError):
+        FetchedBatch(1, 5, 2, "text", 7)  # type: ignore[arg-type]

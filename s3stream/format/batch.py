@@ -54,7 +54,7 @@ def encode_batch(
     kind: int,
     base_timestamp: int,
     properties: Mapping[str, str],
-    payload: bytes,
+    payload: bytes | memoryview,
     *,
     prefix: bytes = b"",
 ) -> bytes:
@@ -94,7 +94,8 @@ def decode_batch_at(
             ) from exc
     else:
         props = _EMPTY
-    payload = bytes(buf[end_header + props_len : end])
+    # A slice of a memoryview is zero-copy: payloads read from objects share the GET buffer.
+    payload = buf[end_header + props_len : end]
     return FetchedBatch(stream_id, base_offset, count, payload, ts, props, _KINDS[kind]), end
 
 

@@ -481,7 +481,7 @@ class ObjectWriter:
             int(batch.kind),
             batch.base_timestamp,
             batch.properties,
-            batch.payload,
+            batch.view,
         )
         self.add(batch.stream_id, batch.base_offset, batch.count, batch.base_timestamp, record)
 

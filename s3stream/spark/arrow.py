@@ -119,17 +119,17 @@ class _Chunk:
     def add_raw(self, batch: FetchedBatch) -> None:
         self.raw_rows.append((self.rows, batch.count))
         self._run(batch.base_offset, 1, batch.base_timestamp)
-        self.bytes += len(batch.payload)
+        self.bytes += batch.size
         # A raw batch's own time is its append time, reported as CREATE_TIME.
         self.stamps.append(np.array([batch.base_timestamp], dtype=np.int64))
         self.key_lens.append(_NULL_LENGTH)
-        self.value_lens.append(np.array([len(batch.payload)], dtype=np.int64))
-        self.value_data.append(batch.payload)
+        self.value_lens.append(np.array([batch.size], dtype=np.int64))
+        self.value_data.append(batch.view)
         if self.headers:
             self.h_counts.append(_NO_HEADERS)
 
     def add_records(self, batch: FetchedBatch, lo: int, hi: int, location: str) -> None:
-        cols = decode_columns(batch.payload, expected_count=batch.count, location=location)
+        cols = decode_columns(batch.view, expected_count=batch.count, location=location)
         whole = lo == 0 and hi == cols.count
         self._run(batch.base_offset + lo, hi - lo, batch.base_timestamp)
         self.stamps.append(cols.timestamps if whole else cols.timestamps[lo:hi])
@@ -367,7 +367,7 @@ def tuple_rows(
             yield (*row, s.stream_id, b.count)
             continue
         cols = decode_columns(
-            b.payload, expected_count=b.count, location=f"{s.key} (stream {s.stream_id})"
+            b.view, expected_count=b.count, location=f"{s.key} (stream {s.stream_id})"
         )
         stamps, kinds = cols.resolve_timestamps(b.base_timestamp)
         keys = _split(cols.key_data, cols.key_lengths.tolist())

@@ -313,7 +313,7 @@ def offset_for_timestamp(
                     if batch.base_timestamp >= timestamp_ms:
                         return max(batch.base_offset, start)
                     continue
-                cols = decode_columns(batch.payload, expected_count=batch.count, location=obj.key)
+                cols = decode_columns(batch.view, expected_count=batch.count, location=obj.key)
                 stamps, _ = cols.resolve_timestamps(batch.base_timestamp)
                 lo = max(start - batch.base_offset, 0)
                 hits = (stamps[lo:] >= timestamp_ms).nonzero()[0]

@@ -646,7 +646,7 @@ class Storage:
             m.fetches_from_objects += 1
             out.extend(got)
             pos = got[-1].next_offset
-            remaining -= sum(len(b.payload) for b in got)
+            remaining -= sum(b.size for b in got)
             if remaining <= 0:
                 break
         return out

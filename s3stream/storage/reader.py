@@ -38,7 +38,7 @@ class ObjectDataReader:
         """
         out = self._read(state, stream_id, start, end, max_bytes)
         if out and self._readahead is not None:
-            nbytes = sum(len(b.payload) for b in out)
+            nbytes = sum(b.size for b in out)
             self._readahead.after_read(state, stream_id, start, out[-1].next_offset, nbytes)
         return out
 
@@ -68,10 +68,10 @@ class ObjectDataReader:
                         continue
                     if b.base_offset > pos:
                         raise missing_data(state, stream_id, pos, b.base_offset, obj.key)
-                    if b.base_offset >= end or (out and total + len(b.payload) > max_bytes):
+                    if b.base_offset >= end or (out and total + b.size > max_bytes):
                         return out
                     out.append(b)
-                    total += len(b.payload)
+                    total += b.size
                     pos = b.next_offset
             if len(chosen) < len(blocks):
                 break  # the byte budget ended inside this object
