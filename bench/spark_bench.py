@@ -222,13 +222,15 @@ def main() -> None:
             scan(df)
         best = {"s3stream_arrow": float("inf"), "parquet": float("inf"), "ceiling": float("inf")}
         round_ratios: list[float] = []
+        round_times: list[dict[str, float]] = []
         cpu: dict[str, dict[str, list[float]]] = {}
         for _ in range(args.repeat):
-            times = {}
+            times: dict[str, float] = {}
             for name, df in (("s3stream_arrow", ours), ("parquet", pq), ("ceiling", ceiling)):
                 times[name] = scan(df, cpu.setdefault(name, {}))
                 best[name] = min(best[name], times[name])
             round_ratios.append(times["parquet"] / times["s3stream_arrow"])
+            round_times.append({k: round(v, 3) for k, v in times.items()})
             print(
                 "round: "
                 + ", ".join(f"{k} {v:.2f} s" for k, v in times.items())
@@ -282,6 +284,7 @@ def main() -> None:
                         "arrow_over_parquet": round(ratio, 3),
                         "arrow_over_parquet_per_round": [round(r, 3) for r in round_ratios],
                         "arrow_over_parquet_median_round": round(median_ratio, 3),
+                        "round_seconds": round_times,
                         "arrow_over_ceiling": round(of_ceiling, 3),
                         "load_average_1min": round(os.getloadavg()[0], 2),
                         **du,
