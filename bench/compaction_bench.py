@@ -426,12 +426,9 @@ def bench_append(
             _load_for_compaction(c, load_rounds, 60)
             time.sleep(SETTLE_S)
 
-        def idle() -> list[float]:
-            return _append_latencies(s, n, payload, RATE)
-
         # Phases alternate, so slow drifts of the machine's load hit all of them alike.
         for r in range(rounds):
-            phases["idle"] += idle()
+            phases["idle"] += _append_latencies(s, n, payload, RATE)
             got: list[float] = []
             while len(got) < n:
                 load()
@@ -446,7 +443,7 @@ def bench_append(
                     }
                 )
             phases["in_process"] += got
-            phases["idle"] += idle()
+            phases["idle"] += _append_latencies(s, n, payload, RATE)
             got = []
             while len(got) < n:
                 load()

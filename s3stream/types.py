@@ -195,12 +195,13 @@ class FetchedBatch:
         """Offset just after the batch: where the next batch begins."""
         return self.base_offset + self.count
 
-    def _key(self) -> tuple[object, ...]:
+    def _args(self, payload: bytes | memoryview) -> tuple[object, ...]:
+        """The constructor's arguments, with `payload` for the payload."""
         return (
             self.stream_id,
             self.base_offset,
             self.count,
-            self._payload,
+            payload,
             self.base_timestamp,
             dict(self.properties),
             self.kind,
@@ -209,9 +210,11 @@ class FetchedBatch:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, FetchedBatch):
             return NotImplemented
-        return self._key() == other._key()
+        return self._args(self._payload) == other._args(other._payload)
 
     def __hash__(self) -> int:
+        # A copy: a memoryview hashes only when the buffer under it is hashable, and a view
+        # over a bytearray is not.
         return hash((self.stream_id, self.base_offset, self.count, self.view.tobytes(), self.kind))
 
     def __repr__(self) -> str:
@@ -224,18 +227,7 @@ class FetchedBatch:
 
     def __reduce__(self) -> tuple[object, ...]:
         # A memoryview does not pickle: send the bytes.
-        return (
-            FetchedBatch,
-            (
-                self.stream_id,
-                self.base_offset,
-                self.count,
-                self.payload,
-                self.base_timestamp,
-                dict(self.properties),
-                self.kind,
-            ),
-        )
+        return (FetchedBatch, self._args(self.payload))
 
 
 @dataclass(frozen=True, slots=True)
