@@ -169,6 +169,31 @@ def test_append_async_futures_resolve_in_order(tmp_path: Path) -> None:
         assert order == sorted(order)
 
 
+def test_synchronous_appends_drive_the_file_wal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`Stream.append` lets the WAL commit in the calling thread (`WriteAheadLog.drive`);
+    appends with a timeout and asynchronous ones leave it to the WAL's writer."""
+    from s3stream.wal.file import FileWal
+
+    driven: list[int] = []
+    real = FileWal.drive
+
+    def spy(self: FileWal, future: object) -> None:
+        driven.append(threading.get_ident())
+        real(self, future)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(FileWal, "drive", spy)
+    with open_local(tmp_path / "store", wal=f"file://{tmp_path}/node.wal") as client:
+        s = client.create_stream()
+        assert s.append(RecordBatch(b"a")).base_offset == 0
+        assert driven == [threading.get_ident()]
+        assert s.append(RecordBatch(b"b"), timeout_s=10).base_offset == 1
+        assert s.append_async(RecordBatch(b"c")).result(timeout=10).base_offset == 2
+        assert len(driven) == 1
+        assert [b.payload for b in read_all(s)] == [b"a", b"b", b"c"]
+
+
 def test_trim(tmp_path: Path) -> None:
     with open_local(tmp_path) as client:
         s = client.create_stream()

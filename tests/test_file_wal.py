@@ -539,6 +539,117 @@ def test_trim_append_and_close_from_a_completion_callback(wal_path: Path) -> Non
     wal.close()
 
 
+# -- caller-driven commits (WriteAheadLog.drive) -------------------------------------------------
+
+
+@pytest.fixture
+def no_writer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """WALs opened from here on have no background writer: only `drive` commits."""
+    monkeypatch.setattr(FileWal, "_writer_main", lambda self: None)
+
+
+@pytest.mark.usefixtures("no_writer")
+def test_drive_commits_pending_records_in_the_calling_thread(wal_path: Path) -> None:
+    wal = FileWal(wal_path, settings=small())
+    recover_all(wal)
+    payloads = [data_for(i, 300 * i) for i in range(3)]
+    futs = [wal.append(p) for p in payloads]
+    threads: list[int] = []
+    for f in futs:
+        f.add_done_callback(lambda _: threads.append(threading.get_ident()))
+    assert not any(f.done() for f in futs)
+    wal.drive(futs[0])  # one commit takes every pending record
+    assert all(f.done() for f in futs)
+    assert threads == [threading.get_ident()] * 3
+    wal.drive(futs[0])  # done already: nothing to do
+    acked = [WalRecord(f.result(), p) for f, p in zip(futs, payloads, strict=True)]
+    wal._abandon()
+    wal = FileWal(wal_path, settings=small())
+    assert recover_all(wal) == acked
+    wal.close()
+
+
+@pytest.mark.usefixtures("no_writer")
+def test_a_failed_driven_commit_fails_that_append_and_every_later_one(wal_path: Path) -> None:
+    wal = FileWal(wal_path, settings=small())
+    recover_all(wal)
+    first = wal.append(b"kept")
+    wal.drive(first)
+    ro = os.open(wal_path, os.O_RDONLY)
+    os.dup2(ro, wal._wfd)
+    os.close(ro)
+    doomed = wal.append(b"doomed")
+    wal.drive(doomed)
+    with pytest.raises(UnavailableError, match="write failed"):
+        doomed.result(timeout=0)
+    with pytest.raises(UnavailableError):
+        wal.append(b"later").result(timeout=10)
+    wal.close()
+    wal = FileWal(wal_path, settings=small())
+    assert [r.data for r in recover_all(wal)] == [b"kept"]
+    wal.close()
+
+
+def test_driving_threads_still_share_group_commits(
+    wal_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Appends arriving while a caller commits are left to the writer, which commits them as
+    one group: 8 threads appending synchronously need fewer fdatasyncs than appends."""
+    syncs = [0]
+    real = os.fdatasync
+
+    def counting(fd: int) -> None:
+        syncs[0] += 1
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", counting)
+    wal = FileWal(wal_path, settings=small(8 * MiB))
+    recover_all(wal)
+    barrier = threading.Barrier(8)
+    acked: list[WalRecord] = []
+    lock = threading.Lock()
+
+    def worker(t: int) -> None:
+        barrier.wait()
+        for i in range(100):
+            p = data_for(t * 1000 + i, 200)
+            fut = wal.append(p)
+            wal.drive(fut)
+            rec = WalRecord(fut.result(timeout=30), p)
+            with lock:
+                acked.append(rec)
+
+    syncs[0] = 0
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert len(acked) == 800
+    assert syncs[0] < 800, "every append paid its own fdatasync: no group commit"
+    wal._abandon()
+    wal = FileWal(wal_path, settings=small(8 * MiB))
+    assert recover_all(wal) == sorted(acked)
+    wal.close()
+
+
+def test_close_from_a_callback_of_a_driven_commit(wal_path: Path) -> None:
+    """Whichever thread commits (a driving caller or the writer), closing from a completion
+    callback neither deadlocks nor loses the clean shutdown."""
+    for _ in range(5):
+        wal = FileWal(wal_path, settings=small())
+        recover_all(wal)
+        fut = wal.append(b"last")
+        fut.add_done_callback(lambda _, wal=wal: wal.close())
+        wal.drive(fut)
+        assert fut.result(timeout=10) >= 0
+        deadline = time.monotonic() + 10
+        while wal._fd >= 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert wal._fd < 0, "the WAL never finished closing"
+        assert read_wal_header(wal_path).clean
+
+
 # -- opening errors -----------------------------------------------------------------------------
 
 

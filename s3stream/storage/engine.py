@@ -316,16 +316,25 @@ class Storage:
     def append(self, w: WriterState, batch: RecordBatch) -> Future[AppendResult]:
         """Assign offsets, write the WAL record; the future resolves once it is durable."""
         r = self._append(w, batch)
-        return r if isinstance(r, Future) else self._completed.result(r)
+        return r[0] if isinstance(r, tuple) else self._completed.result(r)
 
     def append_and_wait(
         self, w: WriterState, batch: RecordBatch, timeout_s: float | None = None
     ) -> AppendResult:
         """`append`, then wait for durability (no future at all when the WAL acks at once)."""
         r = self._append(w, batch)
-        return r.result(timeout_s) if isinstance(r, Future) else r
+        if not isinstance(r, tuple):
+            return r
+        result, wal_future = r
+        if timeout_s is None:
+            # The WAL may make the record durable in this thread (`WriteAheadLog.drive`); with
+            # a timeout the wait must stay interruptible, so the WAL's own thread does it.
+            self._wal.drive(wal_future)
+        return result.result(timeout_s)
 
-    def _append(self, w: WriterState, batch: RecordBatch) -> AppendResult | Future[AppendResult]:
+    def _append(
+        self, w: WriterState, batch: RecordBatch
+    ) -> AppendResult | tuple[Future[AppendResult], Future[WalPosition]]:
         ts = batch.base_timestamp
         if ts is None:
             ts = self._clock.now_ms()
@@ -366,7 +375,7 @@ class Storage:
             wal_future.add_done_callback(
                 lambda f: self._on_durable(f, w, batch, base, ts, record, result)
             )
-        return result
+        return result, wal_future
 
     def _durable(
         self,

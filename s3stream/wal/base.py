@@ -18,6 +18,8 @@ Contract, checked by `s3stream.testing.WalTests` for every implementation:
 5. `reset()` drops every record; later positions stay above every earlier one.
 6. `close()` waits for in-flight appends, then releases the medium; later calls raise
    `StreamClosedError`.
+7. `drive(future)` (optional, default no-op) lends the calling thread to the WAL before it
+   blocks on an append future; it changes nothing of the above.
 """
 
 from __future__ import annotations
@@ -76,6 +78,17 @@ class WriteAheadLog(Closeable):
     @abstractmethod
     def append(self, data: bytes) -> Future[WalPosition]:
         """Append one record; the future resolves with its position once acknowledged."""
+
+    def drive(self, future: Future[WalPosition]) -> None:
+        """Called by a thread about to block on `future`, one of this WAL's append futures.
+
+        An implementation may use the calling thread to make the record durable itself (the
+        file WAL commits in it when no commit is under way), sparing the hand-off to a
+        background thread and back. It must return promptly when it cannot help, and be
+        safe from any thread at any time, also after the future is done. The default does
+        nothing.
+        """
+        return
 
     @abstractmethod
     def trim(self, position: WalPosition) -> None:
