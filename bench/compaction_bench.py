@@ -20,7 +20,8 @@ Measures, in one run (a throw-away ``weed mini`` started with `SeaweedS3Server`)
   compactors' own limits (`CompactionSettings.bytes_per_s`, ``--bytes-per-s``); 0 means the
   defaults (no background limit, the compactors' default limit). Phases
   alternate over several rounds and are pooled, so drifts of the machine's load hit all
-  alike; a compaction phase too short for `n` appends is repeated (new load, new compaction).
+  alike; a compaction phase with fewer than `n` appends in running slices (or `n` / 2 in
+  paused ones) is repeated (new load, new compaction).
   Each compaction phase starts after its load's uploads plus a pause of ``SETTLE_S``, so
   that it measures compaction and not the object store digesting a burst of uploads.
   Within a compaction phase the compaction is paused and resumed every ``SLICE_S`` (the
@@ -275,15 +276,29 @@ def _load_for_compaction(c: s3stream.StreamClient, rounds: int, streams: int) ->
         c.flush()
 
 
-def _append_latencies(s: s3stream.Stream, n: int, payload: bytes, rate: float) -> list[float]:
-    out = []
-    interval = 1 / rate
-    nxt = time.perf_counter()
-    for _ in range(n):
-        nxt += interval
+def _append_latencies(
+    s: s3stream.Stream,
+    payload: bytes,
+    *,
+    n: int | None = None,
+    seconds: float | None = None,
+    guard_s: float = 0.0,
+) -> list[float]:
+    """Latencies (ms) of appends at `RATE`, `n` of them or for `seconds`; appends that start
+    within `guard_s` of the start are made but not counted."""
+    t0 = time.perf_counter()
+    out: list[float] = []
+    nxt = t0
+    made = 0
+    while n is None or made < n:
+        nxt += 1 / RATE
         t = time.perf_counter()
+        if seconds is not None and t - t0 >= seconds:
+            break
         s.append(RecordBatch(payload))
-        out.append((time.perf_counter() - t) * 1000)
+        made += 1
+        if t - t0 >= guard_s:
+            out.append((time.perf_counter() - t) * 1000)
         pause = nxt - time.perf_counter()
         if pause > 0:
             time.sleep(pause)
@@ -293,25 +308,6 @@ def _append_latencies(s: s3stream.Stream, n: int, payload: bytes, rate: float) -
 def _pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(len(xs) * p))]
-
-
-def _append_for(s: s3stream.Stream, payload: bytes, seconds: float) -> list[float]:
-    """Appends at `RATE` for `seconds`; the latencies of those that started after `GUARD_S`."""
-    t0 = time.perf_counter()
-    out: list[float] = []
-    interval = 1 / RATE
-    nxt = t0
-    while True:
-        nxt += interval
-        t = time.perf_counter()
-        if t - t0 >= seconds:
-            return out
-        s.append(RecordBatch(payload))
-        if t - t0 >= GUARD_S:
-            out.append((time.perf_counter() - t) * 1000)
-        pause = nxt - time.perf_counter()
-        if pause > 0:
-            time.sleep(pause)
 
 
 def _measure_while(
@@ -328,7 +324,9 @@ def _measure_while(
     on = True
     try:
         while busy():
-            (running if on else paused).extend(_append_for(s, payload, SLICE_S))
+            (running if on else paused).extend(
+                _append_latencies(s, payload, seconds=SLICE_S, guard_s=GUARD_S)
+            )
             (pause if on else resume)()
             on = not on
     finally:
@@ -514,7 +512,7 @@ def bench_append(
         url, wal=wal, node_id=f"appender-{rate}", storage_options=opts, settings=settings
     ) as c:
         s = c.create_stream()
-        _append_latencies(s, 200, payload, RATE)  # warm up
+        _append_latencies(s, payload, n=200)  # warm up
 
         def load() -> None:
             # Work for the compactor, then a pause in which the object store digests the
@@ -525,9 +523,11 @@ def bench_append(
         # Phases alternate, so slow drifts of the machine's load hit all of them alike; within
         # a compaction phase, the compaction itself alternates between running and paused.
         for r in range(rounds):
-            phases["idle"] += _append_latencies(s, n, payload, RATE)
+            phases["idle"] += _append_latencies(s, payload, n=n)
             got: list[float] = []
-            while len(got) < n:
+            paused = len(phases["in_process_paused"])
+            # Repeated until both the running and the paused slices have enough appends.
+            while len(got) < n or len(phases["in_process_paused"]) - paused < n // 2:
                 load()
                 lat, still, report = _in_process_compaction(c, s, payload)
                 got += lat
@@ -541,9 +541,10 @@ def bench_append(
                     }
                 )
             phases["in_process"] += got
-            phases["idle"] += _append_latencies(s, n, payload, RATE)
+            phases["idle"] += _append_latencies(s, payload, n=n)
             got = []
-            while len(got) < n:
+            paused = len(phases["standalone_paused"])
+            while len(got) < n or len(phases["standalone_paused"]) - paused < n // 2:
                 load()
                 node = f"compactor-{rate}-{r}-{out['standalone_runs']}"
                 lat, still, text = _standalone_compaction(c, s, payload, url, opts, node, rate)
