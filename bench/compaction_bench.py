@@ -334,25 +334,20 @@ def _measure_while(
     return running, paused
 
 
-class _Gate:
-    """Holds the in-process compactor before its next request while closed (bench only:
-    patched into `CompactionExecutor._throttle`, which every compaction request passes)."""
+@contextlib.contextmanager
+def _gated_compactor() -> Iterator[threading.Event]:
+    """An event that, while cleared, holds the in-process compactor before its next request
+    (bench only: patched into `CompactionExecutor._throttle`, which every request passes)."""
+    gate = threading.Event()
+    gate.set()
+    real = CompactionExecutor._throttle
 
-    def __init__(self) -> None:
-        self.open = threading.Event()
-        self.open.set()
+    def gated(executor: CompactionExecutor, nbytes: int, requests: int = 1) -> None:
+        gate.wait()
+        real(executor, nbytes, requests)
 
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[None]:
-        real = CompactionExecutor._throttle
-        gate = self.open
-
-        def gated(executor: CompactionExecutor, nbytes: int, requests: int = 1) -> None:
-            gate.wait()
-            real(executor, nbytes, requests)
-
-        with mock.patch.object(CompactionExecutor, "_throttle", gated):
-            yield
+    with mock.patch.object(CompactionExecutor, "_throttle", gated):
+        yield gate
 
 
 def _in_process_compaction(
@@ -360,7 +355,6 @@ def _in_process_compaction(
 ) -> tuple[list[float], list[float], Any]:
     done = threading.Event()
     reports: list[Any] = []
-    gate = _Gate()
 
     def compact() -> None:
         try:
@@ -368,11 +362,11 @@ def _in_process_compaction(
         finally:
             done.set()
 
-    with gate.installed():
+    with _gated_compactor() as gate:
         t = threading.Thread(target=compact)
         t.start()
         running, paused = _measure_while(
-            s, payload, lambda: not done.is_set(), gate.open.clear, gate.open.set
+            s, payload, lambda: not done.is_set(), gate.clear, gate.set
         )
         t.join()
     return running, paused, reports[0]
