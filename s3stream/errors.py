@@ -13,11 +13,13 @@ __all__ = [
     "CorruptionError",
     "FencedError",
     "InvalidArgumentError",
+    "NodeInUseError",
     "ObjectNotFoundError",
     "OffsetOutOfRangeError",
     "S3StreamError",
     "StreamClosedError",
     "StreamNotFoundError",
+    "StreamOwnedError",
     "UnavailableError",
     "WalFullError",
 ]
@@ -31,7 +33,55 @@ class S3StreamError(Exception):
 
 
 class FencedError(S3StreamError):
-    """A newer epoch owns the stream or node; this writer must stop (not retryable)."""
+    """A newer epoch owns the stream or node; this writer must stop (not retryable).
+
+    Also raised by `flush` and `close` of a client that had to drop acknowledged appends
+    because another client took the stream or node over: the message names the streams.
+    """
+
+
+class StreamOwnedError(S3StreamError):
+    """The stream is open on another node that may still hold acknowledged, unuploaded data.
+
+    `owner` names that node. Take the node over first (``client.take_over(owner)``), which
+    uploads what it had acknowledged and releases its streams, or open the stream with
+    ``force=True``, which discards what that node has not uploaded.
+    """
+
+    def __init__(self, message: str, *, stream_id: int, owner: str) -> None:
+        super().__init__(message)
+        #: The stream that was asked for.
+        self.stream_id = stream_id
+        #: The node that has it open.
+        self.owner = owner
+
+    def __reduce__(self) -> tuple[object, ...]:
+        attrs = {"stream_id": self.stream_id, "owner": self.owner}
+        return (_rebuild, (type(self), str(self), attrs))
+
+
+class NodeInUseError(S3StreamError):
+    """A live process holds this node's WAL (the same node id opened twice).
+
+    Give each process sharing a store its own ``node_id``; `pid` names the holder when known.
+    Not retryable as such: it succeeds only after the holder has exited (or was taken over).
+    """
+
+    def __init__(self, message: str, *, node_id: str, pid: int | None = None) -> None:
+        super().__init__(message)
+        #: The node id that is in use.
+        self.node_id = node_id
+        #: Process id of the holder, as it recorded it (None if unknown).
+        self.pid = pid
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild, (type(self), str(self), {"node_id": self.node_id, "pid": self.pid}))
+
+
+def _rebuild(cls: type[S3StreamError], message: str, attrs: dict[str, object]) -> S3StreamError:
+    """Unpickle an error whose constructor takes keyword arguments (errors cross processes:
+    Spark workers, crash-test children)."""
+    return cls(message, **attrs)
 
 
 class StreamClosedError(S3StreamError):

@@ -11,11 +11,19 @@ Contract, checked by `s3stream.testing.WalTests` for every implementation:
 2. `append(data)` returns a Future; futures complete in append order. A future resolves with
    the record's position once the record is durable (per `capabilities.durable_on_ack`), or
    fails; after one failure every later append fails too (no holes are ever acknowledged).
+   A record the WAL can never take (larger than `capabilities.max_record_bytes`, not bytes)
+   is refused by `append` itself with `InvalidArgumentError`, and so is an append that found
+   no room in time (`WalFullError`); neither harms the WAL or any other record.
 3. `recover()` yields, in order, every acknowledged record with a position above the trim point
    and nothing else: never a torn or trimmed record, never garbage.
 4. `trim(position)` declares records at positions <= `position` no longer needed; trimmed
    records never come back from `recover()`. Trimming is idempotent and monotonic.
-5. `reset()` drops every record; later positions stay above every earlier one.
+5. `reset()` drops every record; later positions stay above every earlier one. After a
+   failure whose error is retryable (`err.retryable`: a full disk, an unreachable store),
+   `reset()` called once every append future is done makes the WAL take appends again (or
+   raises a retryable error while the cause persists, and may be called again later); the
+   records that failed are never recovered. After a fatal failure (`FencedError`,
+   `CorruptionError`) it raises that error.
 6. `close()` waits for in-flight appends, then releases the medium; later calls raise
    `StreamClosedError`.
 7. `drive(future)` (optional, default no-op) lends the calling thread to the WAL before it
