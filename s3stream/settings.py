@@ -107,6 +107,12 @@ class ClientSettings:
     max_pending_bytes: int = 512 * MiB
     #: Longest an append waits for room before `BackpressureError`.
     backpressure_timeout_ms: int = 30_000
+    #: Deadline of a blocking client call made without a timeout of its own: a synchronous
+    #: append waiting to be durable, `flush`, `close` (docs/architecture.md, "Deadlines").
+    call_timeout_ms: int = 60_000
+    #: Longest one object-store call may take, retries included; each try is bounded as
+    #: well by the store's own connect and read timeouts.
+    store_timeout_ms: int = 30_000
     #: Bytes of already-uploaded batches the LogCache keeps for tail readers.
     log_cache_bytes: int = 128 * MiB
     #: Write a metadata checkpoint after this many log entries.
