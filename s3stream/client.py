@@ -20,7 +20,7 @@ from .errors import (
     StreamClosedError,
 )
 from .failover import TakeOverReport, take_over_node
-from .metadata import MetadataManager, StreamMeta
+from .metadata import CloseStream, MetadataManager, MetadataState, StreamMeta
 from .objectstore.base import ObjectStore
 from .objectstore.wrappers import MetricsObjectStore, ObjectStoreMetrics, RetryingObjectStore
 from .settings import ClientSettings
@@ -28,7 +28,7 @@ from .storage.engine import RecoveryReport, Storage, StorageMetrics
 from .storage.packing import KeyFactory, check_node_id
 from .stream import Stream, check_offset
 from .throttle import PriorityRateLimiter, ThrottleMetrics
-from .types import FetchResult, StreamInfo
+from .types import FetchResult, StreamInfo, StreamState
 from .wal.base import WriteAheadLog
 
 __all__ = ["ClientMetrics", "StreamClient", "WalFactory"]
@@ -230,13 +230,18 @@ class StreamClient(Closeable):
             meta = self._meta.create_stream(tags)
             return self._attach(self._meta.open_stream(meta.stream_id, self._node_id))
 
-    def open_stream(self, stream_id: int) -> Stream:
+    def open_stream(self, stream_id: int, *, force: bool = False) -> Stream:
         """Open an existing stream for appending and reading.
 
-        Bumps the stream's epoch, fencing any other owner: its un-uploaded appends are
-        discarded at its next commit. Opening a stream this client already has open returns
-        the same handle.
+        Bumps the stream's epoch, fencing any other owner. A stream that another node has
+        open (it did not close it, nor was it taken over) raises `StreamOwnedError` naming
+        that node, since the node may hold acknowledged appends it has not uploaded: take it
+        over first (`take_over`), which uploads them, or pass ``force=True``, which discards
+        them (logged as a warning; that node's `flush` and `close` then raise `FencedError`).
+        Opening a stream this client already has open returns the same handle.
         """
+        if type(force) is not bool:
+            raise InvalidArgumentError(f"force must be a bool, got {force!r}")
         if type(stream_id) is not int or stream_id < 0:
             raise InvalidArgumentError(f"stream_id must be an int >= 0, got {stream_id!r}")
         with self._lock:
@@ -245,7 +250,14 @@ class StreamClient(Closeable):
             if existing is not None and not existing.closed:
                 return existing
             self._meta.refresh()
-            return self._attach(self._meta.open_stream(stream_id, self._node_id))
+            meta = self._meta.open_stream(stream_id, self._node_id, force=force)
+            if force:
+                log.warning(
+                    "stream %d opened with force=True: what its previous owner had not "
+                    "uploaded is discarded",
+                    stream_id,
+                )
+            return self._attach(meta)
 
     def _attach(self, meta: StreamMeta) -> Stream:
         w = self._storage.register_writer(meta.stream_id, meta.epoch, meta.end_offset)
@@ -395,30 +407,64 @@ class StreamClient(Closeable):
         )
 
     def flush(self, timeout_s: float | None = None) -> None:
-        """Upload everything acknowledged so far and commit it to the metadata log."""
+        """Upload everything acknowledged so far and commit it to the metadata log.
+
+        Waits at most `timeout_s` (default ``settings.call_timeout_ms``); raises
+        `UnavailableError` (retryable) if uploads keep failing or the deadline passes, and
+        `FencedError` if acknowledged appends were dropped since the last flush because
+        another client took their stream over (``open_stream(force=True)``).
+        """
         self._check_open()
         self._storage.flush(timeout_s)
 
-    def close(self) -> None:
-        """Graceful shutdown: wait for in-flight appends, upload everything, close the WAL.
+    def close(self, timeout_s: float | None = None) -> None:
+        """Graceful shutdown: wait for in-flight appends, upload everything, release this
+        client's streams (others may open them without a take-over), close the WAL.
 
         Afterwards every stream handle raises `StreamClosedError`, and a new client on the
-        same URL sees every acknowledged batch.
+        same URL sees every acknowledged batch. Returns or raises within `timeout_s`
+        (default ``settings.call_timeout_ms``) plus the time the WAL takes to close. If the
+        upload fails, the data stays in the WAL (the next open of this node, or a take-over,
+        uploads it), the streams stay owned, and the upload's error is raised; a client that
+        ever dropped acknowledged appends raises `FencedError`.
         """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+            owned = [
+                (sid, s.epoch) for sid, s in self._streams.items() if not s.closed
+            ]
             for s in self._streams.values():
                 s._mark_closed("closed (client closed)")
         # Let throttled background work through so that stopping never waits on tokens.
         self._limiter.close()
         self._compactor.stop()
         try:
-            self._storage.close()
+            self._storage.close(timeout_s, on_flushed=lambda: self._release_streams(owned))
         finally:
             self._block_cache.close()
             self._store.close()
+
+    def _release_streams(self, owned: list[tuple[int, int]]) -> None:
+        """Close, in one metadata entry, the streams this client still owns (all uploaded)."""
+        if not owned:
+            return
+
+        def build(state: MetadataState) -> list[CloseStream]:
+            ops = []
+            for sid, epoch in owned:
+                s = state.streams.get(sid)
+                if s is not None and s.state is StreamState.OPEN and s.epoch == epoch:
+                    ops.append(CloseStream(sid, epoch))
+            return ops
+
+        try:
+            self._meta.commit(build)
+        except S3StreamError as exc:
+            # Everything is uploaded, so nothing is lost; other nodes must take this node over
+            # (cheap: its WAL is empty) or force-open its streams.
+            log.warning("could not release streams %s on close: %s", [s for s, _ in owned], exc)
 
     def abandon(self) -> None:
         """Stop as a crash would: no upload, the WAL is not closed (for crash tests).

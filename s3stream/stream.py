@@ -12,7 +12,6 @@ from ._closeable import Closeable
 from .errors import (
     InvalidArgumentError,
     OffsetOutOfRangeError,
-    S3StreamError,
     StreamClosedError,
 )
 from .records import Record, batch_records, records_batch
@@ -106,14 +105,19 @@ class Stream(Closeable):
     # ------------------------------------------------------------------ appends
 
     def append(self, batch: RecordBatch, *, timeout_s: float | None = None) -> AppendResult:
-        """Append a batch and wait until it is durable; returns where it landed."""
+        """Append a batch and wait until it is durable; returns where it landed.
+
+        Waits at most `timeout_s` (default: the client's ``call_timeout_ms``), then raises
+        `UnavailableError`; the batch may still become durable after that. Errors: a bad
+        batch (`InvalidArgumentError`, larger than the WAL takes) fails this call only; a
+        full WAL or upload backlog (`BackpressureError`) and a WAL under repair
+        (`UnavailableError`) are retryable; `FencedError`, `CorruptionError` and
+        `StreamClosedError` are permanent for this handle.
+        """
         if not isinstance(batch, RecordBatch):
             raise InvalidArgumentError(f"append takes a RecordBatch, not {type(batch).__name__}")
         self._check_open()
-        try:
-            return self._storage.append_and_wait(self._w, batch, timeout_s)
-        except TimeoutError as exc:
-            raise S3StreamError(f"append not acknowledged within {timeout_s} s") from exc
+        return self._storage.append_and_wait(self._w, batch, timeout_s)
 
     def append_async(self, batch: RecordBatch) -> Future[AppendResult]:
         """Append a batch; the future resolves once it is durable. Futures of one stream
@@ -170,11 +174,10 @@ class Stream(Closeable):
         ("none" or "zstd") applies to this batch's payload. Records without a timestamp
         take the batch's append time.
         """
-        fut = self.append_records_async(records, compression=compression)
-        try:
-            return fut.result(timeout_s)
-        except TimeoutError as exc:
-            raise S3StreamError(f"append not acknowledged within {timeout_s} s") from exc
+        self._check_open()
+        return self._storage.append_and_wait(
+            self._w, records_batch(records, compression=compression), timeout_s
+        )
 
     def append_records_async(
         self, records: Sequence[Record], *, compression: str = "none"

@@ -19,6 +19,7 @@ from s3stream import (
     RecordBatch,
     StreamClosedError,
     StreamNotFoundError,
+    StreamOwnedError,
 )
 from s3stream.objectstore.local import LocalObjectStore
 from s3stream.testing.faults import FaultRule, FaultyObjectStore
@@ -311,17 +312,28 @@ def test_fencing_between_two_clients(tmp_path: Path) -> None:
     store_a.flush()
     s_a.append(RecordBatch(b"never committed"))
     with open_local(tmp_path, node_id="b") as client_b:
-        s_b = client_b.open_stream(s_a.stream_id)
+        # A still has the stream open, with an acknowledged batch not uploaded.
+        with pytest.raises(StreamOwnedError, match="open on node 'a'") as owned:
+            client_b.open_stream(s_a.stream_id)
+        assert (owned.value.owner, owned.value.stream_id) == ("a", s_a.stream_id)
+        assert not owned.value.retryable
+        s_b = client_b.open_stream(s_a.stream_id, force=True)
         assert s_b.epoch == 2
         assert s_b.next_offset == 1  # B starts at the committed end
         s_b.append(RecordBatch(b"from b"))
         client_b.flush()
-        # A's upload loses: its stream is fenced and its uncommitted batch dropped.
+        # A's upload loses: its stream is fenced and its acknowledged batch dropped, which
+        # A's flush reports (once), and so does its close.
+        with pytest.raises(FencedError, match=r"stream 0 offsets \[1, 2\).*node 'b'"):
+            store_a.flush()
         store_a.flush()
         with pytest.raises(FencedError):
             s_a.append(RecordBatch(b"zombie"))
+        with pytest.raises(FencedError):
+            s_a.fetch(0)
         assert [b.payload for b in read_all(s_b, 0)] == [b"committed", b"from b"]
-    store_a.close()
+    with pytest.raises(FencedError, match="dropped"):
+        store_a.close()
     with open_local(tmp_path, node_id="c") as c:
         assert [b.payload for b in c.read(s_a.stream_id, 0).batches] == [b"committed", b"from b"]
 

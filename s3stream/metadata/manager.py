@@ -20,6 +20,7 @@ from ..errors import (
     InvalidArgumentError,
     ObjectNotFoundError,
     S3StreamError,
+    StreamOwnedError,
     UnavailableError,
 )
 from ..objectstore.base import ObjectStore
@@ -180,13 +181,34 @@ class MetadataManager:
         _, state = self.commit(build)
         return state.get_stream(chosen[0])
 
-    def open_stream(self, stream_id: int, node_id: str) -> StreamMeta:
-        """Open the stream for `node_id` with the next epoch, fencing every older owner."""
+    def open_stream(self, stream_id: int, node_id: str, *, force: bool = False) -> StreamMeta:
+        """Open the stream for `node_id` with the next epoch, fencing every older owner.
+
+        Raises `StreamOwnedError` if another node has the stream open (it may hold
+        acknowledged appends it has not uploaded), unless `force`; judged on the state the
+        entry is committed after, so two openers cannot both pass the check.
+        """
         if not isinstance(node_id, str) or not node_id:
             raise InvalidArgumentError(f"node_id must be a non-empty str, got {node_id!r}")
 
         def build(state: MetadataState) -> list[Op]:
             stream = state.get_stream(stream_id)
+            owner = stream.owner
+            if (
+                not force
+                and stream.state is StreamState.OPEN
+                and owner is not None
+                and owner != node_id
+            ):
+                raise StreamOwnedError(
+                    f"stream {stream_id} is open on node {owner!r}, which may hold "
+                    "acknowledged appends it has not uploaded yet: take that node over first "
+                    f"(client.take_over({owner!r}), or `s3stream take-over URL {owner}`), "
+                    f"which uploads them and releases its streams, or open with force=True "
+                    "to discard them",
+                    stream_id=stream_id,
+                    owner=owner,
+                )
             return [OpenStream(stream_id, stream.epoch + 1, node_id)]
 
         _, state = self.commit(build)

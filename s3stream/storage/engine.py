@@ -10,6 +10,14 @@ uploader takes every pending batch, packs objects, PUTs them in parallel, commit
 metadata log strictly in order, unpins them in the LogCache and trims the WAL.
 
 Read: LogCache first; below what it holds, objects found through the metadata and their index.
+
+Errors (docs/architecture.md, "Errors"): a WAL append refused at the call (a caller's mistake,
+`WalFullError`) fails that call only. A WAL failure with a retryable error (a full or failing
+disk, an unreachable store) fails the appends in flight, and the uploader *repairs* the WAL:
+once every in-flight append has completed it rewinds each stream's next offset to its confirm
+offset, uploads everything acknowledged, and calls `WriteAheadLog.reset`, after which appends
+go on; meanwhile appends wait (up to `backpressure_timeout_ms`) and then fail retryably. Only a
+fatal error (fenced, corrupted, a bug in a background thread) stops the client for good.
 """
 
 from __future__ import annotations
@@ -18,18 +26,19 @@ import dataclasses
 import logging
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from .._futures import CompletedFutures
 from ..cache.block_cache import BlockCache, Readahead
-from ..cache.log_cache import BASE, EPOCH, SID, WALPOS, CachedBatch, LogCache
+from ..cache.log_cache import BASE, COUNT, EPOCH, SID, WALPOS, CachedBatch, LogCache
 from ..clock import Clock
 from ..errors import (
     BackpressureError,
     CorruptionError,
     FencedError,
+    InvalidArgumentError,
     ObjectNotFoundError,
     S3StreamError,
     StreamClosedError,
@@ -154,7 +163,17 @@ class Storage:
         self._writers: dict[int, WriterState] = {}
         self._outstanding = 0
         self._closing = False
+        #: Fatal: the client takes no more appends (fenced, corrupted, a background bug).
         self._failed: S3StreamError | None = None
+        #: Retryable WAL failure under repair by the uploader; appends wait until it clears.
+        self._wal_error: S3StreamError | None = None
+        #: Acknowledged appends dropped because another owner took their stream: reported by
+        #: the next `flush` (then cleared) and by `close` (all of them).
+        self._dropped: list[str] = []
+        self._dropped_unreported: list[str] = []
+        #: Set when the uploader thread ended by an unexpected error (a bug): `flush` and
+        #: `close` raise it rather than wait for a thread that is gone.
+        self._thread_error: S3StreamError | None = None
         self._upload_requested = False
         self._upload_error: S3StreamError | None = None
         #: Failed upload attempts since the client opened (flush counts those during its wait).
@@ -247,10 +266,16 @@ class Storage:
                 w.error = error
 
     def flush(self, timeout_s: float | None = None) -> None:
-        """Upload and commit everything acknowledged so far; raise if uploads keep failing."""
+        """Upload and commit everything acknowledged so far.
+
+        Raises `UnavailableError` (retryable) when uploads keep failing or the deadline
+        (`timeout_s`, else `call_timeout_ms`) passes, the client's fatal error if it has one,
+        and `FencedError` if acknowledged appends were dropped since the last flush because
+        another client took their stream over.
+        """
         target = self._cache.last_seq
-        deadline = None if timeout_s is None else self._clock.monotonic() + timeout_s
-        if not self._thread_alive():
+        deadline = self._deadline(timeout_s)
+        if self._thread is None:
             self._upload_sync()
         with self._cond:
             # Only failures seen during this flush count: an error left from before the store
@@ -259,43 +284,117 @@ class Storage:
             self._upload_requested = True
             self._cond.notify_all()
             while not self._flushed(target):
+                self._raise_if_broken()
                 if self._upload_error is not None and (
-                    self._upload_failures - failures_at_start >= 3 or not self._thread_alive()
+                    self._upload_failures - failures_at_start >= 3
                 ):
                     raise UnavailableError(
                         f"upload keeps failing: {self._upload_error}"
                     ) from self._upload_error
-                remaining = None if deadline is None else deadline - self._clock.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise UnavailableError("flush timed out waiting for the upload")
-                self._cond.wait(0.05 if remaining is None else min(remaining, 0.05))
+                remaining = deadline - self._clock.monotonic()
+                if remaining <= 0:
+                    cause = f": {self._upload_error}" if self._upload_error is not None else ""
+                    raise UnavailableError(
+                        f"flush did not finish within {deadline_text(timeout_s, self._settings)}"
+                        f"{cause}"
+                    )
+                # Woken by every finished upload attempt and by the uploader's death; the
+                # timeout only bounds the wait by the deadline.
+                self._cond.wait(remaining)
+            self._raise_dropped()
+
+    def _deadline(self, timeout_s: float | None) -> float:
+        if timeout_s is None:
+            timeout_s = self._settings.call_timeout_ms / 1000
+        return self._clock.monotonic() + timeout_s
+
+    def _raise_if_broken(self) -> None:
+        """Raise the fatal error or the uploader's death, if any (under `_cond`)."""
+        if self._failed is not None:
+            raise self._failed
+        if self._thread_error is not None:
+            raise self._thread_error
+
+    def _raise_dropped(self) -> None:
+        """Report acknowledged appends dropped since the last report (under `_cond`)."""
+        if self._dropped_unreported:
+            dropped, self._dropped_unreported = self._dropped_unreported, []
+            raise FencedError(_dropped_message(dropped))
 
     def _flushed(self, target: int) -> bool:
         oldest = self._cache.oldest_unfinished_seq()
         return oldest is None or oldest > target
 
-    def close(self) -> None:
-        """Refuse new appends, wait for in-flight ones, upload everything, close the WAL."""
+    def close(
+        self, timeout_s: float | None = None, *, on_flushed: Callable[[], None] | None = None
+    ) -> None:
+        """Refuse new appends, wait for in-flight ones, upload everything, close the WAL.
+
+        `on_flushed` runs once everything acknowledged is committed (the client releases its
+        streams then). Returns or raises within the deadline (`timeout_s`, else
+        `call_timeout_ms`) plus the time the WAL takes to close; what could not be uploaded
+        stays in the WAL for the next open. Raises the flush's error, the uploader's death,
+        or `FencedError` if acknowledged appends were ever dropped.
+        """
         with self._append_lock:
             if self._closing:
                 return
             self._closing = True
-        with self._cond:
-            while self._outstanding > 0:
-                self._cond.wait(0.05)
+            self._cond_notify()
+        deadline = self._deadline(timeout_s)
+        error: BaseException | None = None
         try:
+            with self._cond:
+                while self._outstanding > 0:
+                    remaining = deadline - self._clock.monotonic()
+                    if remaining <= 0:
+                        raise UnavailableError(
+                            f"{self._outstanding} appends were still waiting for the WAL at "
+                            "the close deadline"
+                        )
+                    self._cond.wait(remaining)
             if self._failed is None:
-                self.flush()
+                self.flush(max(0.0, deadline - self._clock.monotonic()))
+                if on_flushed is not None:
+                    on_flushed()
+        except BaseException as exc:
+            error = exc
         finally:
             with self._cond:
                 self._stop = True
+                # The uploader may be retrying: stopping makes it give up (the data stays in
+                # the WAL for the next open).
+                self._abandoned = error is not None
                 self._cond.notify_all()
-            if self._thread is not None:
-                self._thread.join()
-            self._put_pool.shutdown(wait=True)
-            self._wal.close()
+            self._join_uploader(deadline)
+            self._put_pool.shutdown(wait=False, cancel_futures=True)
+            try:
+                self._wal.close()
+            except BaseException as exc:
+                error = error or exc
             if self._owns_block_cache:
                 self._block_cache.close()
+        if error is not None:
+            raise error
+        with self._cond:
+            if self._thread_error is not None:
+                raise self._thread_error
+            if self._dropped:
+                raise FencedError(_dropped_message(self._dropped))
+
+    def _cond_notify(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def _join_uploader(self, deadline: float) -> None:
+        thread = self._thread
+        if thread is None or thread is threading.current_thread():
+            return
+        # A PUT in flight is bounded by the store's own deadline, so the uploader stops soon
+        # after it; a wait past the deadline would only hide a hang.
+        thread.join(max(0.0, deadline - self._clock.monotonic()) + _JOIN_GRACE_S)
+        if thread.is_alive():
+            log.error("the uploader did not stop by the close deadline; leaving it behind")
 
     def abandon(self) -> None:
         """Stop background work without uploading (tests: simulate a crash in-process)."""
@@ -305,7 +404,7 @@ class Storage:
             self._stop = True
             self._abandoned = True
             self._cond.notify_all()
-        if self._thread is not None:
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
         self._put_pool.shutdown(wait=True)
         if self._owns_block_cache:
@@ -321,7 +420,11 @@ class Storage:
     def append_and_wait(
         self, w: WriterState, batch: RecordBatch, timeout_s: float | None = None
     ) -> AppendResult:
-        """`append`, then wait for durability (no future at all when the WAL acks at once)."""
+        """`append`, then wait for durability (no future at all when the WAL acks at once).
+
+        Without `timeout_s` the wait is bounded by `call_timeout_ms`. On timeout the append
+        may still become durable later: `UnavailableError` says so.
+        """
         r = self._append(w, batch)
         if not isinstance(r, tuple):
             return r
@@ -330,7 +433,16 @@ class Storage:
             # The WAL may make the record durable in this thread (`WriteAheadLog.drive`); with
             # a timeout the wait must stay interruptible, so the WAL's own thread does it.
             self._wal.drive(wal_future)
-        return result.result(timeout_s)
+        try:
+            return result.result(
+                self._settings.call_timeout_ms / 1000 if timeout_s is None else timeout_s
+            )
+        except TimeoutError as exc:
+            raise UnavailableError(
+                f"append to stream {w.stream_id} was not acknowledged within "
+                f"{deadline_text(timeout_s, self._settings)}; it may still become durable "
+                "(a retry can then duplicate it)"
+            ) from exc
 
     def _append(
         self, w: WriterState, batch: RecordBatch
@@ -339,43 +451,72 @@ class Storage:
         if ts is None:
             ts = self._clock.now_ms()
         payload = batch.payload
-        with self._append_lock:
-            if w.error is not None:
-                raise w.error
-            if self._closing:
-                raise StreamClosedError("the client is closed")
-            if self._failed is not None:
-                raise self._failed
-            if self._cache.pending_bytes >= self._settings.max_pending_bytes:
-                self._wait_for_room()
-            base = w.next_offset
-            record = encode_batch(
-                w.stream_id,
-                base,
-                batch.count,
-                batch.kind,
-                ts,
-                batch.properties,
-                payload,
-                prefix=w.wal_prefix,
+        deadline: float | None = None
+        while True:
+            if self._wal_error is not None:
+                if deadline is None:
+                    deadline = self._deadline(self._settings.backpressure_timeout_ms / 1000)
+                self._wait_for_wal(deadline)
+            with self._append_lock:
+                if w.error is not None:
+                    raise w.error
+                if self._closing:
+                    raise StreamClosedError("the client is closed")
+                if self._failed is not None:
+                    raise self._failed
+                if self._wal_error is not None:
+                    continue  # failed meanwhile: wait for the repair outside the lock
+                if self._cache.pending_bytes >= self._settings.max_pending_bytes:
+                    self._wait_for_room()
+                return self._append_locked(w, batch, ts, payload)
+
+    def _append_locked(
+        self, w: WriterState, batch: RecordBatch, ts: int, payload: bytes
+    ) -> AppendResult | tuple[Future[AppendResult], Future[WalPosition]]:
+        base = w.next_offset
+        record = encode_batch(
+            w.stream_id, base, batch.count, batch.kind, ts, batch.properties, payload,
+            prefix=w.wal_prefix,
+        )  # fmt: skip
+        limit = self._wal.capabilities.max_record_bytes
+        if len(record) > limit:
+            raise InvalidArgumentError(
+                f"a batch of {len(payload)} payload bytes makes a {len(record)}-byte WAL "
+                f"record; {self._wal.describe()} takes at most {limit} bytes per record"
             )
-            try:
-                wal_future = self._wal.append(record)
-            except S3StreamError as exc:
-                self._fail(exc)
-                raise
-            w.next_offset = base + batch.count
-            if wal_future.done():
-                # Every earlier WAL future is done and its callback has run (the WAL completes
-                # in order), so completing inline keeps LogCache inserts in WAL order.
-                return self._durable(wal_future, w, batch, base, ts, record)
-            result: Future[AppendResult] = Future()
-            with self._cond:
-                self._outstanding += 1
-            wal_future.add_done_callback(
-                lambda f: self._on_durable(f, w, batch, base, ts, record, result)
-            )
+        try:
+            wal_future = self._wal.append(record)
+        except (InvalidArgumentError, BackpressureError):
+            # Refused at the call: nothing was written, no offset was used (this call only).
+            raise
+        except S3StreamError as exc:
+            self._on_wal_error(exc)
+            raise
+        w.next_offset = base + batch.count
+        if wal_future.done():
+            # Every earlier WAL future is done and its callback has run (the WAL completes
+            # in order), so completing inline keeps LogCache inserts in WAL order.
+            return self._durable(wal_future, w, batch, base, ts, record)
+        result: Future[AppendResult] = Future()
+        with self._cond:
+            self._outstanding += 1
+        wal_future.add_done_callback(
+            lambda f: self._on_durable(f, w, batch, base, ts, record, result)
+        )
         return result, wal_future
+
+    def _wait_for_wal(self, deadline: float) -> None:
+        """Wait (no lock held) until the uploader has repaired the WAL, or raise."""
+        with self._cond:
+            while self._wal_error is not None:
+                self._raise_if_broken()
+                remaining = deadline - self._clock.monotonic()
+                if remaining <= 0:
+                    raise UnavailableError(
+                        f"the WAL failed and is not repaired yet: {self._wal_error}; "
+                        "the client retries by itself, retry the append later"
+                    ) from self._wal_error
+                self._cond.wait(remaining)
 
     def _durable(
         self,
@@ -392,7 +533,7 @@ class Storage:
             err = exc if isinstance(exc, S3StreamError) else UnavailableError(f"WAL write: {exc}")
             if err is not exc:
                 err.__cause__ = exc
-            self._fail(err)
+            self._on_wal_error(err)
             raise err from None
         count = batch.count
         pending = self._cache.put(
@@ -427,11 +568,25 @@ class Storage:
                 if self._outstanding == 0:
                     self._cond.notify_all()
 
+    def _on_wal_error(self, err: S3StreamError) -> None:
+        """A WAL append failed: nothing after it may be acknowledged (the WAL fails every
+        later append too). Retryable: the uploader repairs the WAL; else the client stops."""
+        if not err.retryable or isinstance(err, StreamClosedError):
+            self._fail(err)
+            return
+        with self._cond:
+            if self._wal_error is None:
+                log.warning("WAL failed, repairing it (appends wait): %s", err)
+                self._wal_error = err
+                self._cond.notify_all()
+
     def _fail(self, err: S3StreamError) -> None:
         # A failed WAL write leaves a hole in offsets: nothing after it may be acknowledged.
-        if self._failed is None:
-            log.error("WAL failed, the client takes no more appends: %s", err)
-            self._failed = err
+        with self._cond:
+            if self._failed is None:
+                log.error("the client takes no more appends: %s", err)
+                self._failed = err
+            self._cond.notify_all()
 
     def _wait_for_room(self) -> None:
         deadline = self._clock.monotonic() + self._settings.backpressure_timeout_ms / 1000
@@ -439,14 +594,19 @@ class Storage:
             self._upload_requested = True
             self._cond.notify_all()
             while self._cache.pending_bytes >= self._settings.max_pending_bytes:
+                self._raise_if_broken()
                 remaining = deadline - self._clock.monotonic()
                 if remaining <= 0:
+                    cause = f" (last upload error: {self._upload_error})" if (
+                        self._upload_error is not None
+                    ) else ""
                     raise BackpressureError(
                         f"{self._cache.pending_bytes} bytes wait for upload "
                         f"(max_pending_bytes={self._settings.max_pending_bytes}); "
-                        "the object store is too slow or unreachable"
+                        f"the object store is too slow or unreachable{cause}"
                     )
-                self._cond.wait(min(remaining, 0.05))
+                # Every committed upload notifies.
+                self._cond.wait(remaining)
 
     def request_upload(self) -> None:
         """Ask the uploader to upload now (also the WAL's callback when it is full)."""
@@ -472,18 +632,58 @@ class Storage:
             and self._clock.monotonic() - self._last_upload_mono >= interval
         )
 
+    def _idle_wait_s(self) -> float | None:
+        """How long the idle uploader may sleep: until the upload interval is due (None:
+        until woken, as nothing is pending or there is no timer)."""
+        interval = self._settings.upload_interval_ms / 1000
+        if interval <= 0 or not self._cache.pending_bytes:
+            # Appends that make something pending notify when they cross the threshold; the
+            # interval timer starts from the last upload, so re-check within one interval.
+            return interval if interval > 0 else None
+        return max(0.0, self._last_upload_mono + interval - self._clock.monotonic())
+
     def _run(self) -> None:
+        try:
+            self._run_uploads()
+        except BaseException as exc:
+            err = exc if isinstance(exc, S3StreamError) else S3StreamError(
+                f"the uploader thread failed: {exc!r}"
+            )
+            if err is not exc:
+                err.__cause__ = exc
+            log.exception("the uploader thread died")
+            with self._cond:
+                self._thread_error = err
+                if self._failed is None:
+                    self._failed = err
+                self._cond.notify_all()
+
+    def _run_uploads(self) -> None:
         inflight: deque[_Upload] = deque()
         max_inflight = max(1, self._settings.upload_parallelism // 2)
         while True:
             with self._cond:
-                while not self._stop and not inflight and not self._due():
-                    self._cond.wait(0.05)
+                while (
+                    not self._stop
+                    and not inflight
+                    and not self._due()
+                    and (self._wal_error is None or self._failed is not None)
+                ):
+                    self._cond.wait(self._idle_wait_s())
                 if self._abandoned:
                     return
                 stop = self._stop
                 due = self._due() or stop
                 self._upload_requested = False
+                repair = self._wal_error is not None and self._failed is None and not stop
+            if repair:
+                try:
+                    while inflight:
+                        self._finish_upload(inflight.popleft())
+                    self._repair_wal()
+                except S3StreamError:
+                    return  # fatal (the client stopped) or stopping
+                continue
             if due:
                 entries = self._cache.take_pending()
                 if entries:
@@ -502,6 +702,48 @@ class Storage:
             if stop and not inflight and self._cache.pending_bytes == 0:
                 return
 
+    def _repair_wal(self) -> None:
+        """Bring a WAL that failed retryably back into service (uploader thread).
+
+        Every append in flight fails once one has (the WAL's contract), so after they have
+        all completed, offsets from each stream's confirm offset on were never acknowledged
+        and are handed out again. What was acknowledged is uploaded before `reset` drops it
+        from the WAL. Raises only when stopping or when the client failed fatally.
+        """
+        attempts = 0
+        while True:
+            with self._append_lock, self._cond:
+                if self._outstanding == 0:
+                    for w in self._writers.values():
+                        w.next_offset = w.confirm_offset
+                    break
+                self._cond.wait(_REPAIR_WAIT_S)
+            with self._cond:
+                if self._stop or self._failed is not None:
+                    raise StreamClosedError("stopping")
+        while True:
+            self._upload_sync()
+            try:
+                self._wal.reset()
+            except S3StreamError as exc:
+                if not exc.retryable:
+                    self._fail(exc)
+                    raise
+                attempts += 1
+                log.warning("WAL repair attempt %d failed: %s", attempts, exc)
+                with self._cond:
+                    if self._stop:
+                        raise
+                    self._cond.wait(min(2.0, 0.05 * 2**attempts))
+                    if self._stop:
+                        raise
+                continue
+            with self._cond:
+                log.warning("WAL repaired after: %s", self._wal_error)
+                self._wal_error = None
+                self._cond.notify_all()
+            return
+
     def _start_upload(self, entries: list[CachedBatch]) -> _Upload:
         self._last_upload_mono = self._clock.monotonic()
         log.debug("upload start: %d batches", len(entries))
@@ -518,7 +760,8 @@ class Storage:
         self._store.put(key, data)
 
     def _finish_upload(self, up: _Upload) -> None:
-        """Wait for the PUTs of the oldest upload and commit it; retry until it succeeds."""
+        """Wait for the PUTs of the oldest upload and commit it; retry until it succeeds
+        (raises only when stopping or when the node was fenced)."""
         while True:
             try:
                 for f in up.puts:
@@ -544,7 +787,7 @@ class Storage:
                     self._upload_error = exc
                     self._upload_failures += 1
                     self._cond.notify_all()
-                    if self._stop and up.attempts >= 3:
+                    if self._abandoned or (self._stop and up.attempts >= 3):
                         # Closing: leave the data in the WAL for the next open to recover.
                         raise
                     self._cond.wait(min(2.0, 0.05 * 2**up.attempts))
@@ -589,15 +832,11 @@ class Storage:
             epochs = {sid: e[EPOCH] for sid, e in first.items() if sid not in fenced}
             return [CommitObjects(objects=tuple(metas), epochs=epochs, node_epoch=self._node_epoch)]
 
-        self._meta.commit(build)
+        _, state = self._meta.commit(build)
         live = [e for e in up.entries if e[SID] not in fenced]
         self._cache.mark_uploaded(live)
-        for sid in fenced:
-            log.warning(
-                "stream %d was fenced by a newer owner; its unuploaded data is dropped", sid
-            )
-            self._cache.discard_stream(sid)
-            self.release_writer(sid, FencedError(f"stream {sid} is owned by a newer epoch"))
+        for sid in sorted(fenced):
+            self._drop_fenced(sid, up.entries, state)
         dead = [o.key for o in up.objects if all(r[0] in fenced for r in o.ranges)]
         if dead:
             self._store.delete_many(dead)
@@ -612,10 +851,32 @@ class Storage:
             # Harmless for correctness: recovery drops what is committed.
             log.warning("WAL trim failed: %s", exc)
 
+    def _drop_fenced(self, sid: int, entries: list[CachedBatch], state: MetadataState) -> None:
+        """Another client took stream `sid` over: drop what this client acknowledged of it
+        and has not uploaded, stop its appends, and remember the loss for flush/close."""
+        mine = [e for e in entries if e[SID] == sid]
+        lo = mine[0][BASE]
+        w = self._writers.get(sid)
+        hi = w.confirm_offset if w is not None else mine[-1][BASE] + mine[-1][COUNT]
+        s = state.streams.get(sid)
+        by = "it was deleted" if s is None or s.state is StreamState.DELETED else (
+            f"node {s.owner!r} opened it at epoch {s.epoch}"
+        )
+        what = f"stream {sid} offsets [{lo}, {hi}) ({by})"
+        log.error("acknowledged appends dropped: %s", what)
+        self._cache.discard_stream(sid)
+        self.release_writer(sid, FencedError(f"stream {sid} is owned by a newer epoch: {by}"))
+        with self._cond:
+            self._dropped.append(what)
+            self._dropped_unreported.append(what)
+            self._cond.notify_all()
+
     def _upload_sync(self) -> None:
-        """Upload everything pending from the calling thread (recovery, no uploader yet)."""
-        entries = self._cache.take_pending()
-        if entries:
+        """Upload everything pending from the calling thread (recovery, WAL repair)."""
+        while True:
+            entries = self._cache.take_pending()
+            if not entries:
+                return
             self._finish_upload(self._start_upload(entries))
 
     # ------------------------------------------------------------------ read path
@@ -659,3 +920,24 @@ class Storage:
             if remaining <= 0:
                 break
         return out
+
+
+#: How long `close` waits for the uploader past its deadline (a PUT ending, a last commit).
+_JOIN_GRACE_S = 2.0
+#: Wake-up of the WAL repair while appends are still completing (they notify, this bounds it).
+_REPAIR_WAIT_S = 1.0
+
+
+def deadline_text(timeout_s: float | None, settings: ClientSettings) -> str:
+    """How a deadline was set, for error messages."""
+    if timeout_s is None:
+        return f"call_timeout_ms={settings.call_timeout_ms}"
+    return f"{timeout_s} s"
+
+
+def _dropped_message(dropped: list[str]) -> str:
+    shown = "; ".join(dropped[:5]) + (f"; and {len(dropped) - 5} more" if len(dropped) > 5 else "")
+    return (
+        "acknowledged appends were dropped because another client took their streams over "
+        f"(open_stream(force=True) or a deletion): {shown}"
+    )

@@ -1,0 +1,376 @@
+"""The write path keeps its promise under errors and ownership changes (issue 13).
+
+Each test uses real faults: a tmpfs that fills up and frees, a WAL whose writes really fail,
+a SeaweedFS server, child processes killed with SIGKILL. Classes covered: a caller's mistake
+fails one call; backpressure and transient failures resume by themselves; a dead background
+thread surfaces; a stream held by another node is not taken silently; a client that dropped
+acknowledged data never reports success.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import s3stream
+from s3stream import (
+    BackpressureError,
+    ClientSettings,
+    FencedError,
+    FileWalSettings,
+    InvalidArgumentError,
+    RecordBatch,
+    S3StreamError,
+    StreamOwnedError,
+    UnavailableError,
+)
+from s3stream.objectstore.base import ObjectInfo, ObjectStore
+from s3stream.objectstore.wrappers import ForwardingObjectStore
+from s3stream.wal.file import FileWal
+
+KiB = 1 << 10
+MiB = 1 << 20
+HERE = Path(__file__).parent
+
+
+def read_back(client: s3stream.StreamClient, stream_id: int) -> list[bytes]:
+    out: list[bytes] = []
+    pos = client.stream_info(stream_id).start_offset
+    while True:
+        got = client.read(stream_id, pos).batches
+        if not got:
+            return out
+        out += [b.payload for b in got]
+        pos = got[-1].next_offset
+
+
+@contextlib.contextmanager
+def tmpfs(directory: Path, size: str) -> Iterator[Path]:
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (the ENOSPC store test covers the same path)")
+    directory.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
+        capture_output=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs ({done.stderr.decode().strip()}); the ENOSPC store "
+                    "test covers the same path")
+    try:
+        yield directory
+    finally:
+        subprocess.run(["umount", "-l", str(directory)], check=False)
+
+
+def fill(directory: Path) -> Path:
+    """Fill the filesystem of `directory` to the last byte; the filler file's path."""
+    filler = directory / "filler"
+    chunk = b"\0" * (64 * KiB)
+    with open(filler, "wb", buffering=0) as f:
+        with contextlib.suppress(OSError):
+            while True:
+                f.write(chunk)
+        with contextlib.suppress(OSError):
+            while True:
+                f.write(b"\0")
+    return filler
+
+
+# ---------------------------------------------------------------------- caller mistakes
+
+
+def test_oversized_append_fails_that_call_only(tmp_path: Path) -> None:
+    wal = f"file://{tmp_path}/n.wal?capacity=1MiB"
+    with s3stream.open(tmp_path / "store", wal=wal) as client:
+        a, b = client.create_stream(), client.create_stream()
+        a.append(RecordBatch(b"before"))
+        with pytest.raises(InvalidArgumentError, match="at most") as err:
+            a.append(RecordBatch(b"x" * (2 * MiB)))
+        assert not err.value.retryable
+        with pytest.raises(InvalidArgumentError):
+            b.append_async(RecordBatch(b"y" * (2 * MiB)))
+        # Nothing was consumed: offsets go on where they were, on every stream.
+        assert a.append(RecordBatch(b"abc")).base_offset == 1
+        assert b.append(RecordBatch(b"def")).base_offset == 0
+        a_id, b_id = a.stream_id, b.stream_id
+    with s3stream.open(tmp_path / "store", wal=wal) as client:
+        assert read_back(client, a_id) == [b"before", b"abc"]
+        assert read_back(client, b_id) == [b"def"]
+
+
+# ---------------------------------------------------------------------- backpressure
+
+
+FULL_SETTINGS = ClientSettings(
+    upload_threshold_bytes=32 * KiB,
+    max_pending_bytes=128 * KiB,
+    backpressure_timeout_ms=300,
+    upload_interval_ms=50,
+    block_cache_bytes=0,
+    log_cache_bytes=0,
+)
+
+
+def _fill_until_refused(stream: s3stream.Stream) -> list[bytes]:
+    """Append until the client pushes back; the payloads acknowledged."""
+    acked: list[bytes] = []
+    for i in range(10_000):
+        data = hashlib.sha256(str(i).encode()).digest() * 256  # 8 KiB
+        try:
+            stream.append(RecordBatch(data), timeout_s=5)
+        except BackpressureError as exc:
+            assert exc.retryable
+            return acked
+        acked.append(data)
+    raise AssertionError("appends never pushed back while uploads failed")
+
+
+def _resumes(stream: s3stream.Stream, acked: list[bytes], seconds: float = 30) -> None:
+    """Appends succeed again without a reopen (retrying while the client catches up)."""
+    give_up = time.monotonic() + seconds
+    data = b"after the fault"
+    while True:
+        try:
+            stream.append(RecordBatch(data), timeout_s=5)
+            acked.append(data)
+            return
+        except (BackpressureError, UnavailableError):
+            if time.monotonic() > give_up:
+                raise
+
+
+def test_full_disk_then_freed_appends_resume(tmp_path: Path) -> None:
+    """The store's disk fills (uploads fail with ENOSPC): appends push back (retryable)
+    until space is freed, then go on without a reopen; nothing acknowledged is lost."""
+    wal = f"file://{tmp_path}/n.wal?capacity=1MiB&full_wait_ms=300"
+    with tmpfs(tmp_path / "disk", "4m") as disk:
+        store_dir = disk / "store"
+        client = s3stream.open(store_dir, wal=wal, settings=FULL_SETTINGS)
+        stream = client.create_stream()
+        sid = stream.stream_id
+        filler = fill(disk)
+        acked = _fill_until_refused(stream)
+        assert acked, "the WAL should have taken some appends before pushing back"
+        with pytest.raises(UnavailableError):
+            client.flush(timeout_s=1)
+        filler.unlink()
+        _resumes(stream, acked)
+        stream.append(RecordBatch(b"and more"))
+        acked.append(b"and more")
+        client.flush()
+        client.close()
+        with s3stream.open(store_dir, wal=wal) as again:
+            assert read_back(again, sid) == acked
+
+
+class NoSpaceStore(ForwardingObjectStore):
+    """A store whose writes fail with ENOSPC while `full` (the same error a full disk
+    gives the local store, for machines where a tmpfs cannot be mounted)."""
+
+    full = False
+
+    def _check(self) -> None:
+        if self.full:
+            raise UnavailableError("write failed: " + os.strerror(errno.ENOSPC))
+
+    def put(self, key: str, data: bytes) -> None:
+        self._check()
+        super().put(key, data)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        self._check()
+        return super().put_if_absent(key, data)
+
+
+def test_store_without_space_then_freed_appends_resume(tmp_path: Path) -> None:
+    from s3stream.objectstore.local import LocalObjectStore
+
+    store = NoSpaceStore(LocalObjectStore(tmp_path / "store"))
+    wal = FileWal(tmp_path / "n.wal", node_id="local", settings=FileWalSettings(capacity_bytes=MiB,
+                                                               full_wait_ms=300))
+    client = s3stream.StreamClient(store, wal, settings=FULL_SETTINGS)
+    stream = client.create_stream()
+    store.full = True
+    acked = _fill_until_refused(stream)
+    store.full = False
+    _resumes(stream, acked)
+    client.close()
+    with s3stream.open(tmp_path / "store", wal=f"file://{tmp_path}/n.wal") as again:
+        assert read_back(again, stream.stream_id) == acked
+
+
+# ---------------------------------------------------------------------- WAL failure
+
+
+def test_wal_write_failure_is_repaired_without_reopen(tmp_path: Path) -> None:
+    """A WAL write fails (the device refuses writes): the appends in flight fail retryably,
+    the client repairs the WAL by itself once writes work again, offsets go on with no hole,
+    and a reopen finds exactly what was acknowledged."""
+    path = tmp_path / "n.wal"
+    wal = FileWal(path, node_id="local", settings=FileWalSettings(capacity_bytes=4 * MiB))
+    client = s3stream.StreamClient(
+        _local(tmp_path), wal, settings=ClientSettings(backpressure_timeout_ms=200)
+    )
+    a, b = client.create_stream(), client.create_stream()
+    acked = {a.stream_id: [b"a0"], b.stream_id: [b"b0"]}
+    a.append(RecordBatch(b"a0"))
+    b.append(RecordBatch(b"b0"))
+    # Swap the WAL's write descriptor for a read-only one: the next write fails with EBADF,
+    # as a failing device would; then put a writable one back.
+    saved = os.dup(wal._wfd)
+    ro = os.open(path, os.O_RDONLY)
+    os.dup2(ro, wal._wfd)
+    os.close(ro)
+    with pytest.raises(UnavailableError) as err:
+        a.append(RecordBatch(b"lost"))
+    assert err.value.retryable
+    with pytest.raises(UnavailableError, match=r"not repaired yet|write failed"):
+        b.append(RecordBatch(b"lost too"))
+    os.dup2(saved, wal._wfd)
+    os.close(saved)
+    give_up = time.monotonic() + 30
+    while True:
+        try:
+            r = a.append(RecordBatch(b"a1"), timeout_s=5)
+            break
+        except UnavailableError:
+            assert time.monotonic() < give_up, "the client never repaired its WAL"
+    assert r.base_offset == 1  # the failed append's offset is handed out again
+    acked[a.stream_id].append(b"a1")
+    assert b.append(RecordBatch(b"b1")).base_offset == 1
+    acked[b.stream_id].append(b"b1")
+    client.abandon()  # crash: what is acknowledged is in the WAL or uploaded
+    with s3stream.StreamClient(_local(tmp_path), FileWal(path, node_id="local")) as again:
+        for sid, want in acked.items():
+            assert read_back(again, sid) == want
+
+
+def _local(tmp_path: Path) -> ObjectStore:
+    from s3stream.objectstore.local import LocalObjectStore
+
+    return LocalObjectStore(tmp_path / "store")
+
+
+# ---------------------------------------------------------------------- dead threads
+
+
+class BuggyStore(ForwardingObjectStore):
+    """A plug-in store with a bug: its data PUTs raise a plain exception."""
+
+    def put(self, key: str, data: bytes) -> None:
+        if key.startswith("data/"):
+            raise RuntimeError("bug in a plug-in store")
+        super().put(key, data)
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        return super().list(prefix)
+
+
+def test_dead_uploader_surfaces_in_flush_and_close(tmp_path: Path) -> None:
+    wal = FileWal(tmp_path / "n.wal", node_id="local", settings=FileWalSettings(capacity_bytes=MiB))
+    client = s3stream.StreamClient(BuggyStore(_local(tmp_path)), wal)
+    s = client.create_stream()
+    s.append(RecordBatch(b"kept in the WAL"))
+    started = time.monotonic()
+    with pytest.raises(S3StreamError, match=r"uploader thread failed.*bug in a plug-in"):
+        client.flush(timeout_s=20)
+    with pytest.raises(S3StreamError, match="uploader thread failed"):
+        s.append(RecordBatch(b"refused"))
+    with pytest.raises(S3StreamError, match="uploader thread failed"):
+        client.close()
+    assert time.monotonic() - started < 20
+    with s3stream.StreamClient(_local(tmp_path), FileWal(tmp_path / "n.wal", node_id="local")) as again:
+        assert read_back(again, s.stream_id) == [b"kept in the WAL"]
+
+
+# ---------------------------------------------------------------------- ownership
+
+
+def test_clean_close_releases_streams(tmp_path: Path) -> None:
+    with s3stream.open(tmp_path, node_id="a") as a:
+        s = a.create_stream()
+        s.append(RecordBatch(b"from a"))
+    with s3stream.open(tmp_path, node_id="b") as b:
+        s = b.open_stream(s.stream_id)  # no StreamOwnedError: a closed cleanly
+        s.append(RecordBatch(b"from b"))
+        assert [x.payload for x in s.fetch(0).batches] == [b"from a", b"from b"]
+
+
+def _spawn_owner(url: str, node: str, n: int, options: dict[str, Any] | None = None
+                 ) -> tuple[subprocess.Popen[str], int, str]:
+    args = [sys.executable, str(HERE / "owner_child.py"), url, node, str(n)]
+    if options is not None:
+        args.append(json.dumps(options))
+    child = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    line = child.stdout.readline().split()
+    if not line or line[0] != "ACKED":
+        child.kill()
+        child.wait()
+        raise AssertionError(f"child failed: {line}")
+    return child, int(line[1]), line[3]
+
+
+def _digest(payloads: list[bytes]) -> str:
+    h = hashlib.sha256()
+    for p in payloads:
+        h.update(p)
+    return h.hexdigest()
+
+
+def _crashed_owner_is_protected(url: str, options: dict[str, Any] | None) -> None:
+    child, sid, digest = _spawn_owner(url, "worker1", 1000, options)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    with s3stream.open(url, node_id="worker2", storage_options=options) as b:
+        with pytest.raises(StreamOwnedError, match="worker1") as err:
+            b.open_stream(sid)
+        assert err.value.owner == "worker1"
+        report = b.take_over("worker1")
+        assert report.recovery.uploaded_batches == 1000
+        assert report.recovery.fenced == 0
+        assert sid in report.released_streams
+        s = b.open_stream(sid)
+        assert s.start_offset == 0 and s.confirm_offset == 1000
+        got: list[bytes] = []
+        pos = 0
+        while pos < 1000:
+            res = s.fetch(pos)
+            got += [x.payload for x in res.batches]
+            pos = res.next_offset
+        assert len(got) == 1000 and _digest(got) == digest
+
+
+def test_crashed_owner_file_wal(tmp_path: Path) -> None:
+    _crashed_owner_is_protected(str(tmp_path / "store"), None)
+
+
+@pytest.mark.s3
+def test_crashed_owner_s3_wal(seaweedfs: Any) -> None:
+    import uuid
+
+    url = f"s3://{seaweedfs.bucket}/owner-{uuid.uuid4().hex}"
+    _crashed_owner_is_protected(url, seaweedfs.storage_options())
+
+
+def test_fenced_owner_close_raises_after_force_open(tmp_path: Path) -> None:
+    a = s3stream.open(tmp_path, node_id="a", wal="memory://")
+    s = a.create_stream()
+    s.append(RecordBatch(b"acked, not uploaded"))
+    with s3stream.open(tmp_path, node_id="b", wal="memory://") as b:
+        b.open_stream(s.stream_id, force=True).append(RecordBatch(b"b's"))
+    with pytest.raises(FencedError, match=r"stream 0 offsets \[0, 1\)"):
+        a.close()
