@@ -26,6 +26,7 @@ from s3stream.errors import (
     S3StreamError,
     StreamClosedError,
     StreamNotFoundError,
+    StreamOwnedError,
     UnavailableError,
 )
 from s3stream.metadata import (
@@ -330,7 +331,7 @@ def test_commit_epochs_and_states(store: ObjectStore) -> None:
     m = manager(store)
     a = open_new(m)
     c = m.create_stream({}).stream_id  # never opened
-    m.open_stream(a, "n2")  # epoch 2 now
+    m.open_stream(a, "n2", force=True)  # epoch 2 now
     one = lambda sid, e: CommitObjects((obj("x", (sid, 0, 1)),), {sid: e})  # noqa: E731
     assert_rejected_unwritten(m, store, FencedError, one(a, 1))
     assert_rejected_unwritten(m, store, FencedError, one(a, 3))
@@ -776,7 +777,7 @@ def test_fenced_writer_gets_fenced_error_after_rereading(store: ObjectStore) -> 
     commit = CommitObjects((obj("a/1", (sid, 5, 9)),), {sid: 1})
     # ... while B takes the stream over (after catching up on the log).
     mb = manager(store, writer="B")
-    assert mb.open_stream(sid, "node-b").epoch == 2
+    assert mb.open_stream(sid, "node-b", force=True).epoch == 2
     counting.calls.clear()
     with pytest.raises(FencedError, match="epoch"):
         ma.commit(fixed(commit))
@@ -1097,3 +1098,19 @@ def test_random_ops_match_a_simple_model(data: st.DataObject) -> None:
     fresh = MetadataManager(store, clock=clock, writer_id="C")
     fresh.load()
     assert same_state(fresh.state, observer.state)
+
+
+def test_open_stream_owned_by_another_node(store: ObjectStore) -> None:
+    ma, mb = manager(store, writer="A"), manager(store, writer="B")
+    sid = ma.create_stream({}).stream_id
+    ma.open_stream(sid, "node-a")
+    seq = ma.seq
+    # B's view is stale (it never saw the open): judged on the state it commits after.
+    with pytest.raises(StreamOwnedError, match="open on node 'node-a'") as err:
+        mb.open_stream(sid, "node-b")
+    assert (err.value.stream_id, err.value.owner) == (sid, "node-a")
+    assert mb.seq == seq  # nothing written
+    assert ma.open_stream(sid, "node-a").epoch == 2  # the owner itself may reopen
+    ma.close_stream(sid, 2)
+    assert mb.open_stream(sid, "node-b").epoch == 3  # closed: free for anyone
+    assert ma.open_stream(sid, "node-a", force=True).epoch == 4

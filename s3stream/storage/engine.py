@@ -211,7 +211,12 @@ class Storage:
         self._thread.start()
 
     def recover(self) -> RecoveryReport:
-        """Replay the WAL: drop what is committed or fenced, upload the rest, reset the WAL."""
+        """Replay the WAL: drop what is committed or fenced, upload the rest, reset the WAL.
+
+        Uploads that keep failing past `call_timeout_ms` raise `UnavailableError`; the WAL is
+        then left as it was, for the next attempt.
+        """
+        deadline = self._deadline(None)
         report = RecoveryReport()
         state = self._meta.state
         expected: dict[int, int] = {}
@@ -246,8 +251,8 @@ class Storage:
             )  # fmt: skip
             report.uploaded_batches += 1
             if self._cache.pending_bytes >= self._settings.upload_threshold_bytes:
-                self._upload_sync()
-        self._upload_sync()
+                self._upload_sync(deadline)
+        self._upload_sync(deadline)
         self._wal.reset()
         return report
 
@@ -276,7 +281,7 @@ class Storage:
         target = self._cache.last_seq
         deadline = self._deadline(timeout_s)
         if self._thread is None:
-            self._upload_sync()
+            self._upload_sync(deadline)
         with self._cond:
             # Only failures seen during this flush count: an error left from before the store
             # healed must not fail a flush that the next retry will satisfy.
@@ -377,8 +382,9 @@ class Storage:
         if error is not None:
             raise error
         with self._cond:
-            if self._thread_error is not None:
-                raise self._thread_error
+            # A fatal state means this client stopped short of its work: say so, even though
+            # what it acknowledged is safe (in its WAL, or taken over by another client).
+            self._raise_if_broken()
             if self._dropped:
                 raise FencedError(_dropped_message(self._dropped))
 
@@ -759,9 +765,9 @@ class Storage:
             self._limiter.acquire(len(data), Priority.UPLOAD)
         self._store.put(key, data)
 
-    def _finish_upload(self, up: _Upload) -> None:
+    def _finish_upload(self, up: _Upload, deadline: float | None = None) -> None:
         """Wait for the PUTs of the oldest upload and commit it; retry until it succeeds
-        (raises only when stopping or when the node was fenced)."""
+        (raises only when stopping, when the node was fenced, or past `deadline`)."""
         while True:
             try:
                 for f in up.puts:
@@ -787,8 +793,13 @@ class Storage:
                     self._upload_error = exc
                     self._upload_failures += 1
                     self._cond.notify_all()
-                    if self._abandoned or (self._stop and up.attempts >= 3):
-                        # Closing: leave the data in the WAL for the next open to recover.
+                    if (
+                        self._abandoned
+                        or (self._stop and up.attempts >= 3)
+                        or (deadline is not None and self._clock.monotonic() >= deadline)
+                    ):
+                        # Closing, or out of time: the data stays in the WAL for the next
+                        # open to recover.
                         raise
                     self._cond.wait(min(2.0, 0.05 * 2**up.attempts))
                 self._submit_puts(up)
@@ -871,13 +882,13 @@ class Storage:
             self._dropped_unreported.append(what)
             self._cond.notify_all()
 
-    def _upload_sync(self) -> None:
+    def _upload_sync(self, deadline: float | None = None) -> None:
         """Upload everything pending from the calling thread (recovery, WAL repair)."""
         while True:
             entries = self._cache.take_pending()
             if not entries:
                 return
-            self._finish_upload(self._start_upload(entries))
+            self._finish_upload(self._start_upload(entries), deadline)
 
     # ------------------------------------------------------------------ read path
 
