@@ -292,7 +292,8 @@ def test_dead_uploader_surfaces_in_flush_and_close(tmp_path: Path) -> None:
     with pytest.raises(S3StreamError, match="uploader thread failed"):
         client.close()
     assert time.monotonic() - started < 20
-    with s3stream.StreamClient(_local(tmp_path), FileWal(tmp_path / "n.wal", node_id="local")) as again:
+    reopened = FileWal(tmp_path / "n.wal", node_id="local")
+    with s3stream.StreamClient(_local(tmp_path), reopened) as again:
         assert read_back(again, s.stream_id) == [b"kept in the WAL"]
 
 

@@ -1,0 +1,194 @@
+"""Argument checks shared by every public entry point.
+
+One function per kind of argument, each returning the checked (or normalized) value and
+raising `InvalidArgumentError` whose message names the argument. Calls check their arguments
+first, before any side effect, so a caller's mistake fails that call only and changes
+nothing. Checks are exact about types: a ``bool`` is not an int (``True`` as a size is
+always a mistake), a float is not an int, and text must be encodable as UTF-8 (everything
+the library stores — tags, properties, header names, node ids — is written as UTF-8, and a
+lone surrogate such as ``"\\ud800"`` would otherwise fail deep inside an encoder).
+
+This module imports nothing from s3stream but `errors`, so any module may use it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import reprlib
+import threading
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, TypeVar
+
+import zstandard
+
+from .errors import InvalidArgumentError
+
+__all__ = [
+    "I64_MAX",
+    "MAX_DURATION_MS",
+    "MAX_DURATION_S",
+    "ZSTD_MAX_LEVEL",
+    "ZSTD_MIN_LEVEL",
+    "check_bool",
+    "check_callable",
+    "check_choice",
+    "check_instance",
+    "check_int",
+    "check_node_id",
+    "check_options",
+    "check_seconds",
+    "check_str_map",
+    "check_text",
+    "check_timeout",
+    "check_zstd_level",
+]
+
+T = TypeVar("T")
+
+#: Largest value any int argument may take unless it says otherwise: every count, size and
+#: offset is stored or computed as a signed 64-bit integer somewhere.
+I64_MAX = (1 << 63) - 1
+#: Longest wait the platform's locks and conditions accept (larger ones raise OverflowError
+#: inside a wait, possibly on a background thread): the bound of every timeout and interval.
+MAX_DURATION_S = float(threading.TIMEOUT_MAX)
+MAX_DURATION_MS = int(MAX_DURATION_S * 1000)
+#: zstd levels libzstd accepts: ``ZSTD_minCLevel()`` (negative levels are its "fast" modes,
+#: 0 its default, 3) up to ``ZSTD_maxCLevel()``; 23 and above make the compressor raise.
+ZSTD_MIN_LEVEL = -(1 << 17)
+ZSTD_MAX_LEVEL: int = zstandard.MAX_COMPRESSION_LEVEL
+
+# Node ids become path segments of object keys and WAL names. fullmatch, not match with
+# ``$``: ``$`` also matches before a trailing newline, which would let "n1\n" through.
+_NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+# Reprs for messages are cut short: an argument may be megabytes (a payload, a long string).
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 80
+
+
+def _show(value: object) -> str:
+    """`value` for an error message: its repr, cut short."""
+    return _REPR.repr(value)
+
+
+def check_int(name: str, value: object, *, minimum: int = 0, maximum: int = I64_MAX) -> int:
+    """`value` if it is an int (not a bool) in ``[minimum, maximum]``."""
+    if type(value) is not int or not minimum <= value <= maximum:
+        bound = f">= {minimum}" if maximum == I64_MAX else f"in [{minimum}, {maximum}]"
+        raise InvalidArgumentError(f"{name} must be an int {bound}, got {_show(value)}")
+    return value
+
+
+def check_bool(name: str, value: object) -> bool:
+    """`value` if it is a bool (not 0/1, not None)."""
+    if type(value) is not bool:
+        raise InvalidArgumentError(f"{name} must be a bool, got {_show(value)}")
+    return value
+
+
+def check_seconds(name: str, value: object) -> float:
+    """A finite number of seconds >= 0 (an int or a float, not a bool) as a float.
+
+    NaN and infinity are refused: NaN compares false with every deadline (a wait that never
+    ends or never starts), and an infinite or huge wait overflows the platform's timers.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidArgumentError(f"{name} must be a number of seconds, got {_show(value)}")
+    seconds = float(value)
+    if not (math.isfinite(seconds) and 0 <= seconds <= MAX_DURATION_S):
+        raise InvalidArgumentError(
+            f"{name} must be a finite number of seconds in [0, {MAX_DURATION_S:.0f}], "
+            f"got {_show(value)}"
+        )
+    return seconds
+
+
+def check_timeout(name: str, value: object) -> float | None:
+    """None (the call's default deadline) or `check_seconds`."""
+    return None if value is None else check_seconds(name, value)
+
+
+def check_text(
+    name: str, value: object, *, max_bytes: int | None = None, allow_empty: bool = True
+) -> str:
+    """`value` if it is a str encodable as UTF-8, non-empty unless `allow_empty`, and at most
+    `max_bytes` bytes once encoded."""
+    if not isinstance(value, str):
+        raise InvalidArgumentError(f"{name} must be a str, got {_show(value)}")
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise InvalidArgumentError(
+            f"{name} must be encodable as UTF-8 (no lone surrogates), got {_show(value)}"
+        ) from exc
+    if not allow_empty and not value:
+        raise InvalidArgumentError(f"{name} must be a non-empty str")
+    if max_bytes is not None and size > max_bytes:
+        raise InvalidArgumentError(
+            f"{name} must be at most {max_bytes} UTF-8 bytes, got {size}: {_show(value)}"
+        )
+    return value
+
+
+def check_str_map(name: str, value: object, *, allow_none: bool = False) -> dict[str, str]:
+    """A copy of `value`, a mapping of str to str (all UTF-8 encodable); None gives ``{}``
+    when `allow_none`."""
+    if value is None and allow_none:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidArgumentError(f"{name} must be a mapping of str to str, got {_show(value)}")
+    out = dict(value)
+    for k, v in out.items():
+        check_text(f"{name} key", k)
+        check_text(f"{name}[{k!r}]", v)
+    return out
+
+
+def check_options(name: str, value: object) -> dict[str, Any]:
+    """A copy of `value`, a mapping with str keys (values are the backend's to judge), or
+    ``{}`` for None."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise InvalidArgumentError(f"{name} must be a mapping with str keys, got {_show(value)}")
+    return dict(value)
+
+
+def check_choice(name: str, value: object, choices: Collection[str]) -> str:
+    """`value` if it is one of `choices` (strings)."""
+    if not isinstance(value, str) or value not in choices:
+        raise InvalidArgumentError(f"{name} must be one of {sorted(choices)}, got {_show(value)}")
+    return value
+
+
+def check_instance(name: str, value: T, cls: type) -> T:
+    """`value` if it is an instance of `cls` (which may be abstract); typed as given, since
+    callers check values their signature already declares."""
+    if not isinstance(value, cls):
+        raise InvalidArgumentError(f"{name} must be a {cls.__name__}, not {type(value).__name__}")
+    return value
+
+
+def check_callable(name: str, value: object) -> Callable[..., Any]:
+    """`value` if it is callable."""
+    if not callable(value):
+        raise InvalidArgumentError(f"{name} must be callable, got {_show(value)}")
+    return value
+
+
+def check_zstd_level(name: str, value: object) -> int:
+    """`value` if libzstd accepts it as a compression level (see `ZSTD_MIN_LEVEL`)."""
+    return check_int(name, value, minimum=ZSTD_MIN_LEVEL, maximum=ZSTD_MAX_LEVEL)
+
+
+def check_node_id(value: object, name: str = "node_id") -> str:
+    """`value` if it is a node id: letters, digits and ``._-``, not starting with one of
+    ``._-``, at most 64 characters (it becomes part of object keys and file names)."""
+    if not isinstance(value, str) or not _NODE_ID.fullmatch(value):
+        raise InvalidArgumentError(
+            f"{name} must be 1 to 64 letters, digits or '._-' (starting with a letter or "
+            f"digit), got {_show(value)}"
+        )
+    return value
