@@ -12,7 +12,14 @@ from typing import Any
 from ._closeable import Closeable
 from .cache.block_cache import BlockCache, BlockCacheMetrics
 from .clock import Clock, SystemClock
-from .compaction import CompactionMetrics, CompactionReport, Compactor, Progress, WriterOptions
+from .compaction import (
+    CompactionMetrics,
+    CompactionReport,
+    Compactor,
+    Progress,
+    RetentionPolicy,
+    WriterOptions,
+)
 from .errors import (
     InvalidArgumentError,
     OffsetOutOfRangeError,
@@ -22,13 +29,25 @@ from .errors import (
 from .failover import TakeOverReport, take_over_node
 from .metadata import CloseStream, MetadataManager, MetadataState, StreamMeta
 from .objectstore.base import ObjectStore
-from .objectstore.wrappers import MetricsObjectStore, ObjectStoreMetrics, RetryingObjectStore
+from .objectstore.stack import store_stack
+from .objectstore.wrappers import MetricsObjectStore, ObjectStoreMetrics
 from .settings import ClientSettings
 from .storage.engine import RecoveryReport, Storage, StorageMetrics
-from .storage.packing import KeyFactory, check_node_id
-from .stream import Stream, check_offset
+from .storage.packing import KeyFactory
+from .stream import Stream, check_read_args
 from .throttle import PriorityRateLimiter, ThrottleMetrics
 from .types import FetchResult, StreamInfo, StreamState
+from .validation import (
+    check_bool,
+    check_callable,
+    check_instance,
+    check_int,
+    check_node_id,
+    check_options,
+    check_str_map,
+    check_text,
+    check_timeout,
+)
 from .wal.base import WriteAheadLog
 
 __all__ = ["ClientMetrics", "StreamClient", "WalFactory"]
@@ -52,14 +71,21 @@ class ClientMetrics:
     throttle: ThrottleMetrics = field(default_factory=ThrottleMetrics)
 
 
-def _check_tags(tags: Mapping[str, str] | None) -> dict[str, str]:
-    if tags is None:
-        return {}
-    if not isinstance(tags, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in tags.items()
-    ):
-        raise InvalidArgumentError("tags must be a mapping of str to str")
-    return dict(tags)
+def _check_new_tags(tags: object) -> dict[str, str]:
+    """Tags of a new stream: str to str, and a retention policy in them must parse (else the
+    compactor would meet the bad value later, in the background)."""
+    checked = check_str_map("tags", tags, allow_none=True)
+    RetentionPolicy.from_tags(checked)
+    return checked
+
+
+def _check_wal_arg(wal: object) -> None:
+    """`StreamClient`'s `wal`: a WAL instance or a `WalFactory`."""
+    if not isinstance(wal, WriteAheadLog) and not callable(wal):
+        raise InvalidArgumentError(
+            f"wal must be a WriteAheadLog or a factory (node_id, node_epoch, on_full) -> "
+            f"WriteAheadLog, not {type(wal).__name__}"
+        )
 
 
 class StreamClient(Closeable):
@@ -82,13 +108,34 @@ class StreamClient(Closeable):
         metadata_prefix: str = "meta",
         retry: bool = True,
     ) -> None:
+        # Every argument is checked before the first side effect (registering the node).
+        check_instance("store", store, ObjectStore)
+        _check_wal_arg(wal)
         self._node_id = check_node_id(node_id)
+        if settings is not None:
+            check_instance("settings", settings, ClientSettings)
+        if clock is not None:
+            check_instance("clock", clock, Clock)
+        if rng is not None:
+            check_instance("rng", rng, random.Random)
+        check_text("metadata_prefix", metadata_prefix, allow_empty=False)
+        check_bool("retry", retry)
         self._settings = settings if settings is not None else ClientSettings()
         self._clock = clock if clock is not None else SystemClock()
         rng = rng if rng is not None else random.Random(f"s3stream:{node_id}")
-        self._metrics_store = MetricsObjectStore(
-            RetryingObjectStore(store, clock=self._clock, rng=rng) if retry else store
-        )
+        # One stack of wrappers, applied once: a store `s3stream.open` already stacked (to
+        # share it with the object WAL) is used as it is.
+        if retry:
+            self._metrics_store = store_stack(
+                store,
+                clock=self._clock,
+                rng=rng,
+                timeout_s=self._settings.store_timeout_ms / 1000,
+            )
+        else:
+            self._metrics_store = (
+                store if isinstance(store, MetricsObjectStore) else MetricsObjectStore(store)
+            )
         self._store: ObjectStore = self._metrics_store
         self._lock = threading.RLock()
         self._streams: dict[int, Stream] = {}
@@ -223,8 +270,11 @@ class StreamClient(Closeable):
     # ------------------------------------------------------------------ streams
 
     def create_stream(self, tags: Mapping[str, str] | None = None) -> Stream:
-        """Create a new, empty stream owned by this client."""
-        tags = _check_tags(tags)
+        """Create a new, empty stream owned by this client.
+
+        `tags` map str to str; ``retention.ms`` / ``retention.bytes`` must be integers.
+        """
+        tags = _check_new_tags(tags)
         with self._lock:
             self._check_open()
             meta = self._meta.create_stream(tags)
@@ -240,10 +290,8 @@ class StreamClient(Closeable):
         them (logged as a warning; that node's `flush` and `close` then raise `FencedError`).
         Opening a stream this client already has open returns the same handle.
         """
-        if type(force) is not bool:
-            raise InvalidArgumentError(f"force must be a bool, got {force!r}")
-        if type(stream_id) is not int or stream_id < 0:
-            raise InvalidArgumentError(f"stream_id must be an int >= 0, got {stream_id!r}")
+        check_int("stream_id", stream_id)
+        check_bool("force", force)
         with self._lock:
             self._check_open()
             existing = self._streams.get(stream_id)
@@ -272,13 +320,14 @@ class StreamClient(Closeable):
 
     def list_streams(self, tags: Mapping[str, str] | None = None) -> list[StreamInfo]:
         """Streams in the store (not deleted) whose tags include all of `tags`."""
-        tags = _check_tags(tags)
+        tags = check_str_map("tags", tags, allow_none=True)
         self._check_open()
         self._meta.refresh()
         return [_info(m) for m in self._meta.list_streams(tags or None)]
 
     def stream_info(self, stream_id: int) -> StreamInfo:
         """Committed metadata of one stream (`StreamNotFoundError` if there is none)."""
+        check_int("stream_id", stream_id)
         self._check_open()
         self._meta.refresh()
         return _info(self._meta.get_stream(stream_id))
@@ -298,17 +347,14 @@ class StreamClient(Closeable):
         which also sees what is only in the WAL. For inspection tools and readers that do not
         own the stream.
         """
+        check_int("stream_id", stream_id)
+        start_offset, end_offset, max_bytes = check_read_args(start_offset, end_offset, max_bytes)
         self._check_open()
-        own = self._streams.get(stream_id) if type(stream_id) is int else None
+        own = self._streams.get(stream_id)
         if own is not None and not own.closed:
             return own.fetch(start_offset, end_offset, max_bytes=max_bytes)
-        if type(max_bytes) is not int or max_bytes < 1:
-            raise InvalidArgumentError(f"max_bytes must be an int >= 1, got {max_bytes!r}")
         self._meta.refresh()
         meta = self._meta.get_stream(stream_id)
-        check_offset("start_offset", start_offset)
-        if end_offset is not None:
-            check_offset("end_offset", end_offset)
         end = meta.end_offset if end_offset is None else min(end_offset, meta.end_offset)
         if not meta.start_offset <= start_offset <= meta.end_offset:
             raise OffsetOutOfRangeError(
@@ -360,6 +406,10 @@ class StreamClient(Closeable):
         """Run one compaction pass now: retention, stream-set and stream object compaction,
         purge of objects past the deletion delay, and (when due, or if `sweep_orphans`) the
         orphan sweep. `progress(done_bytes, total_bytes, phase)` is told as it goes."""
+        if progress is not None:
+            check_callable("progress", progress)
+        if sweep_orphans is not None:
+            check_bool("sweep_orphans", sweep_orphans)
         self._check_open()
         return self._compactor.run_once(progress, sweep_orphans=sweep_orphans)
 
@@ -380,6 +430,13 @@ class StreamClient(Closeable):
         ``(node_id, node_epoch, on_full) -> WriteAheadLog``. After it returns, the old holder
         of the node can neither acknowledge (object WAL) nor commit anything.
         """
+        check_node_id(node_id)
+        if wal is not None and not isinstance(wal, str) and not callable(wal):
+            raise InvalidArgumentError(
+                f"wal must be None, a WAL URL or a WAL factory, not {type(wal).__name__}"
+            )
+        if storage_options is not None:
+            check_options("storage_options", storage_options)
         self._check_open()
         if node_id == self._node_id:
             raise InvalidArgumentError(f"a client cannot take over its own node {node_id!r}")
@@ -414,8 +471,9 @@ class StreamClient(Closeable):
         `FencedError` if acknowledged appends were dropped since the last flush because
         another client took their stream over (``open_stream(force=True)``).
         """
+        timeout = check_timeout("timeout_s", timeout_s)
         self._check_open()
-        self._storage.flush(timeout_s)
+        self._storage.flush(timeout)
 
     def close(self, timeout_s: float | None = None) -> None:
         """Graceful shutdown: wait for in-flight appends, upload everything, release this
@@ -428,6 +486,7 @@ class StreamClient(Closeable):
         uploads it), the streams stay owned, and the upload's error is raised; a client that
         ever dropped acknowledged appends raises `FencedError`.
         """
+        timeout = check_timeout("timeout_s", timeout_s)
         with self._lock:
             if self._closed:
                 return
@@ -441,7 +500,7 @@ class StreamClient(Closeable):
         self._limiter.close()
         self._compactor.stop()
         try:
-            self._storage.close(timeout_s, on_flushed=lambda: self._release_streams(owned))
+            self._storage.close(timeout, on_flushed=lambda: self._release_streams(owned))
         finally:
             self._block_cache.close()
             self._store.close()
@@ -499,7 +558,10 @@ def _wal_url_factory(
 ) -> WalFactory:
     from .wal.registry import open_wal
 
-    def factory(node_id: str, node_epoch: int, on_full: Callable[[], None]) -> WriteAheadLog:
+    def factory(
+        node_id: str, node_epoch: int, on_full: Callable[[], None], *, take_over: bool = False
+    ) -> WriteAheadLog:
+        extra: dict[str, Any] = {"take_over": True} if take_over else {}
         return open_wal(
             url,
             node_id=node_id,
@@ -507,6 +569,7 @@ def _wal_url_factory(
             clock=clock,
             on_full=on_full,
             storage_options=storage_options,
+            **extra,
         )
 
     return factory

@@ -10,6 +10,8 @@ import threading
 import time
 from abc import ABC, abstractmethod
 
+from .validation import check_int, check_seconds
+
 __all__ = ["Clock", "ManualClock", "SystemClock"]
 
 
@@ -47,6 +49,7 @@ class ManualClock(Clock):
     """A clock that moves only when told to; `sleep` advances it instead of blocking."""
 
     def __init__(self, start_ms: int = 1_700_000_000_000) -> None:
+        check_int("start_ms", start_ms)
         self._lock = threading.Lock()
         self._now_ns = start_ms * 1_000_000
 
@@ -62,8 +65,7 @@ class ManualClock(Clock):
         self.advance(seconds)
 
     def advance(self, seconds: float) -> None:
-        """Move time forward by `seconds`."""
-        if seconds < 0:
-            raise ValueError("a clock cannot go backwards")
+        """Move time forward by `seconds` (a clock cannot go backwards)."""
+        nanos = int(check_seconds("seconds", seconds) * 1e9)
         with self._lock:
-            self._now_ns += int(seconds * 1e9)
+            self._now_ns += nanos

@@ -10,9 +10,11 @@ the node's open streams so that any client can open them. See ``docs/s3-wal.md``
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 from .cache.block_cache import BlockCache
 from .clock import Clock
@@ -21,9 +23,10 @@ from .metadata import MetadataManager
 from .objectstore.base import ObjectStore
 from .settings import ClientSettings
 from .storage.engine import RecoveryReport, Storage
-from .storage.packing import KeyFactory, check_node_id
+from .storage.packing import KeyFactory
 from .throttle import PriorityRateLimiter
 from .types import StreamState
+from .validation import check_node_id
 from .wal.base import WriteAheadLog
 
 __all__ = ["TakeOverReport", "take_over_node"]
@@ -46,6 +49,20 @@ class TakeOverReport:
     recovery: RecoveryReport
     #: Streams the node had open, now closed so that other clients can open them.
     released_streams: tuple[int, ...]
+
+
+def _open_taken_over(factory: _WalFactory, node_id: str, epoch: int) -> WriteAheadLog:
+    """The node's WAL, opened to take it over: with ``take_over=True`` when the factory takes
+    that keyword (the built-in ones do), so that a file WAL a live process still holds is
+    opened anyway (the open fences that process) instead of refused with `NodeInUseError`."""
+    try:
+        takes_flag = "take_over" in inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a callable without a signature: call it plainly
+        takes_flag = False
+    if takes_flag:
+        opener = cast(Callable[..., WriteAheadLog], factory)
+        return opener(node_id, epoch, lambda: None, take_over=True)
+    return factory(node_id, epoch, lambda: None)
 
 
 def take_over_node(
@@ -71,7 +88,7 @@ def take_over_node(
     if node_id not in meta.state.nodes:
         raise InvalidArgumentError(f"node {node_id!r} is not registered in the metadata log")
     epoch = meta.register_node(node_id)
-    wal = wal_factory(node_id, epoch, lambda: None)
+    wal = _open_taken_over(wal_factory, node_id, epoch)
     storage = Storage(
         store=store,
         wal=wal,

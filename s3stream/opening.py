@@ -11,13 +11,21 @@ from ._registry import split_scheme
 from .client import StreamClient, WalFactory
 from .clock import Clock, SystemClock
 from .errors import InvalidArgumentError
+from .objectstore.base import ObjectStore
 from .objectstore.registry import open_object_store
+from .objectstore.stack import store_stack
 from .settings import ClientSettings, FileWalSettings, ObjectWalSettings
+from .validation import check_instance, check_node_id, check_options, check_text
 from .wal.base import WriteAheadLog
+from .wal.holder import WalHolderLock
 from .wal.memory import MemoryWal
-from .wal.registry import OBJECT_PREFIX
+from .wal.object import ObjectWal
+from .wal.registry import OBJECT_PREFIX, lock_file_wal
 
-__all__ = ["DEFAULT_LOCAL_WAL_CAPACITY", "default_wal_url", "open"]
+__all__ = ["DEFAULT_LOCAL_WAL_CAPACITY", "OBJECT_WAL_DIR", "default_wal_url", "open"]
+
+#: Where the default object WAL of a remote store lives, inside the store.
+OBJECT_WAL_DIR = "wal"
 
 #: WAL ring size of the embedded default (a local directory): large enough for several
 #: uploads in flight, small enough that a test suite creating many clients stays cheap.
@@ -37,8 +45,8 @@ def default_wal_url(url: str, node_id: str) -> str | None:
         return f"file://{path}?capacity={DEFAULT_LOCAL_WAL_CAPACITY}"
     base = url.split("?", 1)[0].rstrip("/")
     if scheme in ("s3", "s3a"):
-        return f"{base}/wal"
-    return f"{OBJECT_PREFIX}{base}/wal" if "://" in base else None
+        return f"{base}/{OBJECT_WAL_DIR}"
+    return f"{OBJECT_PREFIX}{base}/{OBJECT_WAL_DIR}" if "://" in base else None
 
 
 def _wal_factory(
@@ -48,10 +56,22 @@ def _wal_factory(
     file_settings: FileWalSettings | None,
     object_settings: ObjectWalSettings | None,
     storage_options: Mapping[str, Any] | None,
+    held: WalHolderLock | None = None,
 ) -> WalFactory:
+    """`held`: the holder lock of the client's own file WAL, taken already; handed to the
+    WAL the first time the factory opens that node's WAL."""
     from .wal.registry import open_wal
 
-    def factory(node_id: str, node_epoch: int, on_full: Callable[[], None]) -> WriteAheadLog:
+    unused = [held] if held is not None else []
+
+    def factory(
+        node_id: str, node_epoch: int, on_full: Callable[[], None], *, take_over: bool = False
+    ) -> WriteAheadLog:
+        extra: dict[str, Any] = {}
+        if take_over:
+            extra["take_over"] = True
+        elif unused and unused[0].node_id == node_id:
+            extra["lock"] = unused.pop()
         return open_wal(
             wal_url if isinstance(wal_url, str) else wal_url(node_id),
             node_id=node_id,
@@ -61,9 +81,62 @@ def _wal_factory(
             file_settings=file_settings,
             object_settings=object_settings,
             storage_options=storage_options,
+            **extra,
         )
 
     return factory
+
+
+def _shared_object_wal(
+    store: ObjectStore, *, clock: Clock, settings: ObjectWalSettings | None
+) -> WalFactory:
+    """The default WAL of a remote store: an object WAL under ``wal/`` of the client's own
+    store stack (the same keys `default_wal_url` names), retried by that stack alone."""
+
+    def factory(
+        node_id: str, node_epoch: int, on_full: Callable[[], None], *, take_over: bool = False
+    ) -> WriteAheadLog:
+        # A take-over needs nothing special here: opening the chain seals the old holder out.
+        del take_over
+        return ObjectWal(
+            store,
+            node_id=node_id,
+            node_epoch=node_epoch,
+            prefix=OBJECT_WAL_DIR,
+            settings=settings,
+            clock=clock,
+            on_full=on_full,
+            retry=False,
+        )
+
+    return factory
+
+
+def _check_open_args(
+    url: object,
+    wal: object,
+    node_id: object,
+    storage_options: object,
+    settings: object,
+    file_wal_settings: object,
+    object_wal_settings: object,
+) -> None:
+    """`open`'s arguments, checked before anything is opened or created."""
+    if isinstance(url, str):
+        check_text("url", url, allow_empty=False)
+    elif not isinstance(url, Path):
+        raise InvalidArgumentError(f"url must be a str or a Path, not {type(url).__name__}")
+    if wal is not None and not isinstance(wal, WriteAheadLog):
+        check_text("wal", wal, allow_empty=False)
+    check_node_id(node_id)
+    check_options("storage_options", storage_options)
+    for name, value, cls in (
+        ("settings", settings, ClientSettings),
+        ("file_wal_settings", file_wal_settings, FileWalSettings),
+        ("object_wal_settings", object_wal_settings, ObjectWalSettings),
+    ):
+        if value is not None:
+            check_instance(name, value, cls)
 
 
 def open(
@@ -87,11 +160,30 @@ def open(
     per node id), ``memory://`` a memory WAL, and a remote store the object WAL under its
     ``wal/`` prefix (see `default_wal_url` and ``docs/s3-wal.md``).
     """
+    _check_open_args(
+        url, wal, node_id, storage_options, settings, file_wal_settings, object_wal_settings
+    )
+    if clock is not None:
+        check_instance("clock", clock, Clock)
+    if rng is not None:
+        check_instance("rng", rng, random.Random)
     if isinstance(url, Path):
         url = str(url)
     clock = clock if clock is not None else SystemClock()
-    store = open_object_store(url, storage_options)
+    raw_store = open_object_store(url, storage_options)
+    # The client's one store stack, built here so that an object WAL in the same store shares
+    # it (one boto3 client; its traffic in `client.metrics`); the client takes it as it is.
+    store = store_stack(
+        raw_store,
+        clock=clock,
+        rng=rng if rng is not None else random.Random(f"s3stream:{node_id}"),
+        timeout_s=(settings if settings is not None else ClientSettings()).store_timeout_ms
+        / 1000,
+    )
     per_node: Callable[[str], str] | None = None
+    shared_wal: WalFactory | None = None
+    if wal is None and split_scheme(url)[0] not in ("memory", "file"):
+        shared_wal = _shared_object_wal(store, clock=clock, settings=object_wal_settings)
     if wal is None:
         wal = default_wal_url(url, node_id)
         if wal is not None and split_scheme(wal)[0] == "file":
@@ -108,22 +200,40 @@ def open(
                 "or wal='s3://bucket/prefix/wal'"
             )
     wal_arg: WriteAheadLog | WalFactory
-    if isinstance(wal, WriteAheadLog):
+    held: WalHolderLock | None = None
+    if shared_wal is not None:
+        wal_arg = shared_wal
+    elif isinstance(wal, WriteAheadLog):
         wal_arg = wal
     elif isinstance(wal, str):
         if split_scheme(wal)[0] == "memory":
             wal_arg = MemoryWal()
         else:
+            # A file WAL of this node that a live process holds must fail the open here,
+            # before the client registers the node: that would fence the live process.
+            try:
+                held = lock_file_wal(wal if per_node is None else per_node(node_id), node_id)
+            except BaseException:
+                store.close()
+                raise
             wal_arg = _wal_factory(
                 wal if per_node is None else per_node,
                 clock=clock,
                 file_settings=file_wal_settings,
                 object_settings=object_wal_settings,
                 storage_options=storage_options,
+                held=held,
             )
     else:
         store.close()
         raise InvalidArgumentError(
             f"wal must be a URL or a WriteAheadLog, not {type(wal).__name__}"
         )
-    return StreamClient(store, wal_arg, node_id=node_id, settings=settings, clock=clock, rng=rng)
+    try:
+        return StreamClient(
+            store, wal_arg, node_id=node_id, settings=settings, clock=clock, rng=rng
+        )
+    except BaseException:
+        if held is not None:
+            held.release()  # idempotent: a WAL that took it over has released it already
+        raise

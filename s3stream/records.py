@@ -27,6 +27,7 @@ import zstandard
 
 from .errors import CorruptionError, InvalidArgumentError
 from .types import MAX_BATCH_COUNT, BatchKind, FetchedBatch, RecordBatch
+from .validation import check_choice, check_instance, check_int, check_text, check_zstd_level
 
 __all__ = [
     "CREATE_TIME",
@@ -109,7 +110,8 @@ def _check_headers(headers: object) -> tuple[Header, ...]:
             raise InvalidArgumentError(
                 f"headers[{i}] must be a (str, bytes | None) pair, got {item!r}"
             )
-        out.append((item[0], _as_bytes(f"headers[{i}] value", item[1], nullable=True)))
+        name = check_text(f"headers[{i}] name", item[0])
+        out.append((name, _as_bytes(f"headers[{i}] value", item[1], nullable=True)))
     return tuple(out)
 
 
@@ -132,11 +134,9 @@ class Record:
             object.__setattr__(self, "value", _as_bytes("value", self.value, nullable=True))
         if self.key is not None and type(self.key) is not bytes:
             object.__setattr__(self, "key", _as_bytes("key", self.key, nullable=True))
-        ts = self.timestamp
-        if ts is not None and (type(ts) is not int or not _I64_MIN < ts <= _I64_MAX):
-            raise InvalidArgumentError(
-                f"timestamp must be None or an int of milliseconds within i64, got {ts!r}"
-            )
+        if self.timestamp is not None:
+            # _I64_MIN itself is NO_TIMESTAMP, the column's marker for "none".
+            check_int("timestamp", self.timestamp, minimum=_I64_MIN + 1, maximum=_I64_MAX)
         if self.headers != ():
             object.__setattr__(self, "headers", _check_headers(self.headers))
 
@@ -176,10 +176,8 @@ def encode_records(
     With ``compression="zstd"`` the body is stored zstd-compressed when that makes it
     smaller. The payload does not carry offsets: they come from the batch.
     """
-    if compression not in _COMPRESSIONS:
-        raise InvalidArgumentError(
-            f"compression must be one of {_COMPRESSIONS}, got {compression!r}"
-        )
+    check_choice("compression", compression, _COMPRESSIONS)
+    check_zstd_level("zstd_level", zstd_level)
     if isinstance(records, Record) or not isinstance(records, Sequence):
         raise InvalidArgumentError("records must be a sequence of Record")
     n = len(records)
@@ -235,10 +233,7 @@ def encode_records(
     flags = 0
     stored = body
     if compression == "zstd":
-        try:
-            packed = zstandard.ZstdCompressor(level=zstd_level).compress(body)
-        except zstandard.ZstdError as exc:
-            raise InvalidArgumentError(f"invalid zstd_level {zstd_level}: {exc}") from exc
+        packed = zstandard.ZstdCompressor(level=zstd_level).compress(body)
         if len(packed) < len(body):
             flags, stored = _FLAG_ZSTD, packed
     header = RECORDS_HEADER.pack(
@@ -360,6 +355,13 @@ def decode_columns(
     `CorruptionError` naming `location` when anything is inconsistent: version, flags,
     widths, lengths, a body that does not decompress or does not add up exactly.
     """
+    if not isinstance(payload, bytes | bytearray | memoryview):
+        raise InvalidArgumentError(
+            f"payload must be bytes, bytearray or memoryview, not {type(payload).__name__}"
+        )
+    if expected_count is not None:
+        check_int("expected_count", expected_count, minimum=1, maximum=MAX_BATCH_COUNT)
+    check_text("location", location)
     view = memoryview(payload)
     if view.ndim != 1 or view.itemsize != 1:
         view = view.cast("B")
@@ -476,6 +478,8 @@ def decode_records(
     With `base_timestamp` given (the batch's), records without a timestamp get it, as a
     Kafka consumer sees LogAppendTime; with None they keep ``timestamp=None``.
     """
+    if base_timestamp is not None:
+        check_int("base_timestamp", base_timestamp, minimum=_I64_MIN)
     cols = decode_columns(payload, expected_count=expected_count, location=location)
     keys = _split(cols.key_data, cols.key_lengths)
     values = _split(cols.value_data, cols.value_lengths)
@@ -512,7 +516,17 @@ def batch_records(
     range (a raw batch belongs to the range holding its first offset, so consecutive ranges
     see it exactly once).
     """
-    end = batch.next_offset if end_offset is None else end_offset
+    check_instance("batch", batch, FetchedBatch)
+    start = check_int("start_offset", start_offset)
+    end = batch.next_offset if end_offset is None else check_int("end_offset", end_offset)
+    # A generator of its own, so that the checks above run at the call, not at first next().
+    return _batch_records(batch, start, end)
+
+
+def _batch_records(
+    batch: FetchedBatch, start_offset: int, end: int
+) -> Iterator[tuple[int, Record]]:
+    """`batch_records` after its checks."""
     if batch.kind is BatchKind.RAW:
         if start_offset <= batch.base_offset < end:
             yield batch.base_offset, Record(batch.payload, timestamp=batch.base_timestamp)

@@ -1,7 +1,11 @@
 """Settings: frozen, keyword-only dataclasses of plain values, units in the names.
 
 Settings configure behaviour; components (object store, WAL, clock) are passed in as objects,
-never chosen by flags here. Each class validates itself so a bad value fails at construction.
+never chosen by flags here. Each class validates itself so a bad value fails at construction
+(`InvalidArgumentError` naming the field), not later in a background thread: every field is
+checked against its annotation (an int field refuses bools, floats and strings; a bool field
+refuses anything but a bool), sizes and counts must be > 0 unless 0 is documented to mean
+something, ``*_ms`` durations fit the platform's timers, and the cross-field limits hold.
 """
 
 from __future__ import annotations
@@ -9,6 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from .errors import InvalidArgumentError
+from .validation import (
+    I64_MAX,
+    MAX_DURATION_MS,
+    check_bool,
+    check_choice,
+    check_instance,
+    check_int,
+    check_zstd_level,
+)
 
 __all__ = ["ClientSettings", "CompactionSettings", "FileWalSettings", "ObjectWalSettings"]
 
@@ -16,14 +29,38 @@ KiB = 1 << 10
 MiB = 1 << 20
 GiB = 1 << 30
 
+#: Largest data block an object may hold (its size is stored in 32 bits): the upper bound of
+#: `ClientSettings.block_target_bytes` and of `ObjectWriter`'s block target.
+MAX_BLOCK_TARGET_BYTES = 1 << 31
+#: Largest `ObjectWalSettings.max_unflushed_bytes`: half of ``wal.object.SESSION_GAP``, so that
+#: a new owner's WAL positions never meet the old owner's (docs/s3-wal.md).
+MAX_OBJECT_WAL_UNFLUSHED_BYTES = 1 << 39
 
-def _require_positive(obj: object, *, allow_zero: tuple[str, ...] = ()) -> None:
+
+def _check_fields(
+    obj: object, *, allow_zero: tuple[str, ...] = (), own_checks: tuple[str, ...] = ()
+) -> None:
+    """Check every field of settings `obj` against its annotation (fields in `own_checks` are
+    checked by the class itself). A field of a type with no rule here is a programming error,
+    so that a new field cannot go unchecked."""
+    cls = type(obj).__name__
     for f in fields(obj):  # type: ignore[arg-type]
-        value = getattr(obj, f.name)
-        if isinstance(value, bool) or not isinstance(value, int | float):
+        if f.name in own_checks:
             continue
-        if value < 0 or (value == 0 and f.name not in allow_zero):
-            raise InvalidArgumentError(f"{type(obj).__name__}.{f.name} must be > 0, got {value}")
+        name = f"{cls}.{f.name}"
+        value = getattr(obj, f.name)
+        # Annotations are strings here (``from __future__ import annotations``).
+        if f.type == "bool":
+            check_bool(name, value)
+        elif f.type == "int":
+            check_int(
+                name,
+                value,
+                minimum=0 if f.name in allow_zero else 1,
+                maximum=MAX_DURATION_MS if f.name.endswith("_ms") else I64_MAX,
+            )
+        else:
+            raise TypeError(f"{name}: no validation rule for fields of type {f.type}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -68,7 +105,7 @@ class CompactionSettings:
     bytes_per_s: int = 4 * MiB
 
     def __post_init__(self) -> None:
-        _require_positive(
+        _check_fields(
             self,
             allow_zero=(
                 "interval_ms",
@@ -81,8 +118,6 @@ class CompactionSettings:
                 "bytes_per_s",
             ),
         )
-        if self.stream_set_min_objects < 1:
-            raise InvalidArgumentError("CompactionSettings.stream_set_min_objects must be >= 1")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -95,11 +130,12 @@ class ClientSettings:
     upload_interval_ms: int = 30_000
     #: A stream with at least this many pending bytes gets its own stream object.
     stream_split_bytes: int = 16 * MiB
-    #: Target size of one data block inside an object (one stream per block).
+    #: Target size of one data block inside an object (one stream per block; at most 2 GiB).
     block_target_bytes: int = 1 * MiB
     #: Compress data blocks with zstd when it saves space ("none" or "zstd").
     block_compression: str = "none"
-    #: zstd level for block compression.
+    #: zstd level for block compression: 1 (fast) to 22 (small); libzstd's negative "fast"
+    #: levels (down to -131072) and 0 (its default, 3) are accepted too.
     zstd_level: int = 3
     #: Parallel PUTs during one upload.
     upload_parallelism: int = 4
@@ -133,7 +169,7 @@ class ClientSettings:
     compaction: CompactionSettings = field(default_factory=CompactionSettings)
 
     def __post_init__(self) -> None:
-        _require_positive(
+        _check_fields(
             self,
             allow_zero=(
                 "upload_interval_ms",
@@ -144,17 +180,24 @@ class ClientSettings:
                 "background_bytes_per_s",
                 "background_requests_per_s",
             ),
+            own_checks=("block_compression", "zstd_level", "compaction"),
         )
-        if not isinstance(self.compaction, CompactionSettings):
-            raise InvalidArgumentError(
-                f"ClientSettings.compaction must be a CompactionSettings, got {self.compaction!r}"
-            )
-        if self.block_compression not in ("none", "zstd"):
-            raise InvalidArgumentError(
-                f"block_compression must be 'none' or 'zstd', got {self.block_compression!r}"
-            )
+        check_instance("ClientSettings.compaction", self.compaction, CompactionSettings)
+        check_choice("ClientSettings.block_compression", self.block_compression, ("none", "zstd"))
+        # Checked even with compression off: a level libzstd refuses would otherwise only
+        # fail once compression is turned on, in the uploader thread.
+        check_zstd_level("ClientSettings.zstd_level", self.zstd_level)
+        check_int(
+            "ClientSettings.block_target_bytes",
+            self.block_target_bytes,
+            minimum=1,
+            maximum=MAX_BLOCK_TARGET_BYTES,
+        )
         if self.max_pending_bytes < self.upload_threshold_bytes:
-            raise InvalidArgumentError("max_pending_bytes must be >= upload_threshold_bytes")
+            raise InvalidArgumentError(
+                "ClientSettings.max_pending_bytes must be >= upload_threshold_bytes, got "
+                f"{self.max_pending_bytes} < {self.upload_threshold_bytes}"
+            )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -179,7 +222,7 @@ class FileWalSettings:
     recovery_read_bytes: int = 8 * MiB
 
     def __post_init__(self) -> None:
-        _require_positive(self, allow_zero=("full_wait_ms",))
+        _check_fields(self, allow_zero=("full_wait_ms",))
         if self.capacity_bytes % (4 * KiB) or self.capacity_bytes < 16 * KiB:
             raise InvalidArgumentError(
                 "FileWalSettings.capacity_bytes must be a multiple of 4096 and >= 16 KiB, "
@@ -215,4 +258,10 @@ class ObjectWalSettings:
     max_hedged_puts: int = 1
 
     def __post_init__(self) -> None:
-        _require_positive(self, allow_zero=("hedge_after_ms", "max_hedged_puts"))
+        _check_fields(self, allow_zero=("hedge_after_ms", "max_hedged_puts"))
+        check_int(
+            "ObjectWalSettings.max_unflushed_bytes",
+            self.max_unflushed_bytes,
+            minimum=1,
+            maximum=MAX_OBJECT_WAL_UNFLUSHED_BYTES,
+        )

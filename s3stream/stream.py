@@ -17,18 +17,25 @@ from .errors import (
 from .records import Record, batch_records, records_batch
 from .storage.engine import Storage, WriterState
 from .types import AppendResult, FetchResult, RecordBatch
+from .validation import check_instance, check_int, check_timeout
 
 if TYPE_CHECKING:
     from .client import StreamClient
 
-__all__ = ["Stream"]
+__all__ = ["Stream", "check_read_args"]
 
 
-def check_offset(name: str, value: object) -> int:
-    """`value` if it is an int >= 0, else `InvalidArgumentError` naming `name`."""
-    if type(value) is not int or value < 0:
-        raise InvalidArgumentError(f"{name} must be an int >= 0, got {value!r}")
-    return value
+def check_read_args(
+    start_offset: object, end_offset: object, max_bytes: object
+) -> tuple[int, int | None, int]:
+    """The arguments of a read (`Stream.fetch`, `Stream.read_records`, `StreamClient.read`),
+    checked: offsets ints >= 0, `end_offset` None or not below `start_offset`, `max_bytes`
+    an int >= 1."""
+    start = check_int("start_offset", start_offset)
+    end = None if end_offset is None else check_int("end_offset", end_offset)
+    if end is not None and end < start:
+        raise InvalidArgumentError(f"end_offset {end} is below start_offset {start}")
+    return start, end, check_int("max_bytes", max_bytes, minimum=1)
 
 
 class Stream(Closeable):
@@ -114,16 +121,15 @@ class Stream(Closeable):
         (`UnavailableError`) are retryable; `FencedError`, `CorruptionError` and
         `StreamClosedError` are permanent for this handle.
         """
-        if not isinstance(batch, RecordBatch):
-            raise InvalidArgumentError(f"append takes a RecordBatch, not {type(batch).__name__}")
+        check_instance("batch", batch, RecordBatch)
+        timeout = check_timeout("timeout_s", timeout_s)
         self._check_open()
-        return self._storage.append_and_wait(self._w, batch, timeout_s)
+        return self._storage.append_and_wait(self._w, batch, timeout)
 
     def append_async(self, batch: RecordBatch) -> Future[AppendResult]:
         """Append a batch; the future resolves once it is durable. Futures of one stream
         resolve in append order."""
-        if not isinstance(batch, RecordBatch):
-            raise InvalidArgumentError(f"append takes a RecordBatch, not {type(batch).__name__}")
+        check_instance("batch", batch, RecordBatch)
         self._check_open()
         return self._storage.append(self._w, batch)
 
@@ -138,17 +144,10 @@ class Stream(Closeable):
         any data lies in the range (`max_bytes` is a soft limit). `end_offset` defaults to
         `confirm_offset`; fetching at `confirm_offset` returns no batches.
         """
+        start, end_arg, max_bytes = check_read_args(start_offset, end_offset, max_bytes)
         self._check_open()
-        start = check_offset("start_offset", start_offset)
         confirm = self._w.confirm_offset
-        if end_offset is None:
-            end = confirm
-        else:
-            end = min(check_offset("end_offset", end_offset), confirm)
-            if end_offset < start:
-                raise InvalidArgumentError(f"end_offset {end_offset} is below start_offset {start}")
-        if type(max_bytes) is not int or max_bytes < 1:
-            raise InvalidArgumentError(f"max_bytes must be an int >= 1, got {max_bytes!r}")
+        end = confirm if end_arg is None else min(end_arg, confirm)
         first = self.start_offset
         if start < first or start > confirm:
             raise OffsetOutOfRangeError(
@@ -174,10 +173,10 @@ class Stream(Closeable):
         ("none" or "zstd") applies to this batch's payload. Records without a timestamp
         take the batch's append time.
         """
+        timeout = check_timeout("timeout_s", timeout_s)
+        batch = records_batch(records, compression=compression)
         self._check_open()
-        return self._storage.append_and_wait(
-            self._w, records_batch(records, compression=compression), timeout_s
-        )
+        return self._storage.append_and_wait(self._w, batch, timeout)
 
     def append_records_async(
         self, records: Sequence[Record], *, compression: str = "none"
@@ -197,20 +196,16 @@ class Stream(Closeable):
         that base offset is in the range: a raw batch belongs to the range holding its first
         offset (as in the Spark source), so adjacent ranges never both return it.
         """
+        start, end_arg, max_bytes = check_read_args(start_offset, end_offset, max_bytes)
         self._check_open()
-        start = check_offset("start_offset", start_offset)
         confirm = self._w.confirm_offset
-        end = confirm if end_offset is None else check_offset("end_offset", end_offset)
-        if type(max_bytes) is not int or max_bytes < 1:
-            raise InvalidArgumentError(f"max_bytes must be an int >= 1, got {max_bytes!r}")
+        end = confirm if end_arg is None else min(end_arg, confirm)
         first = self.start_offset
         if start < first or start > confirm:
             raise OffsetOutOfRangeError(
                 f"offset {start} is outside [{first}, {confirm}] of stream {self.stream_id}"
             )
-        if end < start:
-            raise InvalidArgumentError(f"end_offset {end} is below start_offset {start}")
-        return self._iter_records(start, min(end, confirm), max_bytes)
+        return self._iter_records(start, end, max_bytes)
 
     def _iter_records(self, start: int, end: int, max_bytes: int) -> Iterator[tuple[int, Record]]:
         pos = start
@@ -226,8 +221,8 @@ class Stream(Closeable):
 
     def trim(self, new_start_offset: int) -> None:
         """Move `start_offset` forward; data below it becomes unreadable and is reclaimed."""
+        new_start = check_int("new_start_offset", new_start_offset)
         self._check_open()
-        new_start = check_offset("new_start_offset", new_start_offset)
         with self._lock:
             if new_start > self._w.confirm_offset:
                 raise OffsetOutOfRangeError(

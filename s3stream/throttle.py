@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from .clock import Clock
 from .errors import InvalidArgumentError
+from .validation import check_instance, check_int
 
 __all__ = ["Priority", "PriorityRateLimiter", "ThrottleMetrics"]
 
@@ -121,12 +122,9 @@ class PriorityRateLimiter:
     def acquire(self, nbytes: int, priority: Priority, requests: int = 1) -> float:
         """Wait until `priority` may send `requests` requests carrying `nbytes` bytes, and
         spend the tokens; returns the seconds waited. `FOREGROUND` never waits."""
-        if type(nbytes) is not int or nbytes < 0:
-            raise InvalidArgumentError(f"nbytes must be an int >= 0, got {nbytes!r}")
-        if type(requests) is not int or requests < 0:
-            raise InvalidArgumentError(f"requests must be an int >= 0, got {requests!r}")
-        if not isinstance(priority, Priority):
-            raise InvalidArgumentError(f"priority must be a Priority, got {priority!r}")
+        check_int("nbytes", nbytes)
+        check_int("requests", requests)
+        check_instance("priority", priority, Priority)
         name = priority.name.lower()
         if self.unlimited or priority is Priority.FOREGROUND:
             with self._cond:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from .errors import InvalidArgumentError
+from .validation import check_int, check_str_map
 
 __all__ = [
     "MAX_BATCH_COUNT",
@@ -38,25 +39,15 @@ class BatchKind(enum.IntEnum):
     RECORDS = 1
 
 
+_KIND_VALUES = frozenset(int(k) for k in BatchKind)
+
+
 class StreamState(enum.Enum):
     """Lifecycle of a stream in the metadata."""
 
     OPEN = "open"
     CLOSED = "closed"
     DELETED = "deleted"
-
-
-def _check_properties(properties: Mapping[str, str]) -> Mapping[str, str]:
-    if not properties:
-        return _EMPTY
-    if not isinstance(properties, Mapping):
-        raise InvalidArgumentError(
-            f"properties must be a mapping of str to str, not {type(properties).__name__}"
-        )
-    for k, v in properties.items():
-        if not isinstance(k, str) or not isinstance(v, str):
-            raise InvalidArgumentError("properties must map str to str")
-    return MappingProxyType(dict(properties))
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,21 +74,21 @@ class RecordBatch:
                 raise InvalidArgumentError(
                     f"payload must be bytes, bytearray or memoryview, not {type(payload).__name__}"
                 )
-        count = self.count
-        if type(count) is not int or not 1 <= count <= MAX_BATCH_COUNT:
-            raise InvalidArgumentError(
-                f"count must be an int in [1, {MAX_BATCH_COUNT}], got {count!r}"
-            )
-        ts = self.base_timestamp
-        if ts is not None and (type(ts) is not int or not -(1 << 63) <= ts < (1 << 63)):
-            raise InvalidArgumentError(f"base_timestamp must be an int (ms) or None, got {ts!r}")
-        if self.properties:
-            object.__setattr__(self, "properties", _check_properties(self.properties))
-        if not isinstance(self.kind, BatchKind):
-            try:
-                object.__setattr__(self, "kind", BatchKind(self.kind))
-            except ValueError as exc:
-                raise InvalidArgumentError(f"unknown batch kind {self.kind!r}") from exc
+        check_int("count", self.count, minimum=1, maximum=MAX_BATCH_COUNT)
+        if self.base_timestamp is not None:
+            check_int("base_timestamp", self.base_timestamp, minimum=-(1 << 63))
+        if self.properties is not _EMPTY:  # the default needs no check (the hot path)
+            # None is taken for "no properties", as the empty default.
+            props = check_str_map("properties", self.properties, allow_none=True)
+            object.__setattr__(self, "properties", MappingProxyType(props) if props else _EMPTY)
+        kind = self.kind
+        if not isinstance(kind, BatchKind):
+            # Exactly an int: BatchKind(True) or BatchKind(1.0) would find RECORDS.
+            if type(kind) is not int or kind not in _KIND_VALUES:
+                raise InvalidArgumentError(
+                    f"kind must be a BatchKind ({sorted(_KIND_VALUES)}), got {kind!r}"
+                )
+            object.__setattr__(self, "kind", BatchKind(kind))
 
 
 class FetchedBatch:

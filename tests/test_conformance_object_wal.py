@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import random
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +14,9 @@ import pytest
 from s3stream.objectstore.base import ObjectStore
 from s3stream.objectstore.local import LocalObjectStore
 from s3stream.objectstore.memory import MemoryObjectStore
+from s3stream.objectstore.wrappers import ForwardingObjectStore
 from s3stream.settings import ObjectWalSettings
+from s3stream.testing.faults import FaultRule, FaultyObjectStore
 from s3stream.testing.wal import WalTests
 from s3stream.wal.base import WriteAheadLog
 from s3stream.wal.object import ObjectWal
@@ -23,8 +28,52 @@ _SETTINGS = ObjectWalSettings(
 )
 
 
+class FaultWindowStore(ForwardingObjectStore):
+    """A store that works, except inside `failing()`: there every PUT fails, through the
+    project's `FaultyObjectStore` — half of them before reaching the store, half after taking
+    effect with the reply lost (so a WAL object whose PUT failed may exist or not)."""
+
+    def __init__(self, inner: ObjectStore, seed: int = 11) -> None:
+        self.faulty = FaultyObjectStore(
+            inner,
+            rng=random.Random(seed),
+            rules=[
+                FaultRule(
+                    error_rate=0.5,
+                    ambiguous_rate=0.5,
+                    operations=frozenset({"put", "put_if_absent"}),
+                )
+            ],
+        )
+        super().__init__(self.faulty)
+        self._suspension = self.faulty.healthy()
+        self._suspension.__enter__()
+
+    @contextlib.contextmanager
+    def failing(self) -> Iterator[None]:
+        """Inject the faults while inside (from every thread)."""
+        self._suspension.__exit__(None, None, None)
+        try:
+            yield
+        finally:
+            self._suspension = self.faulty.healthy()
+            self._suspension.__enter__()
+
+
 class _ObjectWalHooks(WalTests):
-    """Hooks shared by every store: the medium is the store (plus the WAL's prefix)."""
+    """Hooks shared by every store: the medium is the store (plus the WAL's prefix), behind a
+    `FaultWindowStore` for `transient_fault`."""
+
+    def make_store(self, tmp_path: Path) -> ObjectStore:
+        raise NotImplementedError
+
+    def make_medium(self, tmp_path: Path) -> FaultWindowStore:
+        return FaultWindowStore(self.make_store(tmp_path))
+
+    def transient_fault(
+        self, medium: FaultWindowStore, wal: WriteAheadLog
+    ) -> contextlib.AbstractContextManager[None]:
+        return medium.failing()
 
     def open_wal(self, medium: ObjectStore) -> WriteAheadLog:
         return ObjectWal(medium, node_id="kit", node_epoch=1, prefix="wal", settings=_SETTINGS)
@@ -50,12 +99,12 @@ class _ObjectWalHooks(WalTests):
 
 
 class TestObjectWalOnMemory(_ObjectWalHooks):
-    def make_medium(self, tmp_path: Path) -> ObjectStore:
+    def make_store(self, tmp_path: Path) -> ObjectStore:
         return MemoryObjectStore()
 
 
 class TestObjectWalOnLocalDirectory(_ObjectWalHooks):
-    def make_medium(self, tmp_path: Path) -> ObjectStore:
+    def make_store(self, tmp_path: Path) -> ObjectStore:
         # No fsync: the kit simulates process crashes, not power loss.
         return LocalObjectStore(tmp_path / "store", fsync=False)
 
@@ -71,7 +120,7 @@ class TestObjectWalOnS3(_ObjectWalHooks):
     def _server(self, seaweedfs: Any) -> None:
         self.server = seaweedfs
 
-    def make_medium(self, tmp_path: Path) -> ObjectStore:
+    def make_store(self, tmp_path: Path) -> ObjectStore:
         from s3stream.objectstore.s3 import S3ObjectStore
 
         return S3ObjectStore(

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 from pathlib import Path
 
 from s3stream.settings import FileWalSettings
+from s3stream.testing.disk_faults import failing_writes
 from s3stream.testing.wal import WalTests
 from s3stream.wal.base import WriteAheadLog
 from s3stream.wal.file import FileWal, read_wal_header
@@ -55,11 +57,20 @@ class TestFileWal(WalTests):
         return FileWal(medium, node_id="kit", node_epoch=1, settings=settings)
 
     def open_wal_as(self, medium: Path, node_epoch: int) -> WriteAheadLog:
+        # Another node taking this one over while it runs: past the holder lock, on purpose.
         settings = self._settings(self.capacity_bytes)
-        return FileWal(medium, node_id="kit", node_epoch=node_epoch, settings=settings)
+        return FileWal(
+            medium, node_id="kit", node_epoch=node_epoch, settings=settings, take_over=True
+        )
 
     def raw_bytes(self, medium: Path) -> bytes:
         return medium.read_bytes()
+
+    def transient_fault(
+        self, medium: Path, wal: WriteAheadLog
+    ) -> contextlib.AbstractContextManager[None]:
+        assert isinstance(wal, FileWal)
+        return failing_writes(wal)
 
     def tear_tail(self, medium: Path, rng: random.Random) -> None:
         """Write a torn frame where the next append would have gone: a header whose body

@@ -31,12 +31,14 @@ from s3stream.errors import (
     CorruptionError,
     FencedError,
     InvalidArgumentError,
+    NodeInUseError,
     S3StreamError,
     StreamClosedError,
     UnavailableError,
     WalFullError,
 )
 from s3stream.settings import FileWalSettings
+from s3stream.testing.disk_faults import failing_writes
 from s3stream.testing.wal import WalTests
 from s3stream.wal import FileWal, MemoryWal, WalRecord, open_wal
 from s3stream.wal.file import read_wal_header
@@ -149,7 +151,8 @@ class TestFileWalConformance(WalTests):
         return FileWal(medium, settings=small(capacity_bytes, full_wait_ms=full_wait_ms))
 
     def open_wal_as(self, medium: Path, node_epoch: int) -> FileWal:
-        return FileWal(medium, node_epoch=node_epoch, settings=small(4 * MiB))
+        # Another node taking this one over while it runs: past the holder lock, on purpose.
+        return FileWal(medium, node_epoch=node_epoch, settings=small(4 * MiB), take_over=True)
 
 
 # -- round trips --------------------------------------------------------------------------------
@@ -575,16 +578,14 @@ def test_a_failed_driven_commit_fails_that_append_and_every_later_one(wal_path: 
     recover_all(wal)
     first = wal.append(b"kept")
     wal.drive(first)
-    ro = os.open(wal_path, os.O_RDONLY)
-    os.dup2(ro, wal._wfd)
-    os.close(ro)
-    doomed = wal.append(b"doomed")
-    wal.drive(doomed)
-    with pytest.raises(UnavailableError, match="write failed"):
-        doomed.result(timeout=0)
-    with pytest.raises(UnavailableError):
-        wal.append(b"later").result(timeout=10)
-    wal.close()
+    with failing_writes(wal):
+        doomed = wal.append(b"doomed")
+        wal.drive(doomed)
+        with pytest.raises(UnavailableError, match="write failed"):
+            doomed.result(timeout=0)
+        with pytest.raises(UnavailableError):
+            wal.append(b"later").result(timeout=10)
+        wal.close()
     wal = FileWal(wal_path, settings=small())
     assert [r.data for r in recover_all(wal)] == [b"kept"]
     wal.close()
@@ -765,19 +766,16 @@ def test_failed_write_fails_that_append_and_every_later_one(wal_path: Path) -> N
     wal = FileWal(wal_path, settings=small())
     recover_all(wal)
     acked = append_all(wal, [data_for(i, 100) for i in range(5)])
-    # Swap the descriptor for a read-only one: the next write fails as a dying disk would.
-    ro = os.open(wal_path, os.O_RDONLY)
-    os.dup2(ro, wal._wfd)
-    os.close(ro)
-    first = wal.append(b"doomed")
-    with pytest.raises(UnavailableError, match="write failed"):
-        first.result(timeout=10)
-    later = wal.append(b"also doomed")
-    with pytest.raises(UnavailableError):
-        later.result(timeout=10)
-    with pytest.raises(UnavailableError):
-        wal.trim(acked[0].position)
-    wal.close()
+    with failing_writes(wal):  # the next write fails as a dying disk's would
+        first = wal.append(b"doomed")
+        with pytest.raises(UnavailableError, match="write failed"):
+            first.result(timeout=10)
+        later = wal.append(b"also doomed")
+        with pytest.raises(UnavailableError):
+            later.result(timeout=10)
+        with pytest.raises(UnavailableError):
+            wal.trim(acked[0].position)
+        wal.close()
     wal = FileWal(wal_path, settings=small())
     assert recover_all(wal) == acked
     wal.close()
@@ -790,7 +788,9 @@ def test_a_newer_opener_fences_the_running_writer(wal_path: Path) -> None:
     old = FileWal(wal_path, node_epoch=1, settings=small())
     recover_all(old)
     acked = append_all(old, [b"before"])
-    new = FileWal(wal_path, node_epoch=2, settings=small())
+    with pytest.raises(NodeInUseError):  # a live holder is taken over only on purpose
+        FileWal(wal_path, node_epoch=2, settings=small())
+    new = FileWal(wal_path, node_epoch=2, settings=small(), take_over=True)
     assert recover_all(new) == acked
     with pytest.raises(FencedError, match="taken over"):
         old.append(b"after the fence").result(timeout=10)
@@ -806,10 +806,10 @@ def test_a_newer_opener_fences_the_running_writer(wal_path: Path) -> None:
     last.close()
 
 
-def test_same_epoch_reopen_fences_the_earlier_instance(wal_path: Path) -> None:
+def test_same_epoch_take_over_fences_the_earlier_instance(wal_path: Path) -> None:
     first = FileWal(wal_path, settings=small())
     recover_all(first)
-    second = FileWal(wal_path, settings=small())
+    second = FileWal(wal_path, settings=small(), take_over=True)
     with pytest.raises(FencedError):
         first.append(b"x").result(timeout=10)
     assert recover_all(second) == []

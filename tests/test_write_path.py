@@ -38,6 +38,7 @@ from s3stream import (
 )
 from s3stream.objectstore.base import ObjectInfo, ObjectStore
 from s3stream.objectstore.wrappers import ForwardingObjectStore
+from s3stream.testing.disk_faults import failing_writes
 from s3stream.wal.file import FileWal
 
 KiB = 1 << 10
@@ -228,19 +229,12 @@ def test_wal_write_failure_is_repaired_without_reopen(tmp_path: Path) -> None:
     acked = {a.stream_id: [b"a0"], b.stream_id: [b"b0"]}
     a.append(RecordBatch(b"a0"))
     b.append(RecordBatch(b"b0"))
-    # Swap the WAL's write descriptor for a read-only one: the next write fails with EBADF,
-    # as a failing device would; then put a writable one back.
-    saved = os.dup(wal._wfd)
-    ro = os.open(path, os.O_RDONLY)
-    os.dup2(ro, wal._wfd)
-    os.close(ro)
-    with pytest.raises(UnavailableError) as err:
-        a.append(RecordBatch(b"lost"))
-    assert err.value.retryable
-    with pytest.raises(UnavailableError, match=r"not repaired yet|write failed"):
-        b.append(RecordBatch(b"lost too"))
-    os.dup2(saved, wal._wfd)
-    os.close(saved)
+    with failing_writes(wal):  # the device refuses writes, then works again
+        with pytest.raises(UnavailableError) as err:
+            a.append(RecordBatch(b"lost"))
+        assert err.value.retryable
+        with pytest.raises(UnavailableError, match=r"not repaired yet|write failed"):
+            b.append(RecordBatch(b"lost too"))
     give_up = time.monotonic() + 30
     while True:
         try:
@@ -253,6 +247,7 @@ def test_wal_write_failure_is_repaired_without_reopen(tmp_path: Path) -> None:
     assert b.append(RecordBatch(b"b1")).base_offset == 1
     acked[b.stream_id].append(b"b1")
     client.abandon()  # crash: what is acknowledged is in the WAL or uploaded
+    wal._abandon()  # as the process's death would: no clean header, the holder lock released
     with s3stream.StreamClient(_local(tmp_path), FileWal(path, node_id="local")) as again:
         for sid, want in acked.items():
             assert read_back(again, sid) == want
@@ -375,3 +370,34 @@ def test_fenced_owner_close_raises_after_force_open(tmp_path: Path) -> None:
         b.open_stream(s.stream_id, force=True).append(RecordBatch(b"b's"))
     with pytest.raises(FencedError, match=r"stream 0 offsets \[0, 1\)"):
         a.close()
+
+
+@pytest.mark.s3
+def test_default_object_wal_shares_the_client_store_stack(seaweedfs: Any) -> None:
+    """One store stack: the default S3 WAL goes through the client's store (one boto3
+    client, one retry layer), so its PUTs show in the client's metrics."""
+    import uuid
+
+    from s3stream.objectstore.wrappers import MetricsObjectStore, RetryingObjectStore
+    from s3stream.wal.object import ObjectWal
+
+    url = f"s3://{seaweedfs.bucket}/stack-{uuid.uuid4().hex}"
+    settings = ClientSettings(upload_interval_ms=0, upload_threshold_bytes=64 * MiB)
+    with s3stream.open(url, storage_options=seaweedfs.storage_options(),
+                       settings=settings) as client:
+        wal = client.wal
+        assert isinstance(wal, ObjectWal)
+        assert wal.store is client.object_store
+        assert isinstance(client.object_store, MetricsObjectStore)
+        retrying = client.object_store.inner
+        assert isinstance(retrying, RetryingObjectStore)
+        assert not isinstance(retrying.inner, (RetryingObjectStore, MetricsObjectStore))
+        before = client.metrics.object_store
+        s = client.create_stream()
+        for i in range(5):
+            s.append(RecordBatch(b"x" * i))
+        after = client.metrics.object_store
+        assert after.conditional_puts - before.conditional_puts >= 5  # WAL objects
+        assert client.metrics.storage.uploads == 0  # nothing of that was an upload
+        # botocore itself makes one try per call: the retry layer above is the only one.
+        assert retrying.inner._s3().meta.config.retries["total_max_attempts"] == 1

@@ -31,6 +31,7 @@ from ..metadata import MetadataState
 from ..objectstore.base import ObjectStore
 from ..throttle import Priority, PriorityRateLimiter
 from ..types import FetchedBatch
+from ..validation import check_int
 
 __all__ = ["BlockCache", "BlockCacheMetrics", "Readahead"]
 
@@ -82,12 +83,6 @@ class _Entry:
         self.prefetched = prefetched
 
 
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if type(value) is not int or value < minimum:
-        raise InvalidArgumentError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
-
-
 class BlockCache:
     """Decoded blocks of objects in `store`, at most `capacity_bytes` of them (raw sizes).
 
@@ -109,11 +104,11 @@ class BlockCache:
         if not isinstance(store, ObjectStore):
             raise InvalidArgumentError(f"store must be an ObjectStore, got {store!r}")
         self._store = store
-        self._capacity = _check_int("capacity_bytes", capacity_bytes, 0)
+        self._capacity = check_int("capacity_bytes", capacity_bytes, minimum=0)
         self._limiter = limiter
-        self._max_get = _check_int("max_get_bytes", max_get_bytes, 1)
-        self._merge_gap = _check_int("merge_gap_bytes", merge_gap_bytes, 0)
-        self._index_max = _check_int("index_entries", index_entries, 1)
+        self._max_get = check_int("max_get_bytes", max_get_bytes, minimum=1)
+        self._merge_gap = check_int("merge_gap_bytes", merge_gap_bytes, minimum=0)
+        self._index_max = check_int("index_entries", index_entries, minimum=1)
         self._lock = threading.Lock()
         self._entries: OrderedDict[_BlockKey, _Entry] = OrderedDict()
         self._inflight: dict[_BlockKey, Future[list[FetchedBatch]]] = {}
@@ -121,7 +116,7 @@ class BlockCache:
         self._index_inflight: dict[str, Future[ObjectIndex]] = {}
         self._bytes = 0
         self._pool = ThreadPoolExecutor(
-            max_workers=_check_int("readahead_workers", readahead_workers, 1),
+            max_workers=check_int("readahead_workers", readahead_workers, minimum=1),
             thread_name_prefix="s3stream-readahead",
         )
         self._closed = False
@@ -416,9 +411,9 @@ class Readahead:
         max_readers: int = 1024,
     ) -> None:
         self._cache = cache
-        self._initial = _check_int("initial_bytes", initial_bytes, 0)
-        self._max = _check_int("max_bytes", max_bytes, 0)
-        self._max_readers = _check_int("max_readers", max_readers, 1)
+        self._initial = check_int("initial_bytes", initial_bytes, minimum=0)
+        self._max = check_int("max_bytes", max_bytes, minimum=0)
+        self._max_readers = check_int("max_readers", max_readers, minimum=1)
         self._lock = threading.Lock()
         self._cursors: OrderedDict[tuple[int, int], _Cursor] = OrderedDict()
 

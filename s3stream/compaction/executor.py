@@ -52,6 +52,7 @@ from ..metadata import (
 from ..objectstore.base import ObjectStore
 from ..storage.packing import KIND_STREAM, KIND_STREAM_SET, KeyFactory
 from ..throttle import Priority, PriorityRateLimiter
+from ..validation import check_int
 from .planner import CompactionTask, IndexOf, OutputObject, keep_from
 
 __all__ = ["CompactionExecutor", "TaskResult", "WriterOptions"]
@@ -115,8 +116,7 @@ class CompactionExecutor:
         """`limiter` is the client's shared one (traffic waits there at `Priority.COMPACTION`);
         `bytes_per_s` > 0 adds a limit of the executor's own on the bytes it reads and writes.
         """
-        if type(max_get_bytes) is not int or max_get_bytes < 1:
-            raise InvalidArgumentError(f"max_get_bytes must be an int >= 1, got {max_get_bytes!r}")
+        check_int("max_get_bytes", max_get_bytes, minimum=1)
         # Validated by the limiter itself.
         self._own_rate = bytes_per_s
         self._own = self._new_own_limiter(clock)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from ..errors import InvalidArgumentError
 from ..format.objects import ObjectIndex
 from ..metadata import MetadataState, ObjectMeta, StreamMeta
+from ..validation import check_int
 
 __all__ = ["TAG_BYTES", "TAG_MS", "RetentionPolicy", "retention_start"]
 
@@ -53,8 +54,8 @@ class RetentionPolicy:
     def __post_init__(self) -> None:
         for name in ("retention_ms", "retention_bytes"):
             value = getattr(self, name)
-            if value is not None and (type(value) is not int or value < 0):
-                raise InvalidArgumentError(f"{name} must be None or an int >= 0, got {value!r}")
+            if value is not None:
+                check_int(name, value)
 
     @property
     def unlimited(self) -> bool:

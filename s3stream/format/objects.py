@@ -26,7 +26,9 @@ import zstandard
 
 from ..errors import CorruptionError, InvalidArgumentError, StreamClosedError
 from ..objectstore.base import ObjectStore
+from ..settings import MAX_BLOCK_TARGET_BYTES
 from ..types import FetchedBatch
+from ..validation import check_choice, check_int, check_zstd_level
 from .batch import BATCH_HEADER, decode_batch_at, encode_batch
 
 __all__ = [
@@ -76,7 +78,6 @@ _U32_MAX = (1 << 32) - 1
 _U64_MAX = (1 << 64) - 1
 _I64_MAX = (1 << 63) - 1
 _I64_MIN = -(1 << 63)
-_MAX_BLOCK_TARGET = 1 << 31
 _COMPRESSIONS = ("none", "zstd")
 
 assert _ENTRY.size == 72 and _FOOTER.size == 40
@@ -295,25 +296,14 @@ class ObjectWriter:
         zstd_level: int = 3,
     ) -> None:
         """Writer with the given block size target (bytes) and compression ("none"/"zstd")."""
-        if type(block_target_bytes) is not int or not 1 <= block_target_bytes <= _MAX_BLOCK_TARGET:
-            raise InvalidArgumentError(
-                f"block_target_bytes must be an int in [1, {_MAX_BLOCK_TARGET}], "
-                f"got {block_target_bytes!r}"
-            )
-        if compression not in _COMPRESSIONS:
-            raise InvalidArgumentError(
-                f"compression must be one of {_COMPRESSIONS}, got {compression!r}"
-            )
-        if type(zstd_level) is not int:
-            raise InvalidArgumentError(f"zstd_level must be an int, got {zstd_level!r}")
+        check_int(
+            "block_target_bytes", block_target_bytes, minimum=1, maximum=MAX_BLOCK_TARGET_BYTES
+        )
+        check_choice("compression", compression, _COMPRESSIONS)
+        check_zstd_level("zstd_level", zstd_level)
         self._compressor: zstandard.ZstdCompressor | None = None
         if compression == "zstd":
-            if not -(1 << 17) <= zstd_level <= zstandard.MAX_COMPRESSION_LEVEL:
-                raise InvalidArgumentError(f"zstd_level out of range: {zstd_level}")
-            try:
-                self._compressor = zstandard.ZstdCompressor(level=zstd_level)
-            except zstandard.ZstdError as exc:
-                raise InvalidArgumentError(f"invalid zstd_level {zstd_level}: {exc}") from exc
+            self._compressor = zstandard.ZstdCompressor(level=zstd_level)
         self._target = block_target_bytes
         self._streams: dict[int, _StreamBuffer] = {}
         self._estimate = FOOTER_SIZE
@@ -335,6 +325,7 @@ class ObjectWriter:
         """
         if self._finished:
             raise StreamClosedError("ObjectWriter.add after finish()")
+        # Inline checks, not `validation.check_int`: this runs once per batch of an upload.
         if type(stream_id) is not int or not 0 <= stream_id <= _U64_MAX:
             raise InvalidArgumentError(f"stream_id must be a u64 int, got {stream_id!r}")
         if type(base_offset) is not int or base_offset < 0:
@@ -647,8 +638,7 @@ def parse_tail(tail: bytes | memoryview, object_size: int, location: str) -> Obj
     too short to hold the whole index. Raises `CorruptionError` naming `location` and the
     byte position on a bad magic, version, crc or an inconsistent index.
     """
-    if type(object_size) is not int or object_size < 0:
-        raise InvalidArgumentError(f"object_size must be an int >= 0, got {object_size!r}")
+    check_int("object_size", object_size)
     n = len(tail)
     if n > object_size:
         raise InvalidArgumentError(f"tail has {n} bytes but object_size is {object_size}")
@@ -747,10 +737,7 @@ def read_index(
     One request for the last `tail_read_bytes` (a suffix GET when `object_size` is unknown),
     and one more ranged GET only if the index does not fit in that tail.
     """
-    if type(tail_read_bytes) is not int or tail_read_bytes < FOOTER_SIZE:
-        raise InvalidArgumentError(
-            f"tail_read_bytes must be an int >= {FOOTER_SIZE}, got {tail_read_bytes!r}"
-        )
+    check_int("tail_read_bytes", tail_read_bytes, minimum=FOOTER_SIZE)
     if object_size is None:
         tail = store.get_suffix(key, tail_read_bytes)
         object_size = len(tail) if len(tail) < tail_read_bytes else _size_from_footer(tail)
@@ -759,8 +746,7 @@ def read_index(
             info = store.head(key)
             object_size = len(tail) if info is None else max(info.size, len(tail))
     else:
-        if type(object_size) is not int or object_size < 0:
-            raise InvalidArgumentError(f"object_size must be an int >= 0, got {object_size!r}")
+        check_int("object_size", object_size)
         tail = store.get(key, max(0, object_size - tail_read_bytes), object_size)
         if len(tail) != min(object_size, tail_read_bytes):
             raise _corrupt(key, object_size - tail_read_bytes, "object shorter than expected")
@@ -819,8 +805,7 @@ def coalesce(blocks: Sequence[BlockInfo], max_gap_bytes: int = 0) -> list[list[B
     A block joins the previous run when it starts at most `max_gap_bytes` after the run's
     end (0: only exactly adjacent blocks). The given order is kept.
     """
-    if type(max_gap_bytes) is not int or max_gap_bytes < 0:
-        raise InvalidArgumentError(f"max_gap_bytes must be an int >= 0, got {max_gap_bytes!r}")
+    check_int("max_gap_bytes", max_gap_bytes)
     runs: list[list[BlockInfo]] = []
     end = -1
     for b in blocks:

@@ -24,6 +24,7 @@ from ..errors import (
     StreamNotFoundError,
 )
 from ..objectstore.base import check_key
+from ..validation import check_str_map
 from .model import (
     CloseStream,
     CommitObjects,
@@ -108,7 +109,7 @@ def check_create(view: StateView, op: CreateStream) -> None:
             f"I1: CreateStream.stream_id must be the next stream id {view.next_stream_id}, "
             f"got {op.stream_id}"
         )
-    _check_tags(op.tags)
+    check_str_map("tags", op.tags)
 
 
 def check_open(view: StateView, op: OpenStream) -> StreamMeta:
@@ -307,13 +308,6 @@ def _existing_stream(view: StateView, stream_id: int) -> StreamMeta:
     if stream.state is StreamState.DELETED:
         raise StreamNotFoundError(f"I2: stream {stream_id} was deleted")
     return stream
-
-
-def _check_tags(tags: object) -> None:
-    if not isinstance(tags, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in tags.items()
-    ):
-        raise InvalidArgumentError("tags must map str to str")
 
 
 def _check_object_shape(obj: ObjectMeta) -> None:

@@ -24,6 +24,7 @@ from ..errors import (
     UnavailableError,
 )
 from ..objectstore.base import ObjectStore
+from ..validation import check_int, check_str_map, check_text
 from .codec import encode_entry, validate_entry
 from .invariants import check_state
 from .log import MetadataLog
@@ -71,10 +72,9 @@ class MetadataManager:
     ) -> None:
         if not isinstance(clock, Clock):
             raise InvalidArgumentError(f"clock must be a Clock, got {clock!r}")
-        if not isinstance(writer_id, str) or not writer_id:
-            raise InvalidArgumentError(f"writer_id must be a non-empty str, got {writer_id!r}")
-        _check_int("checkpoint_interval", checkpoint_interval, minimum=1)
-        _check_int("commit_attempts", commit_attempts, minimum=1)
+        check_text("writer_id", writer_id, allow_empty=False)
+        check_int("checkpoint_interval", checkpoint_interval, minimum=1)
+        check_int("commit_attempts", commit_attempts, minimum=1)
         self._log = MetadataLog(store, prefix)
         self._clock = clock
         self._writer_id = writer_id
@@ -170,7 +170,7 @@ class MetadataManager:
 
     def create_stream(self, tags: Mapping[str, str]) -> StreamMeta:
         """Create a stream (closed, epoch 0) with the next free id."""
-        tag_dict = _check_tags(tags)
+        tag_dict = check_str_map("tags", tags)
         created_ms = self._clock.now_ms()
         chosen: list[int] = []
 
@@ -188,8 +188,7 @@ class MetadataManager:
         acknowledged appends it has not uploaded), unless `force`; judged on the state the
         entry is committed after, so two openers cannot both pass the check.
         """
-        if not isinstance(node_id, str) or not node_id:
-            raise InvalidArgumentError(f"node_id must be a non-empty str, got {node_id!r}")
+        check_text("node_id", node_id, allow_empty=False)
 
         def build(state: MetadataState) -> list[Op]:
             stream = state.get_stream(stream_id)
@@ -216,7 +215,7 @@ class MetadataManager:
 
     def close_stream(self, stream_id: int, epoch: int) -> StreamMeta:
         """Close the stream; `FencedError` unless `epoch` is current. Closing twice is a no-op."""
-        _check_int("epoch", epoch)
+        check_int("epoch", epoch)
 
         def build(state: MetadataState) -> list[Op]:
             stream = state.get_stream(stream_id)
@@ -229,8 +228,8 @@ class MetadataManager:
 
     def trim_stream(self, stream_id: int, epoch: int, start_offset: int) -> StreamMeta:
         """Move the stream's start offset to `start_offset` (forward, at most to its end)."""
-        _check_int("epoch", epoch)
-        _check_int("start_offset", start_offset)
+        check_int("epoch", epoch)
+        check_int("start_offset", start_offset)
 
         def build(state: MetadataState) -> list[Op]:
             stream = state.get_stream(stream_id)
@@ -243,7 +242,7 @@ class MetadataManager:
 
     def delete_stream(self, stream_id: int, epoch: int) -> None:
         """Delete the stream; its objects become garbage for compaction."""
-        _check_int("epoch", epoch)
+        check_int("epoch", epoch)
 
         def build(state: MetadataState) -> list[Op]:
             state.get_stream(stream_id)
@@ -253,8 +252,7 @@ class MetadataManager:
 
     def register_node(self, node_id: str) -> int:
         """Claim `node_id` with the next node epoch (1 for a new node); return it."""
-        if not isinstance(node_id, str) or not node_id:
-            raise InvalidArgumentError(f"node_id must be a non-empty str, got {node_id!r}")
+        check_text("node_id", node_id, allow_empty=False)
 
         def build(state: MetadataState) -> list[Op]:
             node = state.nodes.get(node_id)
@@ -352,18 +350,3 @@ class MetadataManager:
         except S3StreamError as exc:
             # Harmless: the next checkpoint (or a longer replay) covers for it.
             _logger.warning("could not write metadata checkpoint %d: %s", state.seq, exc)
-
-
-def _check_int(name: str, value: object, *, minimum: int = 0) -> None:
-    if type(value) is not int or value < minimum:
-        raise InvalidArgumentError(f"{name} must be an int >= {minimum}, got {value!r}")
-
-
-def _check_tags(tags: Mapping[str, str]) -> dict[str, str]:
-    if not isinstance(tags, Mapping):
-        raise InvalidArgumentError(f"tags must be a mapping of str to str, got {tags!r}")
-    out = dict(tags)
-    for k, v in out.items():
-        if not isinstance(k, str) or not isinstance(v, str):
-            raise InvalidArgumentError(f"tags must map str to str, got {k!r}: {v!r}")
-    return out

@@ -21,6 +21,7 @@ import immutables
 import msgspec
 
 from ..errors import InvalidArgumentError, StreamNotFoundError
+from ..validation import check_int, check_str_map
 from . import invariants
 from .model import (
     FORMAT_VERSION,
@@ -214,7 +215,7 @@ class MetadataState:
 
     def get_stream(self, stream_id: int) -> StreamMeta:
         """The stream; `StreamNotFoundError` if it does not exist or was deleted."""
-        _check_stream_id(stream_id)
+        check_int("stream_id", stream_id)
         stream = self._streams.get(stream_id)
         if stream is None or stream.state is StreamState.DELETED:
             raise StreamNotFoundError(f"no stream {stream_id}")
@@ -222,9 +223,7 @@ class MetadataState:
 
     def list_streams(self, tags: Mapping[str, str] | None = None) -> list[StreamMeta]:
         """Streams not deleted whose tags include every item of `tags`, sorted by id."""
-        if tags is not None and not isinstance(tags, Mapping):
-            raise InvalidArgumentError(f"tags must be a mapping or None, got {tags!r}")
-        wanted = list(tags.items()) if tags else []
+        wanted = list(check_str_map("tags", tags, allow_none=True).items())
         found = [
             s
             for s in self._streams.values()
@@ -243,12 +242,9 @@ class MetadataState:
         objects holding trimmed data stay listed until compaction drops them.
         """
         self.get_stream(stream_id)
-        if type(start_offset) is not int or start_offset < 0:
-            raise InvalidArgumentError(f"start_offset must be an int >= 0, got {start_offset!r}")
-        if end_offset is not None and (type(end_offset) is not int or end_offset < start_offset):
-            raise InvalidArgumentError(
-                f"end_offset must be None or an int >= start_offset, got {end_offset!r}"
-            )
+        check_int("start_offset", start_offset)
+        if end_offset is not None:
+            check_int("end_offset", end_offset, minimum=start_offset)
         return self._index.get(stream_id, _EMPTY_INDEX).overlapping(start_offset, end_offset)
 
     def stream_objects(self, stream_id: int) -> list[ObjectMeta]:
@@ -256,7 +252,7 @@ class MetadataState:
 
         For compaction, which must also find the data of deleted streams; [] if none.
         """
-        _check_stream_id(stream_id)
+        check_int("stream_id", stream_id)
         return self._index.get(stream_id, _EMPTY_INDEX).overlapping(0, None)
 
     def apply(self, entry: LogEntry) -> MetadataState:
@@ -282,11 +278,6 @@ class MetadataState:
 
 
 _MISSING = object()
-
-
-def _check_stream_id(stream_id: object) -> None:
-    if type(stream_id) is not int or stream_id < 0:
-        raise InvalidArgumentError(f"stream_id must be an int >= 0, got {stream_id!r}")
 
 
 class _Txn:

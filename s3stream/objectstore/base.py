@@ -88,6 +88,18 @@ class ObjectStore(Closeable):
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """Objects whose key starts with `prefix`, in key order. Never on a hot path."""
 
+    @property
+    def attempt_timeout_s(self) -> float | None:
+        """Longest one try of a call can take before the store gives up on it (a remote
+        store's connect plus read timeout); None when unbounded or not applicable. The retry
+        layer uses it to never start a try that could not end before its deadline."""
+        return None
+
+    def bound_attempts(self, seconds: float) -> None:
+        """Make one try of a call end within about `seconds` (lower socket timeouts), so
+        that calls fit a deadline of a few tries; stores without timeouts ignore it."""
+        return
+
     def close(self) -> None:
         """Release connections and other resources."""
 

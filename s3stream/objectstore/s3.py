@@ -1,10 +1,16 @@
 """An object store on Amazon S3 or any S3-compatible service, through boto3.
 
 One boto3 client per store (created on first use, thread-safe, with a connection pool of
-`max_pool_connections`) serves every thread. Transient failures (5xx, 503 SlowDown,
-throttling, connection errors, timeouts) are retried by botocore's "standard" retry mode up to
-`max_attempts` times; a failure left after that surfaces as `UnavailableError`. Reading a
-response body is retried here too, since botocore does not retry it.
+`max_pool_connections`) serves every thread. By default each call makes ONE try, bounded by
+`connect_timeout_s` and `read_timeout_s`: transient failures (5xx, 503 SlowDown, throttling,
+connection errors, timeouts) surface as `UnavailableError`, and the client's single retry layer
+(`RetryingObjectStore`, see `objectstore.stack`) retries them within the call's deadline.
+Stacking botocore's own retries under it multiplied the tries and the time a call could take
+against a frozen server. `max_attempts` > 1 turns botocore's "standard" retries back on for
+direct users without a retry layer (reading a response body is then retried too).
+
+An endpoint that answers HTTP but not S3 (a 404 without an S3 error code, e.g. a web server
+at the wrong port) is reported as such, not as a missing object.
 
 Conditional create (`put_if_absent`) is ``PutObject`` with ``If-None-Match: *``: S3 answers
 412 PreconditionFailed when the key exists, so of concurrent creators exactly one wins.
@@ -97,7 +103,8 @@ class S3ObjectStore(ObjectStore):
         addressing_style: ``"path"`` or ``"virtual"``; defaults to ``"path"`` when
             `endpoint_url` is given (S3-compatible services rarely have bucket DNS names).
         max_pool_connections: HTTP connections kept per store (bounds parallel requests).
-        max_attempts: Tries per request, first one included (botocore "standard" mode).
+        max_attempts: Tries per request, first one included (botocore "standard" mode); 1
+            by default, as the client retries in one layer of its own.
         connect_timeout_s, read_timeout_s: Socket timeouts per try.
         conflict_retries: Extra tries of a conditional create after 409 (a concurrent
             conditional write of the same key in flight).
@@ -118,7 +125,7 @@ class S3ObjectStore(ObjectStore):
         profile_name: str | None = None,
         addressing_style: str | None = None,
         max_pool_connections: int = 32,
-        max_attempts: int = 5,
+        max_attempts: int = 1,
         connect_timeout_s: float = 5.0,
         read_timeout_s: float = 30.0,
         conflict_retries: int = 5,
@@ -168,6 +175,8 @@ class S3ObjectStore(ObjectStore):
         self._rng = rng if rng is not None else random.Random(0)
         self._lock = threading.Lock()
         self._client: S3Client | None = client
+        #: The bucket answered a HEAD once (a missing key is then just a missing key).
+        self._bucket_seen = False
 
     @classmethod
     def from_url(cls, url: str, **storage_options: Any) -> S3ObjectStore:
@@ -223,6 +232,25 @@ class S3ObjectStore(ObjectStore):
             return session.client("s3", endpoint_url=self.endpoint_url, config=config)
         except Exception as exc:
             raise S3StreamError(f"cannot create an S3 client for {self.describe()}: {exc}") from exc
+
+    @property
+    def attempt_timeout_s(self) -> float | None:
+        return self._connect_timeout_s + self._read_timeout_s
+
+    def bound_attempts(self, seconds: float) -> None:
+        seconds = float(seconds)
+        if seconds <= 0:
+            raise InvalidArgumentError(f"seconds must be > 0, got {seconds!r}")
+        connect = min(self._connect_timeout_s, seconds / 2)
+        read = min(self._read_timeout_s, seconds - connect)
+        if (connect, read) == (self._connect_timeout_s, self._read_timeout_s):
+            return
+        with self._lock:
+            self._connect_timeout_s, self._read_timeout_s = connect, read
+            # Timeouts are fixed when the client is built: build the next one with these.
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
 
     def close(self) -> None:
         with self._lock:
@@ -334,10 +362,29 @@ class S3ObjectStore(ObjectStore):
             response = client.head_object(Bucket=self.bucket, Key=full)
         except Exception as exc:
             code, status, _ = _error_details(exc)
-            if status == 404 and code != "NoSuchBucket":
+            if status == 404 and code != "NoSuchBucket" and _speaks_s3(exc):
+                # A HEAD answer has no body, so a missing bucket looks like a missing key:
+                # ask once per store whether the bucket is there.
+                self._check_bucket_once(client, key)
                 return None
             raise self._translate(exc, "stat", key) from exc
         return ObjectInfo(key, int(response["ContentLength"]))
+
+    def _check_bucket_once(self, client: S3Client, key: str) -> None:
+        if self._bucket_seen:
+            return
+        try:
+            client.head_bucket(Bucket=self.bucket)
+        except Exception as exc:
+            _, status, _ = _error_details(exc)
+            if status == 404:
+                raise S3StreamError(
+                    f"cannot stat {key!r} in {self.describe()}: bucket {self.bucket!r} does "
+                    "not exist"
+                ) from exc
+            # Other answers (403 without s3:ListBucket, ...) say nothing about the key.
+            return
+        self._bucket_seen = True
 
     def delete_many(self, keys: Iterable[str]) -> None:
         # Validate every key before deleting any; drop duplicates (S3 reports them as errors).
@@ -430,8 +477,19 @@ class S3ObjectStore(ObjectStore):
                 return S3StreamError(f"cannot {what}: bucket {self.bucket!r} does not exist")
             if code == "InvalidBucketName":
                 return S3StreamError(f"cannot {what}: invalid bucket name {self.bucket!r}")
-            if code in _NOT_FOUND_CODES or status == 404:
+            speaks_s3 = _speaks_s3(exc)
+            if code == "NoSuchKey" or (
+                speaks_s3 and (code in _NOT_FOUND_CODES or status == 404)
+            ):
                 return ObjectNotFoundError(f"no object {key!r} in {self.describe()}")
+            if not speaks_s3 and status in (404, 405, 501):
+                # Not a missing object: a server that knows no S3 (a 502/503 page of a proxy
+                # in front of real S3 stays a transient error below).
+                return S3StreamError(
+                    f"cannot {what}: the endpoint did not answer like S3 ({detail}, no S3 "
+                    "error code or request id): check endpoint_url (is it an S3 server, on "
+                    "the right port?)"
+                )
             if code in _DENIED_CODES or status == 403:
                 return S3StreamError(
                     f"cannot {what}: access denied, {detail} (check credentials and bucket policy)"
@@ -500,6 +558,24 @@ def _error_details(exc: BaseException) -> tuple[str, int, int]:
     if not status and code.isdigit():
         status = int(code)
     return code, status, int(meta.get("RetryAttempts") or 0)
+
+
+def _speaks_s3(exc: BaseException) -> bool:
+    """Whether an error response came from an S3 server: AWS documents that every response
+    carries ``x-amz-request-id``, and error bodies an S3 error code; a web server that is not
+    S3 sends neither (its 404 page parses to the bare status as the code)."""
+    response = getattr(exc, "response", None)
+    if not isinstance(response, dict):
+        return False
+    headers = response.get("ResponseMetadata", {}).get("HTTPHeaders", {}) or {}
+    if any(h.lower() in ("x-amz-request-id", "x-amz-id-2") for h in headers):
+        return True
+    code = str(response.get("Error", {}).get("Code", ""))
+    return bool(code) and not code.isdigit() and code not in _HTTP_REASON_CODES
+
+
+#: Codes botocore makes up from a bare HTTP status line when the body has no S3 error.
+_HTTP_REASON_CODES = frozenset({"NotFound", "Not Found", "BadRequest", "Forbidden"})
 
 
 def _is_transient(exc: BaseException) -> bool:

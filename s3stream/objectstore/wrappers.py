@@ -61,14 +61,23 @@ class ForwardingObjectStore(ObjectStore):
     def describe(self) -> str:
         return self.inner.describe()
 
+    @property
+    def attempt_timeout_s(self) -> float | None:
+        return self.inner.attempt_timeout_s
+
+    def bound_attempts(self, seconds: float) -> None:
+        self.inner.bound_attempts(seconds)
+
 
 class RetryingObjectStore(ObjectStore):
     """Retries calls that fail with `UnavailableError`, with capped exponential backoff.
 
     The n-th retry waits a random time in ``[0, min(max_delay_s, base_delay_s * 2**(n-1))]``
     ("full jitter", drawn from `rng`, slept on `clock`). A call gives up after `max_attempts`
-    tries, or when the next wait would end past `deadline_s` from its start, raising
-    `UnavailableError` that says how many tries were made. Other errors pass through at once.
+    tries, or when the next try could not end by `deadline_s` from the call's start (the wait
+    plus `attempt_timeout_s`, by default the inner store's `attempt_timeout_s`: the longest
+    one try can take), raising `UnavailableError` that says how many tries were made. So a
+    call against a frozen server ends within its deadline. Other errors pass through at once.
 
     Conditional create needs care: a try that failed with `UnavailableError` may still have
     created the object (the answer was lost). If a later try then reports that the key
@@ -89,6 +98,7 @@ class RetryingObjectStore(ObjectStore):
         base_delay_s: float = 0.05,
         max_delay_s: float = 2.0,
         deadline_s: float = 30.0,
+        attempt_timeout_s: float | None = None,
     ) -> None:
         if not isinstance(inner, ObjectStore):
             raise InvalidArgumentError(f"inner must be an ObjectStore, got {inner!r}")
@@ -98,6 +108,7 @@ class RetryingObjectStore(ObjectStore):
             ("base_delay_s", base_delay_s),
             ("max_delay_s", max_delay_s),
             ("deadline_s", deadline_s),
+            ("attempt_timeout_s", 0.0 if attempt_timeout_s is None else attempt_timeout_s),
         ):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise InvalidArgumentError(f"{name} must be a number >= 0, got {value!r}")
@@ -109,6 +120,9 @@ class RetryingObjectStore(ObjectStore):
         self._base_delay_s = float(base_delay_s)
         self._max_delay_s = float(max_delay_s)
         self._deadline_s = float(deadline_s)
+        self._attempt_timeout_s = (
+            inner.attempt_timeout_s if attempt_timeout_s is None else float(attempt_timeout_s)
+        ) or 0.0
 
     @property
     def inner(self) -> ObjectStore:
@@ -117,6 +131,11 @@ class RetryingObjectStore(ObjectStore):
 
     def describe(self) -> str:
         return f"retrying({self._inner.describe()})"
+
+    @property
+    def attempt_timeout_s(self) -> float | None:
+        # One call here may retry up to its deadline: that is one "try" for a caller above.
+        return self._deadline_s + self._attempt_timeout_s
 
     def close(self) -> None:
         self._inner.close()
@@ -197,7 +216,10 @@ class RetryingObjectStore(ObjectStore):
         with self._rng_lock:
             delay = self._rng.uniform(0.0, cap)
         elapsed = self._clock.monotonic() - started
-        if failures >= self._max_attempts or elapsed + delay > self._deadline_s:
+        if (
+            failures >= self._max_attempts
+            or elapsed + delay + self._attempt_timeout_s > self._deadline_s
+        ):
             target = f" {key!r}" if key else ""
             raise UnavailableError(
                 f"{op}{target} on {self._inner.describe()} failed {failures} times in "
@@ -273,6 +295,13 @@ class MetricsObjectStore(ObjectStore):
 
     def describe(self) -> str:
         return f"metrics({self._inner.describe()})"
+
+    @property
+    def attempt_timeout_s(self) -> float | None:
+        return self._inner.attempt_timeout_s
+
+    def bound_attempts(self, seconds: float) -> None:
+        self._inner.bound_attempts(seconds)
 
     def close(self) -> None:
         self._inner.close()

@@ -55,7 +55,8 @@ from ..format.objects import read_blocks, read_index
 from ..metadata import MetadataManager, MetadataState, StreamState
 from ..objectstore.base import ObjectStore
 from ..objectstore.registry import open_object_store
-from ..objectstore.wrappers import RetryingObjectStore
+from ..objectstore.stack import store_stack
+from ..settings import ClientSettings
 from ..types import FetchedBatch
 from .arrow import arrow_batches, tuple_rows
 from .fetch import fetch_slices
@@ -110,8 +111,11 @@ class S3StreamInputPartition(InputPartition):
 
 def _open_store(opts: SourceOptions) -> ObjectStore:
     store = open_object_store(opts.url, opts.storage_options)
-    return RetryingObjectStore(
-        store, clock=SystemClock(), rng=random.Random(f"s3stream-spark:{opts.url}")
+    return store_stack(
+        store,
+        clock=SystemClock(),
+        rng=random.Random(f"s3stream-spark:{opts.url}"),
+        timeout_s=ClientSettings().store_timeout_ms / 1000,
     )
 
 

@@ -8,7 +8,6 @@ in the metadata log, and a per-client counter), so no randomness and no coordina
 from __future__ import annotations
 
 import itertools
-import re
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -22,25 +21,14 @@ from ..cache.log_cache import (
     entry_block_record,
     entry_size,
 )
-from ..errors import InvalidArgumentError
 from ..format.objects import ObjectWriter
 from ..settings import ClientSettings
+from ..validation import check_node_id
 
-__all__ = ["KeyFactory", "PackedObject", "check_node_id", "pack_objects"]
-
-_NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+__all__ = ["KeyFactory", "PackedObject", "pack_objects"]
 
 KIND_STREAM = "stream"
 KIND_STREAM_SET = "stream_set"
-
-
-def check_node_id(node_id: str) -> str:
-    """Node ids become parts of object keys: letters, digits, ``._-``, at most 64 chars."""
-    if not isinstance(node_id, str) or not _NODE_ID.match(node_id):
-        raise InvalidArgumentError(
-            f"node_id must match {_NODE_ID.pattern} (letters, digits, '._-'), got {node_id!r}"
-        )
-    return node_id
 
 
 class KeyFactory:

@@ -155,7 +155,7 @@ class SeaweedS3Server:
                 raise
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _spawn(self, weed: str) -> None:
+    def _pick_ports(self) -> None:
         names = [
             "s3",
             "s3_grpc",
@@ -171,6 +171,10 @@ class SeaweedS3Server:
         while admin in self._ports.values() or admin_grpc in self._ports.values():
             admin, admin_grpc = _free_port_pair(_ADMIN_GRPC_OFFSET)
         self._ports.update(admin=admin, admin_grpc=admin_grpc)
+
+    def _spawn(self, weed: str, *, same_ports: bool = False) -> None:
+        if not same_ports:
+            self._pick_ports()
         env = dict(os.environ)
         env.update(
             AWS_ACCESS_KEY_ID=self.access_key,
@@ -248,6 +252,28 @@ class SeaweedS3Server:
             shutil.rmtree(self._owned_dir, ignore_errors=True)
             self._owned_dir = None
             self._data_dir = None
+
+    def kill(self) -> None:
+        """SIGKILL the server, as a crash would (its data dir stays; `restart` brings it back)."""
+        process = self._process
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait(timeout=15)
+
+    def restart(self) -> None:
+        """Start the server again on the same ports and data dir (killing it first if it is
+        still running), and wait until S3 answers: clients built before keep working."""
+        weed = self._weed or find_weed()
+        if weed is None or not self._ports:
+            raise SeaweedUnavailable("restart() needs a server that was started")
+        self.kill()
+        self._process = None
+        self._spawn(weed, same_ports=True)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
 
     def _terminate(self) -> None:
         process, self._process = self._process, None

@@ -13,9 +13,10 @@ does, so every crash is simulated without killing anything::
 
 Tests are grouped by the prefix of their name (``test_append_*``, ``test_recovery_*``,
 ``test_trim_*``, ``test_reset_*``, ``test_capacity_*``, ``test_concurrency_*``,
-``test_fencing_*``, ``test_torn_*``, ``test_lifecycle_*``, ``test_input_*``), so ``-k`` selects
-a concern. Tests of a capability run only when the WAL claims it in `WalCapabilities` and the
-subclass implements the hook the test needs; otherwise they skip and say why.
+``test_fencing_*``, ``test_torn_*``, ``test_failure_*``, ``test_lifecycle_*``,
+``test_input_*``), so ``-k`` selects a concern. Tests of a capability run only when the WAL
+claims it in `WalCapabilities` and the subclass implements the hook the test needs; otherwise
+they skip and say why.
 `test_state_machine` runs `WalStateMachine`, which checks the WAL against a plain list.
 """
 
@@ -177,8 +178,8 @@ class WalTests:
     """Every test of the `WriteAheadLog` contract; subclass it as ``TestSomething``.
 
     Required hooks: `make_medium` and `open_wal`. Optional hooks unlock more tests: `crash`,
-    `raw_bytes`, `tear_tail`, `open_small_wal`, `open_wal_as`. Class attributes tune sizes
-    and timeouts.
+    `raw_bytes`, `tear_tail`, `open_small_wal`, `open_wal_as`, `transient_fault`. Class
+    attributes tune sizes and timeouts.
     """
 
     #: Longest a single acknowledgement may take before the test fails.
@@ -230,7 +231,17 @@ class WalTests:
         raise NotImplementedError
 
     def open_wal_as(self, medium: Any, node_epoch: int) -> WriteAheadLog:
-        """Optional: a WAL over `medium` owned by `node_epoch` (higher epochs fence lower)."""
+        """Optional: a WAL over `medium` owned by `node_epoch` (higher epochs fence lower),
+        opened while an older owner may still be running (a take-over)."""
+        raise NotImplementedError
+
+    def transient_fault(
+        self, medium: Any, wal: WriteAheadLog
+    ) -> contextlib.AbstractContextManager[None]:
+        """Optional: a context manager inside which `medium` fails as a full disk or an
+        unreachable store does: what `wal` writes there fails, and the WAL's error says
+        ``retryable``. On leaving it the medium works again. Prefer real faults (a read-only
+        descriptor swapped in under the WAL, a store whose requests fail) to mocks."""
         raise NotImplementedError
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -798,6 +809,119 @@ class WalTests:
         wal = self._open(medium)
         self._assert_survived(wal, _recover(wal), after, "after reset and a torn write")
 
+    # -- failures ---------------------------------------------------------------------------
+
+    def _require_faults(self, wal: WriteAheadLog) -> None:
+        if not self.has_hook("transient_fault"):
+            pytest.skip(
+                f"{type(self).__name__} does not implement transient_fault(), so the kit cannot "
+                f"check that {wal.describe()} survives a transient failure"
+            )
+        if not wal.capabilities.durable_on_ack:
+            pytest.skip(
+                f"{wal.describe()} does not claim durable_on_ack: it may acknowledge without "
+                "touching a failing medium"
+            )
+
+    @staticmethod
+    def _check_transient(error: Exception | None, what: str) -> None:
+        assert error is not None, (
+            f"{what} was acknowledged while the medium was failing (the fault did not reach "
+            "the WAL, or it acknowledged without writing)"
+        )
+        assert isinstance(error, S3StreamError) and error.retryable, (
+            f"{what} failed with {type(error).__name__}: {error}; a transient fault must fail "
+            "with an S3StreamError whose retryable is true"
+        )
+
+    def _reset_inside_fault(self, wal: WriteAheadLog) -> None:
+        """`reset()` while the cause persists: it may only fail retryably (or work)."""
+        try:
+            wal.reset()
+        except S3StreamError as exc:
+            assert exc.retryable, (
+                f"reset() while the medium fails raised {type(exc).__name__}: {exc}, which is "
+                "not retryable: the WAL could never be resumed"
+            )
+
+    def _reset_after_fault(self, wal: WriteAheadLog) -> None:
+        try:
+            wal.reset()
+        except S3StreamError as exc:
+            raise AssertionError(
+                f"reset() after a transient fault was over raised {type(exc).__name__}: {exc}; "
+                "it must make the WAL take appends again"
+            ) from exc
+
+    def test_failure_transient_fault_then_reset_resumes(self, tmp_path: Path) -> None:
+        """While the medium fails, appends fail retryably (every later one too); once it
+        works again, `reset()` makes the WAL take appends again, and recovery returns exactly
+        what was acknowledged after the reset: never a record that failed."""
+        medium, wal = self._fresh(tmp_path)
+        self._require_faults(wal)
+        before = self._append_all(wal, self._payloads(5, seed=60))
+        with self.transient_fault(medium, wal):
+            _, first = _try_append(wal, b"while the medium fails", self.ack_timeout_s)
+            self._check_transient(first, "an append while the medium fails")
+            _, later = _try_append(wal, b"later, while it still fails", self.ack_timeout_s)
+            assert isinstance(later, S3StreamError), (
+                "an append after a failed one "
+                + ("was acknowledged" if later is None else f"raised {later!r}")
+                + ": after one failure every later append must fail (no holes)"
+            )
+            self._reset_inside_fault(wal)
+        self._reset_after_fault(wal)
+        after = self._append_all(wal, self._payloads(12, seed=61, max_size=3000))
+        assert after[0].position > before[-1].position, (
+            f"after the resume, append got position {after[0].position}, not above "
+            f"{before[-1].position}"
+        )
+        wal, got = self._crash_and_recover(medium, wal)
+        _assert_records(got, after, "after a transient fault, reset(), appends and a crash")
+        more = self._append_all(wal, [b"after recovery"])
+        wal.close()
+        _assert_records(
+            _recover(self._open(medium)), after + more, "after the resumed WAL's successor closed"
+        )
+
+    def test_failure_appends_in_flight_fail_in_order_without_holes(self, tmp_path: Path) -> None:
+        """Appends in flight when the medium starts failing: a prefix is acknowledged, every
+        one after the first failure fails; after the fault `reset()` resumes, repeatedly."""
+        medium, wal = self._fresh(tmp_path)
+        self._require_faults(wal)
+        for round_ in range(2):
+            outcomes: list[Future[WalPosition] | Exception] = []
+            payloads = self._payloads(40, seed=63 + round_, max_size=2000)
+            outcomes += [wal.append(p) for p in payloads[:20]]
+            with self.transient_fault(medium, wal):
+                for p in payloads[20:]:
+                    try:
+                        outcomes.append(wal.append(p))
+                    except S3StreamError as exc:
+                        outcomes.append(exc)
+                _, error = _try_append(wal, b"surely failing", self.ack_timeout_s)
+                self._check_transient(error, "an append while the medium fails")
+                for item in outcomes:  # each is done now: the last append failed
+                    if isinstance(item, Future):
+                        try:
+                            item.result(timeout=self.ack_timeout_s)
+                        except FutureTimeoutError:
+                            raise AssertionError("an append in flight never completed") from None
+                        except Exception:
+                            pass
+            failed_at: int | None = None
+            for i, item in enumerate(outcomes):
+                ok = isinstance(item, Future) and item.exception() is None
+                if not ok and failed_at is None:
+                    failed_at = i
+                assert not (ok and failed_at is not None), (
+                    f"append #{i} was acknowledged after append #{failed_at} failed: a hole"
+                )
+            self._reset_after_fault(wal)
+            after = self._append_all(wal, self._payloads(8, seed=70 + round_))
+            wal, got = self._crash_and_recover(medium, wal)
+            _assert_records(got, after, f"after a fault with appends in flight (#{round_ + 1})")
+
     # -- lifecycle --------------------------------------------------------------------------
 
     def test_lifecycle_append_before_recover_raises(self, tmp_path: Path) -> None:
@@ -877,13 +1001,30 @@ class WalTests:
         self._assert_survived(wal, got, acked, "after appending buffers changed later")
 
     def test_input_oversized_record_is_rejected(self, tmp_path: Path) -> None:
+        """A record over `max_record_bytes` is refused at the call, and harms nothing: the
+        records before it (acknowledged, or still in flight) and after it are acknowledged and
+        recovered intact."""
         medium, wal = self._fresh(tmp_path)
         limit = wal.capabilities.max_record_bytes
         if limit > 256 << 20:
             pytest.skip(f"max_record_bytes={limit} is too large to test cheaply")
+        acked = self._append_all(wal, [b"before the oversized record"])
+        payloads = self._payloads(10, seed=70)
+        in_flight = [(p, wal.append(p)) for p in payloads]
         big = bytes(limit + 1)
         _expect_error(InvalidArgumentError, lambda: wal.append(big), f"append of {limit + 1} bytes")
-        acked = self._append_all(wal, [b"after the oversized record"])
+        for p, fut in in_flight:
+            acked.append(WalRecord(_ack(fut, self.ack_timeout_s, "an append in flight"), p))
+        for data in (b"after the oversized record", b"and another"):
+            pos, error = _try_append(wal, data, self.ack_timeout_s)
+            assert error is None, (
+                f"an append after an oversized record was refused failed with "
+                f"{type(error).__name__}: {error}: the refusal harmed the WAL"
+            )
+            assert pos is not None
+            acked.append(WalRecord(pos, data))
+        _expect_error(InvalidArgumentError, lambda: wal.append(big), "a second oversized append")
+        acked += self._append_all(wal, [b"after the second oversized record"])
         wal, got = self._crash_and_recover(medium, wal)
         self._assert_survived(wal, got, acked, "after an oversized record was refused")
 
@@ -946,6 +1087,7 @@ class WalStateMachine(RuleBasedStateMachine):
         self.wal = self.hooks.open_wal(self.medium)
         self.caps = self.wal.capabilities
         self.can_tear = self.caps.torn_writes and self.hooks.has_hook("tear_tail")
+        self.can_fault = self.caps.durable_on_ack and self.hooks.has_hook("transient_fault")
         #: The model: acknowledged records above the trim point, in order.
         self.live: list[WalRecord] = []
         #: Appended, not yet seen acknowledged: (data, future), in append order.
@@ -1074,6 +1216,21 @@ class WalStateMachine(RuleBasedStateMachine):
         self.hooks.crash(self.wal)
         self.hooks.tear_tail(self.medium, random.Random(seed))
         self._reopen("after a torn write", clean=False)
+
+    @precondition(lambda self: self.can_fault)
+    @rule()
+    def transient_failure(self) -> None:
+        """The medium fails for a while: an append fails retryably; after the fault,
+        `reset()` resumes the WAL (dropping everything, like any reset)."""
+        self._harvest(wait_all=True)
+        with self.hooks.transient_fault(self.medium, self.wal):
+            _, error = _try_append(self.wal, b"during a transient fault", self.timeout_s)
+            WalTests._check_transient(error, "an append while the medium fails")
+        try:
+            self.wal.reset()
+        except S3StreamError as exc:
+            raise AssertionError(f"reset() after a transient fault raised {exc!r}") from exc
+        self.live = []
 
     @rule()
     def close_and_reopen(self) -> None:

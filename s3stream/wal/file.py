@@ -37,6 +37,7 @@ from ..errors import (
     WalFullError,
 )
 from ..settings import FileWalSettings
+from ..validation import check_text
 from .base import WalCapabilities, WalPosition, WalRecord, WriteAheadLog
 from .framing import (
     BLOCK_BYTES,
@@ -55,6 +56,7 @@ from .framing import (
     encode_frame_header,
     frame_size,
 )
+from .holder import WalHolderLock
 
 __all__ = ["FileWal", "read_wal_header"]
 
@@ -146,10 +148,20 @@ class FileWal(WriteAheadLog):
     `on_full` is called (without locks held) whenever an append starts waiting for ring space,
     so the owner can force an upload and trim.
 
+    A live WAL is *held*: the instance keeps a `WalHolderLock` (``<path>.lock`` beside a file,
+    a lock on the device itself) until it is closed or its process dies, and opening a WAL
+    another live instance or process holds raises `NodeInUseError` naming the holder's pid.
+    `take_over` skips that refusal, for taking over a live holder on purpose; `lock` hands
+    over a lock taken beforehand with `WalHolderLock.acquire` (the instance owns it then).
+
     Opening *claims* the WAL (a header write); the last opener owns it. Every group commit and
     header write runs under an exclusive ``flock`` and first checks that nobody else wrote a
     header since this writer's last one, so an older owner (process or instance) that was taken
     over fails its next write with `FencedError` instead of ever writing again.
+
+    A failed write or sync (a full disk, EIO) fails the appends in flight and every later one
+    with `UnavailableError`; `reset()`, once their futures are done, resumes the WAL (see
+    `reset`).
     """
 
     def __init__(
@@ -162,15 +174,23 @@ class FileWal(WriteAheadLog):
         clock: Clock | None = None,
         on_full: Callable[[], None] | None = None,
         create: bool = True,
+        take_over: bool = False,
+        lock: WalHolderLock | None = None,
     ) -> None:
-        if not isinstance(node_id, str) or len(node_id.encode()) > MAX_NODE_ID_BYTES:
-            raise InvalidArgumentError(
-                f"node_id must be a str of at most {MAX_NODE_ID_BYTES} UTF-8 bytes, got {node_id!r}"
-            )
+        check_text("node_id", node_id, max_bytes=MAX_NODE_ID_BYTES)
         if isinstance(node_epoch, bool) or not isinstance(node_epoch, int) or node_epoch < 0:
             raise InvalidArgumentError(f"node_epoch must be an int >= 0, got {node_epoch!r}")
         if not isinstance(path, str | Path) or not str(path):
             raise InvalidArgumentError(f"path must be a non-empty str or Path, got {path!r}")
+        if lock is not None and (
+            not isinstance(lock, WalHolderLock)
+            or os.path.abspath(lock.wal_path) != os.path.abspath(path)
+            or lock.node_id != node_id
+        ):
+            raise InvalidArgumentError(
+                f"lock must be the WalHolderLock of {str(path)!r} for node {node_id!r}, "
+                f"got {lock!r}"
+            )
         self._path = Path(path)
         self._node_id = node_id
         self._node_epoch = node_epoch
@@ -193,6 +213,8 @@ class FileWal(WriteAheadLog):
         self._close_error: S3StreamError | None = None
         self._finish_in_writer = False
         self._writer: threading.Thread | None = None
+        #: Whether a writer thread is in its loop (it leaves it, under the lock, on a failure).
+        self._writer_running = False
         #: The thread writing and completing a group now (the writer, or a caller in `drive`).
         self._committer: int | None = None
         self._tail = 0
@@ -211,9 +233,23 @@ class FileWal(WriteAheadLog):
         #: Leading bytes of the current header's slot, and of the other slot, as last seen.
         self._header_image = b""
         self._other_image = b""
+        #: Leading bytes of a header whose write failed (it may be in the other slot, whole or
+        #: torn); empty when the last header write succeeded.
+        self._failed_image = b""
         self._is_device = False
         self._create = create
-        self._open_medium()
+        self._holder = (
+            lock
+            if lock is not None
+            else WalHolderLock.acquire(self._path, node_id, take_over=take_over)
+        )
+        try:
+            self._open_medium()
+            # A take-over of a live holder: the claim above fenced it; now take its lock too.
+            self._holder.seize()
+        except BaseException:
+            self._release_fds()
+            raise
         self._seed: int = self._header.seed
         self._capacity: int = self._header.capacity
         self._max_record: int = min(
@@ -324,6 +360,7 @@ class FileWal(WriteAheadLog):
     @contextlib.contextmanager
     def _exclusive(self) -> Iterator[None]:
         """Hold the medium's flock: openers and commits of all instances take turns."""
+        self._holder.retry()  # a device taken over from a live holder: its lock, once free
         fcntl.flock(self._fd, fcntl.LOCK_EX)
         try:
             yield
@@ -342,6 +379,10 @@ class FileWal(WriteAheadLog):
         if probe == self._other_image:
             return  # exactly what we left there: the common case, without decoding
         status, header = decode_slot(probe)
+        if self._failed_image and (probe == self._failed_image or status is SlotStatus.CORRUPT):
+            # Our own header write that failed (EIO, ENOSPC) landed there, whole or torn. A
+            # rival's claim is a complete header (a rival whose write tore owns nothing).
+            return
         if status is SlotStatus.EMPTY or (
             header is not None
             and header.generation < mine.generation
@@ -481,6 +522,8 @@ class FileWal(WriteAheadLog):
         if self._group_buf is not None:
             self._group_buf.close()
             self._group_buf = None
+        # Last: the WAL is not in use any more only once nothing of it can write.
+        self._holder.release()
 
     # ------------------------------------------------------------------ low-level I/O
 
@@ -491,6 +534,8 @@ class FileWal(WriteAheadLog):
     def _write_header(self, header: HeaderSlot) -> None:
         image = header.encode()
         offset = header.slot_index * SLOT_BYTES
+        # Until the write returns, the slot may end up holding this image, whole or in part.
+        self._failed_image = image[:_SLOT_PROBE_BYTES]
         if self._wfd != self._fd:
             buf = mmap.mmap(-1, SLOT_BYTES)
             try:
@@ -504,6 +549,7 @@ class FileWal(WriteAheadLog):
         # Headers alternate slots: the previous header now sits in the slot a rival would hit.
         self._other_image = self._header_image
         self._header_image = image[:_SLOT_PROBE_BYTES]
+        self._failed_image = b""
 
     def _read_logical(self, position: int, length: int) -> bytes:
         """Bytes of the logical range ``[position, position + length)``, across the ring end."""
@@ -651,15 +697,32 @@ class FileWal(WriteAheadLog):
         self._window_end = window_end
         self._positions = positions
         self._ready = True
+        self._start_writer()
+
+    def _start_writer(self) -> None:
+        self._writer_running = True
         self._writer = threading.Thread(
             target=self._writer_main, name=f"s3stream-file-wal:{self._path.name}", daemon=True
         )
         self._writer.start()
 
     def reset(self) -> None:
+        """Drop every record; after a retryable failure, also resume taking appends.
+
+        After a failed write or sync (`UnavailableError`: a full disk, EIO), once every append
+        future is done, the WAL resumes in a fresh region: a header whose start and tail are
+        the first block boundary above every position ever handed out (the failed records may
+        have left frames, whole or torn, below it; nothing below the start is ever scanned)
+        and a new session, made durable before anything else is written; then a writer runs
+        again. If that header cannot be written either, this raises a retryable
+        `UnavailableError` and the WAL stays failed: call again later. A fatal failure
+        (`FencedError`, a bug) is raised as it is.
+        """
         with self._cond:
             self._check_open()
-            self._raise_if_failed()
+            if self._failed is not None:
+                self._resume()
+                return
             if not self._ready:
                 h = self._header
                 # Without a scan the tail is unknown; the window end is past every frame ever
@@ -806,17 +869,19 @@ class FileWal(WriteAheadLog):
                 # writer waits for it, since groups must be written and completed in order.
                 while self._committer is not None or not (self._has_work() or self._closing):
                     self._cond.wait()
-                if self._abandoned or self._failed is not None:
+                # Leaving is decided under the lock, with the flag: `reset` after a failure
+                # starts a new writer exactly when this one is gone or going.
+                if self._abandoned or self._failed is not None or not self._has_work():
+                    self._writer_running = False  # failed, or closing with everything durable
                     return
-                if not self._has_work():
-                    return  # closing, and everything is durable
                 group, start_target = self._take_group()
             try:
-                if not self._commit_and_complete(group, start_target):
-                    return
+                self._commit_and_complete(group, start_target)
             finally:
                 with self._cond:
                     self._committer = None
+                    if self._failed is not None:
+                        self._cond.notify_all()  # a `reset` may wait for the committer role
 
     def drive(self, future: Future[WalPosition]) -> None:
         """Commit pending records in the calling thread when no commit is under way.
@@ -842,7 +907,7 @@ class FileWal(WriteAheadLog):
         finally:
             with self._cond:
                 self._committer = None
-                if self._has_work() or self._closing:
+                if self._has_work() or self._closing or self._failed is not None:
                     self._cond.notify_all()
 
     def _commit_and_complete(self, group: list[_Pending], start_target: int) -> bool:
@@ -890,13 +955,72 @@ class FileWal(WriteAheadLog):
 
     def _write_error(self, group: list[_Pending], exc: OSError) -> UnavailableError:
         where = group[0].position if group else self._durable_tail
-        reason = exc.strerror or str(exc)
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            reason = f"no space left on the device ({reason})"
         return UnavailableError(
-            f"WAL {self._path}: write failed at position {where}: {reason}; nothing from there "
-            "on is acknowledged, and the WAL must be reopened (recovery) to take appends again"
+            f"WAL {self._path}: write failed at position {where}: {_reason(exc)}; nothing from "
+            "there on is acknowledged, and appends fail until reset() resumes the WAL once "
+            "the cause is gone"
         )
+
+    def _resume(self) -> None:
+        """Resume after a failure (lock held); see `reset`."""
+        failure = self._failed
+        assert failure is not None
+        if not failure.retryable:
+            raise failure
+        # The failed group's committer may still be completing its futures; then nothing is
+        # in flight (appends fail at once while failed).
+        while self._committer is not None:
+            self._cond.wait()
+        if self._pending:  # cannot happen: `_fail` took them all, later appends fail at once
+            raise S3StreamError(f"WAL {self._path}: reset() with appends in flight")
+        h = self._header
+        # Above every position handed out (the failed records included), on a block boundary
+        # so that an O_DIRECT writer starts on a fresh block (no bytes to carry over).
+        resume_at = align_up(self._tail)
+        # Frames were only ever written below a window end made durable first; keep it a
+        # bound on everything written, and promise the usual window ahead of the new tail.
+        window_end = max(
+            h.window_end, self._window_end, resume_at + self._settings.recovery_window_bytes
+        )
+        new = h.next(
+            start=resume_at,
+            tail=resume_at,
+            window_end=window_end,
+            session=h.session + 1,
+            clean=False,
+        )
+        try:
+            with self._exclusive():
+                self._verify_owner()
+                self._persist_header(new)
+        except FencedError as exc:
+            self._failed = exc
+            self._holder.release()
+            raise
+        except OSError as exc:
+            err = UnavailableError(
+                f"WAL {self._path}: cannot resume after a failed write: writing the header "
+                f"failed: {_reason(exc)}; reset() may be called again later"
+            )
+            self._failed = err
+            raise err from exc
+        _log.warning(
+            "WAL %s resumed at position %d (session %d) after: %s",
+            self._path,
+            resume_at,
+            new.session,
+            failure,
+        )
+        self._session = new.session
+        self._tail = self._durable_tail = resume_at
+        self._requested_start = self._durable_start = resume_at
+        self._window_end = window_end
+        self._positions = array("q")
+        self._tail_block = b""
+        self._failed = None
+        if not self._writer_running:
+            self._start_writer()
+        self._cond.notify_all()
 
     def _fail(self, group: list[_Pending], err: S3StreamError) -> None:
         """Fail `group`, everything pending and every later append with `err`."""
@@ -906,6 +1030,9 @@ class FileWal(WriteAheadLog):
             doomed = group + list(self._pending)
             self._pending.clear()
             self._cond.notify_all()
+        if isinstance(err, FencedError):
+            # This instance never writes again: a taker of a device can have the lock now.
+            self._holder.release()
         for rec in doomed:
             rec.future.set_exception(err)
 
@@ -982,6 +1109,13 @@ class FileWal(WriteAheadLog):
     def _raise_if_failed(self) -> None:
         if self._failed is not None:
             raise self._failed
+
+
+def _reason(exc: OSError) -> str:
+    reason = exc.strerror or str(exc)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"no space left on the device ({reason})"
+    return reason
 
 
 def _split_parts(

@@ -58,6 +58,7 @@ from ..errors import (
 from ..objectstore.base import ObjectStore
 from ..objectstore.wrappers import RetryingObjectStore
 from ..settings import ObjectWalSettings
+from ..validation import check_node_id
 from .base import WalCapabilities, WalPosition, WalRecord, WriteAheadLog
 from .framing import FRAME_HEADER, FrameScanner, body_crc, encode_frame_header, frame_size
 
@@ -92,7 +93,6 @@ _MAX_POSITION = (1 << 64) - 1
 OBJECT_WAL_PREFIX = "object+"
 _MAX_RECORD_BYTES = 64 << 20
 _ZEROS = bytes(FRAME_HEADER.size)
-_NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _OBJECT_NAME = re.compile(r"^\d{20}$")
 _MARKER_NAME = re.compile(r"^trim/(\d{20})\.(\d{20})\.(\d{12})$")
 _WAIT_SLICE_S = 0.05
@@ -242,10 +242,7 @@ class ObjectWal(WriteAheadLog):
     ) -> None:
         if not isinstance(store, ObjectStore):
             raise InvalidArgumentError(f"store must be an ObjectStore, got {store!r}")
-        if not isinstance(node_id, str) or not _NODE_ID.match(node_id):
-            raise InvalidArgumentError(
-                f"node_id must match {_NODE_ID.pattern} (letters, digits, '._-'), got {node_id!r}"
-            )
+        check_node_id(node_id)
         if isinstance(node_epoch, bool) or not isinstance(node_epoch, int) or node_epoch < 0:
             raise InvalidArgumentError(f"node_epoch must be an int >= 0, got {node_epoch!r}")
         if not isinstance(prefix, str):
@@ -924,12 +921,65 @@ class ObjectWal(WriteAheadLog):
             else:
                 self._drain()
             with self._cond:
-                if self._failed is not None:
-                    raise self._failed
+                failed = self._failed
+            if failed is not None:
+                self._resume(failed)
+                return
+            with self._cond:
                 target = self._next - 1
                 if target <= self._trim:
                     return
             self._trim_to(target)
+
+    def _resume(self, failed: S3StreamError) -> None:
+        """`reset` after a failure: make the WAL take appends again (holding `_trim_lock`).
+
+        A failed PUT may still have created its object (the answer was lost), so the chain may
+        go on past the last acknowledged object with records nobody acknowledged. They must
+        never be recovered: the chain is walked as the store shows it now and sealed at its
+        end, exactly as a new owner does at open (a seal of a newer epoch on the way means
+        the node was taken over: `FencedError`), and a trim marker puts the anchor past that
+        seal, so recovery starts beyond every old object. The marker is durable before the
+        failure is cleared; until then every append keeps failing. Fatal failures are raised.
+        """
+        if not failed.retryable or isinstance(failed, (FencedError, CorruptionError)):
+            raise failed
+        with self._order_lock:
+            listing = self._list()
+            pos = listing.anchor
+            for _ in range(_SEAL_ATTEMPTS):
+                plan, end = self._plan(listing, pos)
+                for step in plan:
+                    if step.seal:
+                        self._check_object(step, self._store.get(step.key))
+                if self._claim(end, KIND_SEAL):
+                    break
+                # Claimed meanwhile (a late attempt of ours, or a taker's seal): walk again.
+                listing = self._list()
+            else:
+                raise UnavailableError(
+                    f"{self.describe()}: could not seal the WAL to resume after: {failed}"
+                )
+            with self._cond:
+                # Every data object below the seal, landed or not, goes with the next trim.
+                self._stale += [
+                    (first, key)
+                    for first, (key, size) in listing.objects.items()
+                    if size != HEADER.size
+                ]
+                self._stale += [(o.first, o.key) for o in self._objects if o.key and o.last >= 0]
+                seal = _Obj(end, end + SESSION_GAP, self.object_key(end), -1, True)
+                self._objects = deque([seal])
+                self._next = end + SESSION_GAP
+                self._acked = max(self._acked, end)
+            self._trim_to(end)
+            with self._cond:
+                self._live.clear()
+                self._live_bytes = 0
+                self._failed = None
+                self._ack_failure = None
+                self._cond.notify_all()
+            _log.warning("%s resumed after: %s", self.describe(), failed)
 
     def _drain(self) -> None:
         """Write everything pending now and wait until every append is completed."""

@@ -12,9 +12,10 @@ Sizes take binary units (``4096``, ``64K``, ``64MiB``, ``2GiB``; ``KB``/``MB``/`
 same as ``KiB``/``MiB``/``GiB`` here). A factory is called as ``factory(url, node_id=...,
 node_epoch=..., clock=..., on_full=..., file_settings=..., object_settings=...,
 storage_options=..., **options)`` and returns a `WriteAheadLog`; it uses the arguments its kind
-needs. Third parties register one under the entry-point group ``s3stream.wals``
-(``name = "package.module:factory"``) or at run time with `register_wal`. The registry is the
-one piece of process-wide state here, like fsspec's, by design.
+needs (and ignores the rest: a take-over adds ``take_over=True``). Third parties register one
+under the entry-point group ``s3stream.wals`` (``name = "package.module:factory"``) or at run
+time with `register_wal`. The registry is the one piece of process-wide state here, like
+fsspec's, by design.
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ from ..errors import InvalidArgumentError
 from ..settings import FileWalSettings, ObjectWalSettings
 from .base import WriteAheadLog
 from .file import FileWal
+from .holder import WalHolderLock
 from .memory import MemoryWal
 
-__all__ = ["ENTRY_POINT_GROUP", "open_wal", "parse_size", "register_wal"]
+__all__ = ["ENTRY_POINT_GROUP", "lock_file_wal", "open_wal", "parse_size", "register_wal"]
 
 #: Entry-point group through which installed packages add WAL schemes.
 ENTRY_POINT_GROUP = "s3stream.wals"
@@ -150,9 +152,14 @@ def open_file_wal(
     on_full: Callable[[], None] | None = None,
     file_settings: FileWalSettings | None = None,
     create: bool = True,
+    take_over: bool = False,
+    lock: WalHolderLock | None = None,
     **_other_kinds: Any,
 ) -> WriteAheadLog:
-    """Factory of ``file://`` URLs and plain paths: a `FileWal` (file or block device)."""
+    """Factory of ``file://`` URLs and plain paths: a `FileWal` (file or block device).
+
+    `take_over` opens a WAL a live process holds (a take-over fences it); `lock` is its
+    holder lock taken beforehand (`lock_file_wal`)."""
     path, query = _file_target(url)
     settings = file_settings if file_settings is not None else FileWalSettings()
     if query:
@@ -165,7 +172,21 @@ def open_file_wal(
         clock=clock,
         on_full=on_full,
         create=create,
+        take_over=take_over,
+        lock=lock,
     )
+
+
+def lock_file_wal(url: str, node_id: str) -> WalHolderLock | None:
+    """Take the holder lock of the file WAL `url` names now, before the WAL is opened (pass
+    it on as ``lock=``); None for other kinds of WAL. Raises `NodeInUseError` when a live
+    process holds it: a client checks this before it registers its node, which would fence
+    that process."""
+    scheme, _ = split_scheme(url)
+    if scheme != "file" or _registry.resolve("file") is not open_file_wal:
+        return None
+    path, _ = _file_target(url)
+    return WalHolderLock.acquire(path, node_id)
 
 
 def _file_target(url: str) -> tuple[str, str]:

@@ -1,0 +1,343 @@
+"""The holder lock of a file WAL: which live process (or `FileWal` instance) has it open.
+
+A `FileWal` holds this lock for its whole lifetime, so a second opener of the same WAL (another
+process started with the same node id, or a second instance in one process) fails with
+`NodeInUseError` naming the holder, instead of claiming the WAL and fencing a live writer.
+The lock shows liveness: the kernel drops it when its descriptor is closed, which also happens
+when the process dies (a SIGKILL included), so the next opener after a crash recovers as
+before. It is advisory and per host, like the fencing ``flock`` of the WAL itself.
+
+Two forms, by medium (``docs/file-wal.md``, "Ownership and fencing"):
+
+- a **regular file** ``x.wal`` is guarded by ``x.wal.lock`` beside it, ``flock(LOCK_EX)``'d and
+  holding the holder's pid and node id as text. It is never deleted (a stale one is harmless:
+  only the ``flock`` counts). A take-over of a live holder atomically *replaces* the file with
+  a new one it already holds, so later openers see the new holder; the old one keeps a lock on
+  an unlinked file, which nobody looks at any more.
+- a **block device** gets no file beside it (``/dev`` is no place for one): the lock is an
+  open-file-description lock (``F_OFD_SETLK``, Linux) on the device's first byte. OFD locks are
+  independent of ``flock`` (the per-commit fencing lock on the same device) and, unlike POSIX
+  record locks, belong to the descriptor, so two instances in one process exclude each other
+  too. A device records no pid (`NodeInUseError.pid` is None; ``fuser -v /dev/...`` names
+  the holder). A take-over of a live holder cannot take an OFD lock away: it runs without
+  the lock and picks it up (`retry`) once the fenced holder has let go.
+
+A process that forks without exec (``multiprocessing`` with the fork start method) shares the
+descriptor with its child: the lock then lives until both have closed it or exited.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import itertools
+import logging
+import os
+import stat
+import struct
+import threading
+from pathlib import Path
+
+from ..errors import InvalidArgumentError, NodeInUseError, S3StreamError, UnavailableError
+
+__all__ = ["LOCK_SUFFIX", "WalHolderLock", "lock_path_for"]
+
+_log = logging.getLogger(__name__)
+
+#: Name suffix of the lock file beside a regular-file WAL.
+LOCK_SUFFIX = ".lock"
+#: Tries to lock a lock file that keeps being replaced under the opener (take-overs racing).
+_ACQUIRE_ATTEMPTS = 64
+#: Unique names for the new lock files of take-overs within this process.
+_seq = itertools.count()
+_seq_lock = threading.Lock()
+
+
+def lock_path_for(wal_path: str | Path) -> Path:
+    """The lock file guarding the regular-file WAL at `wal_path`."""
+    p = Path(wal_path)
+    return p.with_name(p.name + LOCK_SUFFIX)
+
+
+def _ofd_lock(kind: int) -> bytes:
+    # struct flock on Linux: l_type, l_whence (shorts), l_start, l_len (off_t), l_pid (0 for
+    # OFD locks), padded to 32 bytes. One byte at offset 0 is the whole lock.
+    return struct.pack("hhqqi4x", kind, os.SEEK_SET, 0, 1, 0)
+
+
+def _busy(exc: OSError) -> bool:
+    return exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK)
+
+
+class WalHolderLock:
+    """The liveness lock of one file WAL; see the module docstring.
+
+    Get one with `acquire`. `held` says whether this process holds it now (false only for a
+    take-over that found a live holder, until `seize` or `retry` succeeds). `release` is
+    idempotent. A `FileWal` given one (``FileWal(lock=...)``) owns it from then on.
+    """
+
+    def __init__(
+        self,
+        wal_path: Path,
+        node_id: str,
+        *,
+        device: bool,
+        fd: int,
+        held: bool,
+        holder_pid: int | None,
+    ) -> None:
+        self._wal_path = wal_path
+        self._node_id = node_id
+        self._device = device
+        self._fd = fd
+        self._held = held
+        self._holder_pid = holder_pid
+        self._guard = threading.Lock()
+
+    # ------------------------------------------------------------------ acquiring
+
+    @classmethod
+    def acquire(
+        cls, wal_path: str | Path, node_id: str, *, take_over: bool = False
+    ) -> WalHolderLock:
+        """Lock the WAL at `wal_path` for `node_id` without waiting.
+
+        Raises `NodeInUseError` (naming the holder's node and pid) if a live holder has it,
+        unless `take_over`: then the returned lock is not `held` yet; call `seize` once the
+        WAL was claimed. Missing parent directories are created (as `FileWal` does).
+        """
+        path = Path(wal_path)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            st = None
+        except OSError as exc:
+            raise _os_error("cannot inspect WAL", path, exc) from exc
+        if st is not None and stat.S_ISBLK(st.st_mode):
+            return cls._acquire_device(path, node_id, take_over=take_over)
+        return cls._acquire_file(path, node_id, take_over=take_over)
+
+    @classmethod
+    def _acquire_file(cls, path: Path, node_id: str, *, take_over: bool) -> WalHolderLock:
+        lock_path = lock_path_for(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _os_error("cannot create the directory of WAL", path, exc) from exc
+        for _ in range(_ACQUIRE_ATTEMPTS):
+            try:
+                fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            except OSError as exc:
+                raise _os_error("cannot open the lock file of WAL", path, exc) from exc
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                holder = _read_holder(fd)
+                os.close(fd)
+                if not _busy(exc):
+                    raise _os_error("cannot lock WAL", path, exc) from exc
+                if take_over:
+                    return cls(path, node_id, device=False, fd=-1, held=False, holder_pid=holder[0])
+                raise _in_use(path, node_id, holder, lock_path) from None
+            # A take-over may have replaced the file between our open and our flock: then we
+            # locked an unlinked file, which guards nothing. Start over.
+            try:
+                current = os.stat(lock_path)
+                mine = os.fstat(fd)
+            except FileNotFoundError:
+                os.close(fd)
+                continue
+            if (current.st_dev, current.st_ino) != (mine.st_dev, mine.st_ino):
+                os.close(fd)
+                continue
+            try:
+                _write_holder(fd, node_id)
+            except OSError as exc:
+                os.close(fd)
+                raise _os_error("cannot write the lock file of WAL", path, exc) from exc
+            return cls(path, node_id, device=False, fd=fd, held=True, holder_pid=os.getpid())
+        raise UnavailableError(
+            f"cannot lock WAL {path}: its lock file {lock_path} kept being replaced "
+            "(concurrent take-overs)"
+        )
+
+    @classmethod
+    def _acquire_device(cls, path: Path, node_id: str, *, take_over: bool) -> WalHolderLock:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        except OSError as exc:
+            raise _os_error("cannot open WAL", path, exc) from exc
+        lock = cls(path, node_id, device=True, fd=fd, held=False, holder_pid=None)
+        try:
+            got = lock._try_device()
+        except BaseException:
+            os.close(fd)
+            raise
+        if got or take_over:
+            return lock
+        os.close(fd)
+        raise NodeInUseError(
+            f"WAL {path} (a block device) is in use by another process or another FileWal of "
+            "this process (a device records no pid: `fuser -v` names it); every process "
+            "sharing a store needs its own node_id, or take the node over explicitly "
+            "(StreamClient.take_over)",
+            node_id=node_id,
+            pid=None,
+        )
+
+    def _try_device(self) -> bool:
+        """Try the device's OFD lock once, without waiting; whether it is held now."""
+        if not hasattr(fcntl, "F_OFD_SETLK"):
+            # Not Linux: no lock that tells instances apart; fencing still protects the data.
+            _log.warning("WAL %s: no OFD locks on this platform; not locked", self._wal_path)
+            self._held = True
+            return True
+        try:
+            fcntl.fcntl(self._fd, fcntl.F_OFD_SETLK, _ofd_lock(fcntl.F_WRLCK))
+        except OSError as exc:
+            if _busy(exc):
+                return False
+            raise _os_error("cannot lock WAL", self._wal_path, exc) from exc
+        self._held = True
+        self._holder_pid = os.getpid()
+        return True
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def wal_path(self) -> Path:
+        """The WAL this lock guards."""
+        return self._wal_path
+
+    @property
+    def node_id(self) -> str:
+        """The node it was taken for."""
+        return self._node_id
+
+    @property
+    def held(self) -> bool:
+        """Whether this process holds the lock now."""
+        return self._held
+
+    @property
+    def holder_pid(self) -> int | None:
+        """Pid of the holder as last seen: this process once held, else the one found."""
+        return self._holder_pid
+
+    def seize(self) -> None:
+        """Take the lock from a live holder (a take-over, after the WAL was claimed).
+
+        A lock file is replaced by a new one this process holds (atomic rename), so later
+        openers see this process. A device's lock is tried once: it can only be had once the
+        old holder lets go (see `retry`).
+        """
+        with self._guard:
+            if self._held:
+                return
+            if self._device:
+                if not self._try_device():
+                    _log.warning(
+                        "WAL %s was taken over from a live holder; its liveness lock stays "
+                        "with that holder until it closes or exits",
+                        self._wal_path,
+                    )
+                return
+            lock_path = lock_path_for(self._wal_path)
+            with _seq_lock:
+                n = next(_seq)
+            temp = lock_path.with_name(f"{lock_path.name}.{os.getpid()}.{n}")
+            try:
+                fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            except OSError as exc:
+                raise _os_error("cannot create a lock file for WAL", self._wal_path, exc) from exc
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: nobody else has it
+                _write_holder(fd, self._node_id)
+                os.replace(temp, lock_path)
+            except OSError as exc:
+                os.close(fd)
+                with contextlib.suppress(OSError):
+                    temp.unlink()
+                raise _os_error("cannot replace the lock file of WAL", self._wal_path, exc) from exc
+            self._fd = fd
+            self._held = True
+            self._holder_pid = os.getpid()
+
+    def retry(self) -> None:
+        """Pick up a device's lock a take-over could not have at first, if it is free now.
+
+        Cheap (nothing) once held; called by the WAL before each commit."""
+        if self._held or not self._device:
+            return
+        with self._guard:
+            if not self._held and self._fd >= 0:
+                with contextlib.suppress(S3StreamError):
+                    self._try_device()
+
+    def release(self) -> None:
+        """Let go (idempotent): closing the descriptor drops the lock."""
+        with self._guard:
+            fd, self._fd = self._fd, -1
+            self._held = False
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def __repr__(self) -> str:
+        state = "held" if self._held else "not held"
+        return f"WalHolderLock({str(self._wal_path)!r}, node {self._node_id!r}, {state})"
+
+
+def _write_holder(fd: int, node_id: str) -> None:
+    # Text, one field a line: "pid\nnode id\n" (for the error of the next opener, and people).
+    data = f"{os.getpid()}\n{node_id}\n".encode()
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, data, 0)
+
+
+def _read_holder(fd: int) -> tuple[int | None, str | None]:
+    """(pid, node id) as the holder wrote them; None where unreadable (it may not have
+    written them yet)."""
+    try:
+        text = os.pread(fd, 256, 0).decode("utf-8", "replace")
+    except OSError:
+        return None, None
+    lines = text.split("\n")
+    pid: int | None = None
+    with contextlib.suppress(ValueError):
+        pid = int(lines[0])
+    node = lines[1] if len(lines) > 2 else None
+    return pid, node
+
+
+def _in_use(
+    path: Path, node_id: str, holder: tuple[int | None, str | None], lock_path: Path
+) -> NodeInUseError:
+    pid, node = holder
+    node = node if node else node_id
+    if pid is None:
+        who = "another process"
+    elif pid == os.getpid():
+        who = f"this process (pid {pid}: another FileWal open on it)"
+    else:
+        who = f"process {pid}"
+    return NodeInUseError(
+        f"WAL {path} of node {node!r} is in use by {who} (lock file {lock_path}); every "
+        "process sharing a store needs its own node_id, or take the node over explicitly "
+        "(StreamClient.take_over)",
+        node_id=node,
+        pid=pid,
+    )
+
+
+def _os_error(action: str, path: Path, exc: OSError) -> S3StreamError:
+    reason = exc.strerror or str(exc)
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return InvalidArgumentError(f"{action} {path}: permission denied ({reason})")
+    if exc.errno in (errno.ENOTDIR, errno.EISDIR, errno.ENOENT, errno.ENAMETOOLONG):
+        return InvalidArgumentError(f"{action} {path}: {reason}")
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return UnavailableError(f"{action} {path}: no space left on the device ({reason})")
+    return UnavailableError(f"{action} {path}: {reason}")

@@ -1,0 +1,217 @@
+"""Every blocking call returns or raises within its deadline against a frozen S3 server.
+
+A SeaweedFS server of this module's own is stopped with SIGSTOP: its sockets still accept
+connections (the kernel does that) but nothing answers, the worst case for a client. Each
+public call must end (normally or with an `S3StreamError`) within its deadline plus 5 s:
+`store_timeout_ms` for calls that are sequences of store requests, `call_timeout_ms` for the
+calls that wait on the pipeline (append, flush, close).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import s3stream
+from s3stream import ClientSettings, CompactionSettings, RecordBatch, S3StreamError
+from s3stream.testing.seaweedfs import SeaweedS3Server, SeaweedUnavailable
+
+pytestmark = pytest.mark.s3
+
+STORE_S = 3.0
+CALL_S = 6.0
+MARGIN_S = 5.0
+SETTINGS = ClientSettings(
+    store_timeout_ms=int(STORE_S * 1000),
+    call_timeout_ms=int(CALL_S * 1000),
+    backpressure_timeout_ms=int(CALL_S * 1000),
+    upload_interval_ms=100,
+    log_cache_bytes=0,
+    block_cache_bytes=0,
+    compaction=CompactionSettings(bytes_per_s=0),
+)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3Server]:
+    srv = SeaweedS3Server(tmp_path_factory.mktemp("frozen-seaweedfs"))
+    try:
+        srv.start()
+    except SeaweedUnavailable as exc:
+        pytest.skip(f"SeaweedFS cannot run here: {exc}")
+    try:
+        yield srv
+    finally:
+        if srv.pid is not None:
+            os.kill(srv.pid, signal.SIGCONT)
+        srv.stop()
+
+
+def ends_within(limit_s: float, call: Callable[[], Any]) -> str:
+    """Run `call`; assert it ended (returned or raised S3StreamError) within `limit_s`."""
+    started = time.monotonic()
+    try:
+        call()
+        outcome = "returned"
+    except S3StreamError as exc:
+        outcome = f"{type(exc).__name__}: {exc}"
+    took = time.monotonic() - started
+    assert took <= limit_s, f"took {took:.1f} s (limit {limit_s:.1f} s): {outcome}"
+    return outcome
+
+
+def test_every_call_ends_within_its_deadline_on_a_frozen_server(
+    server: SeaweedS3Server, tmp_path: Path
+) -> None:
+    url = f"s3://{server.bucket}/frozen-{uuid.uuid4().hex}"
+    opts = server.storage_options()
+    writer = s3stream.open(url, node_id="w", storage_options=opts, settings=SETTINGS)
+    stream = writer.create_stream()
+    for i in range(20):
+        stream.append(RecordBatch(f"batch {i}".encode() * 50))
+    writer.flush()
+    crashed = s3stream.open(url, node_id="gone", storage_options=opts, settings=SETTINGS)
+    crashed.create_stream().append(RecordBatch(b"in gone's WAL"))
+    crashed.abandon()
+    reader = s3stream.open(url, node_id="r", wal="memory://", storage_options=opts,
+                           settings=SETTINGS)
+    assert server.pid is not None
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        store_limit = STORE_S + MARGIN_S
+        call_limit = CALL_S + MARGIN_S
+        outcomes = {
+            "open": ends_within(
+                store_limit,
+                lambda: s3stream.open(url, node_id="late", storage_options=opts,
+                                      settings=SETTINGS).close(),
+            ),
+            "read": ends_within(store_limit, lambda: reader.read(stream.stream_id, 0)),
+            "fetch": ends_within(store_limit, lambda: stream.fetch(0)),
+            "append": ends_within(call_limit, lambda: stream.append(RecordBatch(b"frozen"))),
+            "append_async": ends_within(
+                call_limit, lambda: stream.append_async(RecordBatch(b"async")).result(CALL_S)
+            ),
+            "flush": ends_within(call_limit, writer.flush),
+            "compact": ends_within(store_limit, writer.compact),
+            "take_over": ends_within(store_limit, lambda: writer.take_over("gone")),
+            "list_streams": ends_within(store_limit, writer.list_streams),
+            "close": ends_within(call_limit, writer.close),
+            "reader.close": ends_within(call_limit, reader.close),
+        }
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+    # The calls that need the store failed (nothing can succeed against a frozen server).
+    # (flush may return: the appends made while frozen failed, so nothing was left to upload.)
+    for name in ("open", "read", "append", "take_over", "list_streams"):
+        assert outcomes[name] != "returned", (name, outcomes[name])
+    # Thawed: nothing acknowledged was lost; a new client sees the 20 batches uploaded before.
+    with s3stream.open(url, node_id="w", storage_options=opts, settings=SETTINGS) as again:
+        got = again.read(stream.stream_id, 0, max_bytes=1 << 30).batches
+        assert [b.payload for b in got][:20] == [f"batch {i}".encode() * 50 for i in range(20)]
+
+
+# -- SeaweedFS killed and restarted -----------------------------------------------------------
+
+RESTART_SETTINGS = ClientSettings(
+    store_timeout_ms=int(STORE_S * 1000),
+    call_timeout_ms=int(CALL_S * 1000),
+    backpressure_timeout_ms=2000,
+    upload_interval_ms=100,
+    compaction=CompactionSettings(bytes_per_s=0),
+)
+
+
+def _append_outcomes(stream: Any, tag: str, count: int) -> tuple[list[bytes], list[str]]:
+    """Append `count` batches; return the payloads acknowledged and the errors of the rest."""
+    acked: list[bytes] = []
+    errors: list[str] = []
+    for i in range(count):
+        payload = f"{tag} {i}".encode() * 20
+        try:
+            stream.append(RecordBatch(payload))
+            acked.append(payload)
+        except S3StreamError as exc:
+            assert exc.retryable, f"an outage made a non-retryable error: {exc!r}"
+            errors.append(type(exc).__name__)
+    return acked, errors
+
+
+def _check_after_restart(url: str, opts: dict[str, Any], stream_id: int,
+                         acked: list[bytes]) -> None:
+    """A fresh client (another node, after a take-over) reads exactly `acked`, in order."""
+    with s3stream.open(url, node_id="checker", wal="memory://", storage_options=opts,
+                       settings=RESTART_SETTINGS) as reader:
+        got = reader.read(stream_id, 0, max_bytes=1 << 30).batches
+        assert [b.payload for b in got] == acked
+
+
+@pytest.mark.parametrize("wal_kind", ["file", "s3"])
+def test_appends_resume_after_the_server_is_killed_and_restarted(
+    server: SeaweedS3Server, tmp_path: Path, wal_kind: str
+) -> None:
+    """Kill SeaweedFS under a running client and start it again: the client resumes by
+    itself (no reopen), and every acknowledged append is there, once, in order."""
+    url = f"s3://{server.bucket}/restart-{wal_kind}-{uuid.uuid4().hex}"
+    opts = server.storage_options()
+    wal = f"file://{tmp_path / 'w.wal'}?capacity=64MiB" if wal_kind == "file" else None
+    client = s3stream.open(url, node_id="w", wal=wal, storage_options=opts,
+                           settings=RESTART_SETTINGS)
+    try:
+        stream = client.create_stream()
+        acked, _ = _append_outcomes(stream, "before", 50)
+        assert len(acked) == 50
+        client.flush()
+        server.kill()
+        during, errors = _append_outcomes(stream, "during", 10)
+        if wal_kind == "file":
+            # The local WAL still acknowledges; only the uploads wait for the server.
+            assert len(during) == 10, errors
+            with pytest.raises(S3StreamError) as caught:
+                client.flush(timeout_s=2)
+            assert caught.value.retryable
+        else:
+            # The WAL is the store: nothing can be acknowledged while it is down.
+            assert during == [] and errors, (during, errors)
+        acked += during
+        server.restart()
+        # No reopen: the same client takes appends and uploads them again.
+        after, errors = _append_outcomes(stream, "after", 50)
+        if errors:  # the first append after a restart may still meet the repair under way
+            time.sleep(RESTART_SETTINGS.call_timeout_ms / 1000)
+            after, errors = _append_outcomes(stream, "after-wait", 50)
+        assert len(after) == 50 and not errors, errors
+        acked += after
+        client.flush()
+        got = stream.fetch(0, max_bytes=1 << 30).batches
+        assert [b.payload for b in got] == acked
+    finally:
+        client.close()
+    _check_after_restart(url, opts, stream.stream_id, acked)
+
+
+def test_a_crashed_writer_survives_a_server_restart(
+    server: SeaweedS3Server, tmp_path: Path
+) -> None:
+    """Appends acknowledged by the S3 WAL whose client dies, then a server restart: a new
+    owner taking over finds them all."""
+    url = f"s3://{server.bucket}/restart-crash-{uuid.uuid4().hex}"
+    opts = server.storage_options()
+    client = s3stream.open(url, node_id="w", storage_options=opts, settings=RESTART_SETTINGS)
+    stream = client.create_stream()
+    acked, _ = _append_outcomes(stream, "acked", 40)
+    assert len(acked) == 40
+    client.abandon()
+    server.restart()
+    with s3stream.open(url, node_id="next", storage_options=opts,
+                       settings=RESTART_SETTINGS) as successor:
+        successor.take_over("w")
+        got = successor.read(stream.stream_id, 0, max_bytes=1 << 30).batches
+        assert [b.payload for b in got] == acked
