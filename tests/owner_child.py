@@ -3,7 +3,8 @@
 ``owner_child.py URL NODE_ID N [STORAGE_OPTIONS_JSON]`` opens the store as node NODE_ID (its
 default WAL), creates one stream, appends N batches and waits for every acknowledgement, with
 uploads held back (huge threshold and interval) so that the data is only in the WAL. Prints
-``ACKED <stream_id> <count> <sha256 of all payloads>`` and then sleeps until killed.
+``ACKED <stream_id> <count> <sha256 of all payloads>``, then answers commands on stdin until
+killed: ``APPEND`` appends one more batch and prints ``OK <offset>`` or ``ERR <error class>``.
 """
 
 from __future__ import annotations
@@ -32,4 +33,11 @@ for i in range(n):
 for f in futures:
     f.result()
 print(f"ACKED {stream.stream_id} {n} {digest.hexdigest()}", flush=True)
+for command in sys.stdin:
+    if command.strip() == "APPEND":
+        try:
+            offset = stream.append(RecordBatch(b"one more"), timeout_s=10).base_offset
+            print(f"OK {offset}", flush=True)
+        except s3stream.S3StreamError as exc:
+            print(f"ERR {type(exc).__name__}", flush=True)
 threading.Event().wait()

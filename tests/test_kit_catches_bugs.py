@@ -9,8 +9,10 @@ Two end-to-end runs in a subprocess show what a user sees through pytest.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import random
 import struct
 import subprocess
 import sys
@@ -27,6 +29,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from s3stream.client import StreamClient
 from s3stream.errors import (
     FencedError,
     InvalidArgumentError,
@@ -36,7 +39,9 @@ from s3stream.errors import (
 )
 from s3stream.objectstore.base import ObjectInfo, ObjectStore
 from s3stream.objectstore.memory import MemoryObjectStore
+from s3stream.testing.faults import FaultyWal
 from s3stream.testing.objectstore import ObjectStoreTests, make_object_store_state_machine
+from s3stream.testing.storage import FAULT_SETTINGS, FaultyStorageStateMachine
 from s3stream.testing.wal import WalTests, make_wal_state_machine
 from s3stream.wal.base import WalCapabilities, WalPosition, WalRecord, WriteAheadLog
 from s3stream.wal.memory import MemoryWal, MemoryWalMedium
@@ -96,7 +101,7 @@ def wal_machine_fails(kit: WalTests, tmp_path: Path, expect_bug: bool = True) ->
     machine = make_wal_state_machine(kit, tmp_path)
     try:
         run_state_machine_as_test(machine, settings=FIND_BUGS if expect_bug else NO_BUGS)
-    except AssertionError:
+    except (AssertionError, S3StreamError):  # a check failed, or the WAL raised where it may not
         return True
     return False
 
@@ -453,6 +458,33 @@ def tear_file_log(directory: Path, seed: int) -> None:
         f.write(_FRAME.pack(len(intended), crc32c.crc32c(intended)) + bytes(len(intended)))
 
 
+class HarmedByOversizedWal(CheckedMemoryWal):
+    """BUG: refuses an oversized record, but then fails every later append, as if the
+    refusal were a failure of the medium."""
+
+    def __init__(self, medium: MemoryWalMedium) -> None:
+        super().__init__(medium)
+        self._broken = False
+
+    def append(self, data: bytes) -> Future[WalPosition]:
+        if self._broken:
+            raise S3StreamError("the WAL failed earlier")
+        try:
+            return super().append(data)
+        except InvalidArgumentError:
+            self._broken = True
+            raise
+
+
+class NeverResumesWal(FaultyWal):
+    """BUG: after a transient fault, `reset()` returns but the WAL keeps failing appends."""
+
+    def reset(self) -> None:
+        failure = self._failure
+        super().reset()
+        self._failure = failure
+
+
 # -- kits for them (no Test prefix: pytest does not collect these) -----------------------------
 
 
@@ -469,6 +501,32 @@ class MemoryKit(WalTests):
     def raw_bytes(self, medium: MemoryWalMedium) -> bytes:
         with medium.lock:
             return b"".join(r.data for r in medium.records)
+
+
+class HarmedByOversizedKit(MemoryKit):
+    wal_class = HarmedByOversizedWal
+
+
+class FaultyMemoryKit(MemoryKit):
+    """A memory WAL behind a `FaultyWal`, whose faults `transient_fault` switches on."""
+
+    faulty_class: type[FaultyWal] = FaultyWal
+
+    def open_wal(self, medium: MemoryWalMedium) -> WriteAheadLog:
+        return self.faulty_class(CheckedMemoryWal(medium), rng=random.Random(5))
+
+    @contextlib.contextmanager
+    def transient_fault(self, medium: MemoryWalMedium, wal: WriteAheadLog) -> Iterator[None]:
+        assert isinstance(wal, FaultyWal)
+        wal.failing = True
+        try:
+            yield
+        finally:
+            wal.failing = False
+
+
+class NeverResumesKit(FaultyMemoryKit):
+    faulty_class = NeverResumesWal
 
 
 class AckBeforeDurableKit(MemoryKit):
@@ -590,8 +648,14 @@ class UnsortedKit(StoreKit):
 
 @pytest.mark.parametrize(
     ("kit", "claimed"),
-    [(MemoryKit, None), (FencingKit, "fencing"), (BoundedKit, "capacity"), (FileLogKit, "torn")],
-    ids=["memory", "fencing", "bounded", "filelog"],
+    [
+        (MemoryKit, None),
+        (FencingKit, "fencing"),
+        (BoundedKit, "capacity"),
+        (FileLogKit, "torn"),
+        (FaultyMemoryKit, "failure"),
+    ],
+    ids=["memory", "fencing", "bounded", "filelog", "faulty"],
 )
 def test_correct_wals_pass_the_whole_kit(
     kit: type[WalTests], claimed: str | None, tmp_path: Path
@@ -660,6 +724,38 @@ def test_kit_catches_overwriting_when_full(tmp_path: Path) -> None:
         "test_capacity_full_wal_fails_with_wal_full_error",
         "test_capacity_blocked_append_resumes_after_trim",
     } <= caught
+
+
+def test_kit_catches_a_refused_record_that_harms_the_wal(tmp_path: Path) -> None:
+    caught = failed(run_kit(HarmedByOversizedKit(), tmp_path))
+    assert "test_input_oversized_record_is_rejected" in caught
+
+
+def test_kit_catches_a_wal_that_never_resumes_after_a_fault(tmp_path: Path) -> None:
+    caught = failed(run_kit(NeverResumesKit(), tmp_path))
+    assert {
+        "test_failure_transient_fault_then_reset_resumes",
+        "test_failure_appends_in_flight_fail_in_order_without_holes",
+    } <= caught
+    assert wal_machine_fails(NeverResumesKit(), tmp_path / "machine")
+
+
+class NeverResumesModel(FaultyStorageStateMachine):
+    """The client-level machine over a WAL that never resumes after a fault."""
+
+    def open_client(self) -> StreamClient:
+        wal = NeverResumesWal(MemoryWal(self.medium), rng=self.rng)
+        self.faulty_wals.append(wal)
+        with self._faulty_store().healthy():
+            return StreamClient(self.store, wal, settings=FAULT_SETTINGS)
+
+
+def test_fault_model_catches_a_client_that_cannot_resume() -> None:
+    """`FaultyStorageStateMachine` fails a client that needs a reopen to make progress
+    after a fault (here, because its WAL never resumes)."""
+    NeverResumesModel.progress_timeout_s = 2.0
+    with pytest.raises(AssertionError, match="no append succeeded"):
+        run_state_machine_as_test(NeverResumesModel, settings=settings(FIND_BUGS, max_examples=50))
 
 
 def test_kit_catches_racy_conditional_create(tmp_path: Path) -> None:

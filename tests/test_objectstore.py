@@ -663,7 +663,11 @@ def _error_xml(code: str, message: str = "scripted") -> bytes:
 class ScriptedS3:
     """A loopback HTTP server that answers each request from a script, and records them."""
 
-    def __init__(self, respond: Callable[[str, str, dict[str, str], bytes], Reply | None]):
+    def __init__(
+        self,
+        respond: Callable[[str, str, dict[str, str], bytes], Reply | None],
+        s3_headers: bool = True,
+    ):
         self.requests: list[tuple[str, str, dict[str, str], bytes]] = []
         script = self
 
@@ -689,6 +693,8 @@ class ScriptedS3:
                     return
                 status, extra, payload = reply
                 self.send_response(status)
+                if s3_headers:  # every S3 answer has one, errors included
+                    self.send_header("x-amz-request-id", f"req{len(script.requests)}")
                 for name, value in extra.items():
                     self.send_header(name, value)
                 self.send_header("Content-Length", str(len(payload)))
@@ -729,8 +735,11 @@ class ScriptedS3:
 def scripted() -> Iterator[Callable[..., ScriptedS3]]:
     servers: list[ScriptedS3] = []
 
-    def make(respond: Callable[[str, str, dict[str, str], bytes], Reply | None]) -> ScriptedS3:
-        server = ScriptedS3(respond)
+    def make(
+        respond: Callable[[str, str, dict[str, str], bytes], Reply | None],
+        s3_headers: bool = True,
+    ) -> ScriptedS3:
+        server = ScriptedS3(respond, s3_headers)
         servers.append(server)
         return server
 
@@ -819,8 +828,10 @@ def test_s3_conditional_create_conflict_409_is_retried(
     assert exists.store(conflict_retries=2).put_if_absent("k", b"v") is False
     assert exists.methods() == ["PUT", "PUT", "PUT", "HEAD"]
 
-    def always_conflict_never_exists(method: str, *_: Any) -> Reply:
-        return conflict if method == "PUT" else (404, {}, b"")
+    def always_conflict_never_exists(method: str, path: str, *_: Any) -> Reply:
+        if method == "PUT":
+            return conflict
+        return (200, {}, b"") if path.rstrip("/") == "/bucket" else (404, {}, b"")  # bucket ok
 
     missing = scripted(always_conflict_never_exists)
     with pytest.raises(UnavailableError, match="409"):
@@ -1254,3 +1265,31 @@ def test_wrappers_stack_over_a_real_store(tmp_path: Path) -> None:
     assert store.get("x/1") == b"abc"
     assert re.fullmatch(r"metrics\(retrying\(file://.+\)\)", store.describe())
     store.close()
+
+
+def test_an_http_server_that_is_not_s3_is_named(scripted: Callable[..., ScriptedS3]) -> None:
+    """An endpoint that answers HTTP but not S3 (a web server's HTML 404, 405 or 501, no S3
+    headers) is reported as such, not as a missing object; the same through `s3stream.open`."""
+    import s3stream
+
+    page: Reply = (404, {"Content-Type": "text/html"}, b"<html>Not Found</html>")
+    server = scripted(_sequence([page]), s3_headers=False)
+    store = server.store()
+    for call in (lambda: store.get("k"), lambda: store.head("k"), lambda: store.put("k", b"v")):
+        with pytest.raises(S3StreamError, match="did not answer like S3") as info:
+            call()
+        assert not isinstance(info.value, ObjectNotFoundError)
+    for status in (405, 501):
+        other = scripted(_sequence([(status, {}, b"nope")]), s3_headers=False).store()
+        with pytest.raises(S3StreamError, match="did not answer like S3"):
+            other.put("k", b"v")
+    with pytest.raises(S3StreamError, match="did not answer like S3"):
+        s3stream.open(
+            "s3://bucket/prefix",
+            storage_options={
+                "endpoint_url": server.endpoint_url,
+                "aws_access_key_id": "a",
+                "aws_secret_access_key": "b",
+            },
+            settings=s3stream.ClientSettings(store_timeout_ms=2_000),
+        )

@@ -31,6 +31,7 @@ from s3stream import (
     FencedError,
     FileWalSettings,
     InvalidArgumentError,
+    NodeInUseError,
     RecordBatch,
     S3StreamError,
     StreamOwnedError,
@@ -310,7 +311,7 @@ def _spawn_owner(url: str, node: str, n: int, options: dict[str, Any] | None = N
     args = [sys.executable, str(HERE / "owner_child.py"), url, node, str(n)]
     if options is not None:
         args.append(json.dumps(options))
-    child = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert child.stdout is not None
     line = child.stdout.readline().split()
     if not line or line[0] != "ACKED":
@@ -360,6 +361,51 @@ def test_crashed_owner_s3_wal(seaweedfs: Any) -> None:
 
     url = f"s3://{seaweedfs.bucket}/owner-{uuid.uuid4().hex}"
     _crashed_owner_is_protected(url, seaweedfs.storage_options())
+
+
+def _ask(child: subprocess.Popen[str], command: str) -> str:
+    assert child.stdin is not None and child.stdout is not None
+    child.stdin.write(command + "\n")
+    child.stdin.flush()
+    return child.stdout.readline().strip()
+
+
+def test_a_directory_in_use_says_so_and_take_over_stays_possible(tmp_path: Path) -> None:
+    """A second process opening a live node's file WAL gets `NodeInUseError` naming the node
+    and the holder's pid (the live writer goes on undisturbed); `take_over` of the live node
+    is still possible on purpose, and fences it; after it dies, its node id opens again."""
+    url = str(tmp_path / "store")
+    child, sid, digest = _spawn_owner(url, "worker1", 200)
+    try:
+        with pytest.raises(NodeInUseError, match=rf"worker1.*{child.pid}") as err:
+            s3stream.open(url, node_id="worker1")
+        assert err.value.node_id == "worker1" and err.value.pid == child.pid
+        assert _ask(child, "APPEND") == "OK 200", "the refused opener disturbed the holder"
+        with s3stream.open(url, node_id="worker2") as b:
+            report = b.take_over("worker1")  # explicit: a live holder is fenced
+            assert report.recovery.uploaded_batches == 201
+            assert _ask(child, "APPEND") == "ERR FencedError"
+            got = read_back(b, sid)
+            assert len(got) == 201 and _digest(got[:200]) == digest
+    finally:
+        child.kill()
+        child.wait()
+    # Dead now: its node id opens again, without a take-over (nothing was left in its WAL).
+    with s3stream.open(url, node_id="worker1") as again:
+        assert len(read_back(again, sid)) == 201
+
+
+def test_a_crashed_node_reopens_under_its_own_id(tmp_path: Path) -> None:
+    """After SIGKILL the holder lock is gone with the process: the same node id opens at
+    once and recovers every acknowledged append from its WAL."""
+    url = str(tmp_path / "store")
+    child, sid, digest = _spawn_owner(url, "worker1", 300)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    with s3stream.open(url, node_id="worker1") as again:
+        got = read_back(again, sid)
+        assert len(got) == 300 and _digest(got) == digest
+        assert again.open_stream(sid).append(RecordBatch(b"next")).base_offset == 300
 
 
 def test_fenced_owner_close_raises_after_force_open(tmp_path: Path) -> None:

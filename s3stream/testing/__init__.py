@@ -9,9 +9,12 @@ Roles:
 - `ObjectStoreTests` and `ObjectStoreStateMachine` (`s3stream.testing.objectstore`): the same
   for the `ObjectStore` contract, checked against a dict.
 - `FaultyObjectStore` (`s3stream.testing.faults`): a seeded fault-injecting wrapper (transient
-  errors, latency, ambiguous writes) for testing code that uses an object store.
+  errors, latency, ambiguous writes) for testing code that uses an object store; `FaultyWal`
+  beside it: a WAL whose medium fails for a while, within the WAL contract.
 - `StorageStateMachine` (`s3stream.testing.storage`): a whole client (streams, appends,
-  fetches, trims, flushes, restarts, crashes, compaction) checked against a model.
+  fetches, trims, flushes, restarts, crashes, compaction) checked against a model;
+  `FaultyStorageStateMachine`: the same under store and WAL faults that come and go.
+- `s3stream.testing.disk_faults.failing_writes`: a real write fault under a running `FileWal`.
 - `s3stream.testing.strategies`: Hypothesis strategies for records, keys and ranges.
 - `s3stream.testing.profiles` and `s3stream.testing.plugin`: the Hypothesis profiles
   ``s3stream-quick`` and ``s3stream-long``, and the pytest plugin (registered through the
@@ -29,13 +32,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .faults import FaultCounters, FaultRule, FaultyObjectStore
+    from .faults import FaultCounters, FaultRule, FaultyObjectStore, FaultyWal
     from .objectstore import (
         ObjectStoreStateMachine,
         ObjectStoreTests,
         make_object_store_state_machine,
     )
-    from .storage import StorageStateMachine
+    from .storage import FaultyStorageStateMachine, StorageStateMachine
     from .wal import WalStateMachine, WalTests, make_wal_state_machine
 
 __all__ = [
@@ -43,6 +46,8 @@ __all__ = [
     "FaultCounters",
     "FaultRule",
     "FaultyObjectStore",
+    "FaultyStorageStateMachine",
+    "FaultyWal",
     "ObjectStoreStateMachine",
     "ObjectStoreTests",
     "StorageStateMachine",
@@ -61,6 +66,8 @@ _LAZY = {
     "FaultCounters": "faults",
     "FaultRule": "faults",
     "FaultyObjectStore": "faults",
+    "FaultyWal": "faults",
+    "FaultyStorageStateMachine": "storage",
     "ObjectStoreStateMachine": "objectstore",
     "ObjectStoreTests": "objectstore",
     "make_object_store_state_machine": "objectstore",

@@ -1,4 +1,6 @@
-"""`FaultyObjectStore`: a seeded fault-injecting wrapper around any object store.
+"""Fault injection: `FaultyObjectStore` around any object store, `FaultyWal` around any WAL.
+
+`FaultyObjectStore` is a seeded fault-injecting wrapper around any object store.
 
 After SlateDB's fault-injecting object store. Faults come from `FaultRule`s, each matching
 operations by name and keys by prefix:
@@ -16,6 +18,12 @@ Every draw comes from the seeded `random.Random`, so a run with one seed and one
 calls injects the same faults. `healthy()` suspends injection; `counters` tells what was
 injected. Arguments are validated before any fault, so bad input always gets
 `InvalidArgumentError`. Needs neither pytest nor Hypothesis.
+
+`FaultyWal` is a WAL whose medium fails for a while, as a full disk or an unreachable store
+does, and keeps the `WriteAheadLog` contract while doing so: a failing append never reaches
+the inner WAL, every later append fails too until `reset()`, and `reset()` fails retryably
+while the fault lasts, then resumes the WAL. It injects faults while `failing` is set, or at
+random (`error_rate`, drawn from a seeded `random.Random`).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import random
 import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -31,8 +40,9 @@ from types import MappingProxyType
 from ..clock import Clock
 from ..errors import InvalidArgumentError, UnavailableError
 from ..objectstore.base import ObjectInfo, ObjectStore, check_key, check_range
+from ..wal.base import WalCapabilities, WalPosition, WalRecord, WriteAheadLog
 
-__all__ = ["OPERATIONS", "FaultCounters", "FaultRule", "FaultyObjectStore"]
+__all__ = ["OPERATIONS", "FaultCounters", "FaultRule", "FaultyObjectStore", "FaultyWal"]
 
 #: Names of the operations faults can target.
 OPERATIONS = frozenset({"put", "put_if_absent", "get", "get_suffix", "head", "delete_many", "list"})
@@ -322,3 +332,81 @@ def _keys_text(keys: list[str]) -> str:
     if len(keys) == 1:
         return repr(keys[0])
     return f"{len(keys)} keys"
+
+
+class FaultyWal(WriteAheadLog):
+    """Wraps `inner`, failing its appends transiently (see the module docstring).
+
+    Args:
+        inner: The WAL that stores what gets through.
+        rng: Draws the random faults.
+        error_rate: Probability that an append starts a fault of its own (which, like a set
+            `failing`, lasts until `reset()`; such a fault is over by the time `reset` runs).
+    """
+
+    def __init__(
+        self, inner: WriteAheadLog, *, rng: random.Random, error_rate: float = 0.0
+    ) -> None:
+        if not isinstance(inner, WriteAheadLog):
+            raise InvalidArgumentError(f"inner must be a WriteAheadLog, got {inner!r}")
+        if not isinstance(rng, random.Random):
+            raise InvalidArgumentError(f"rng must be a random.Random, got {rng!r}")
+        self._inner = inner
+        self._rng = rng
+        self._error_rate = _check_rate("error_rate", error_rate)
+        self._lock = threading.Lock()
+        #: While set, the medium fails: appends and `reset` raise retryably.
+        self.failing = False
+        self._failure: UnavailableError | None = None
+        self.injected = 0
+
+    @property
+    def inner(self) -> WriteAheadLog:
+        """The wrapped WAL."""
+        return self._inner
+
+    @property
+    def capabilities(self) -> WalCapabilities:
+        return self._inner.capabilities
+
+    def recover(self) -> Iterator[WalRecord]:
+        return self._inner.recover()
+
+    def append(self, data: bytes) -> Future[WalPosition]:
+        if type(data) is not bytes or len(data) > self.capabilities.max_record_bytes:
+            return self._inner.append(data)  # refused at the call, failing or not
+        with self._lock:
+            if self._failure is None and (
+                self.failing or (self._error_rate and self._rng.random() < self._error_rate)
+            ):
+                self.injected += 1
+                self._failure = UnavailableError(
+                    f"injected fault: {self.describe()} failed a write; appends fail until "
+                    "reset()"
+                )
+            failure = self._failure
+            if failure is None:
+                # Under the lock: a later append can never overtake this one's position.
+                return self._inner.append(data)
+        failed: Future[WalPosition] = Future()
+        failed.set_exception(failure)
+        return failed
+
+    def drive(self, future: Future[WalPosition]) -> None:
+        self._inner.drive(future)
+
+    def trim(self, position: WalPosition) -> None:
+        self._inner.trim(position)
+
+    def reset(self) -> None:
+        with self._lock:
+            if self.failing:
+                raise UnavailableError(f"injected fault: {self.describe()} still fails")
+            self._failure = None
+            self._inner.reset()
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def describe(self) -> str:
+        return f"faulty({self._inner.describe()})"

@@ -245,6 +245,26 @@ class SeaweedS3Server:
             f"(last error: {last_error})\n{self.log_tail()}"
         )
 
+    def _wait_writable(self) -> None:
+        """Wait until an object can be written and read back (after a restart, the bucket
+        answers before the volume server is back)."""
+        deadline = time.monotonic() + self._start_timeout_s
+        client = self.client(connect_timeout=1, read_timeout=5, max_attempts=1)
+        key = ".seaweedfs-launcher-probe"
+        while True:
+            try:
+                client.put_object(Bucket=self.bucket, Key=key, Body=b"probe")
+                client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+                client.delete_object(Bucket=self.bucket, Key=key)
+                return
+            except Exception as exc:  # not ready yet: 500s while the volume server loads
+                if time.monotonic() > deadline:
+                    raise SeaweedUnavailable(
+                        f"SeaweedFS S3 answered but could not store an object within "
+                        f"{self._start_timeout_s:.0f}s (last error: {exc})\n{self.log_tail()}"
+                    ) from exc
+            time.sleep(0.1)
+
     def stop(self) -> None:
         """Stop the server (terminate, then kill if it lingers) and remove an owned data dir."""
         self._terminate()
@@ -271,6 +291,7 @@ class SeaweedS3Server:
         self._spawn(weed, same_ports=True)
         try:
             self._wait_ready()
+            self._wait_writable()
         except BaseException:
             self.stop()
             raise

@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import itertools
 import logging
 import os
 import stat
@@ -49,9 +48,6 @@ _log = logging.getLogger(__name__)
 LOCK_SUFFIX = ".lock"
 #: Tries to lock a lock file that keeps being replaced under the opener (take-overs racing).
 _ACQUIRE_ATTEMPTS = 64
-#: Unique names for the new lock files of take-overs within this process.
-_seq = itertools.count()
-_seq_lock = threading.Lock()
 
 
 def lock_path_for(wal_path: str | Path) -> Path:
@@ -245,9 +241,11 @@ class WalHolderLock:
                     )
                 return
             lock_path = lock_path_for(self._wal_path)
-            with _seq_lock:
-                n = next(_seq)
-            temp = lock_path.with_name(f"{lock_path.name}.{os.getpid()}.{n}")
+            # Unique among live lock objects of live processes; one left by a dead process
+            # that had our pid is garbage.
+            temp = lock_path.with_name(f"{lock_path.name}.{os.getpid()}.{id(self):x}")
+            with contextlib.suppress(FileNotFoundError):
+                temp.unlink()
             try:
                 fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
             except OSError as exc:
