@@ -38,9 +38,11 @@ from s3stream.errors import (
     WalFullError,
 )
 from s3stream.settings import FileWalSettings
+from s3stream.testing import disk_faults
 from s3stream.testing.disk_faults import failing_writes
 from s3stream.testing.wal import WalTests
 from s3stream.wal import FileWal, MemoryWal, WalRecord, open_wal
+from s3stream.wal.base import WriteAheadLog
 from s3stream.wal.file import read_wal_header
 from s3stream.wal.framing import DATA_START, SLOT_BYTES, FrameScanner, frame_size
 from s3stream.wal.registry import parse_size
@@ -153,6 +155,12 @@ class TestFileWalConformance(WalTests):
     def open_wal_as(self, medium: Path, node_epoch: int) -> FileWal:
         # Another node taking this one over while it runs: past the holder lock, on purpose.
         return FileWal(medium, node_epoch=node_epoch, settings=small(4 * MiB), take_over=True)
+
+    def transient_fault(
+        self, medium: Path, wal: WriteAheadLog
+    ) -> contextlib.AbstractContextManager[None]:
+        assert isinstance(wal, FileWal)
+        return failing_writes(wal)
 
 
 # -- round trips --------------------------------------------------------------------------------
@@ -726,20 +734,11 @@ def test_settings_validation() -> None:
 
 @contextlib.contextmanager
 def tmpfs(directory: Path, options: str) -> Iterator[Path]:
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    directory.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(directory)],
-        capture_output=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {done.stderr.decode().strip()}")
     try:
-        yield directory
-    finally:
-        subprocess.run(["umount", "-l", str(directory)], check=False)
+        with disk_faults.tmpfs(directory, options) as mounted:
+            yield mounted
+    except disk_faults.DiskFaultUnavailable as exc:
+        pytest.skip(str(exc))
 
 
 def test_no_space_and_read_only_filesystems(tmp_path: Path) -> None:

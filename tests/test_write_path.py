@@ -39,6 +39,7 @@ from s3stream import (
 )
 from s3stream.objectstore.base import ObjectInfo, ObjectStore
 from s3stream.objectstore.wrappers import ForwardingObjectStore
+from s3stream.testing import disk_faults
 from s3stream.testing.disk_faults import failing_writes
 from s3stream.wal.file import FileWal
 
@@ -60,35 +61,11 @@ def read_back(client: s3stream.StreamClient, stream_id: int) -> list[bytes]:
 
 @contextlib.contextmanager
 def tmpfs(directory: Path, size: str) -> Iterator[Path]:
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (the ENOSPC store test covers the same path)")
-    directory.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
-        capture_output=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs ({done.stderr.decode().strip()}); the ENOSPC store "
-                    "test covers the same path")
     try:
-        yield directory
-    finally:
-        subprocess.run(["umount", "-l", str(directory)], check=False)
-
-
-def fill(directory: Path) -> Path:
-    """Fill the filesystem of `directory` to the last byte; the filler file's path."""
-    filler = directory / "filler"
-    chunk = b"\0" * (64 * KiB)
-    with open(filler, "wb", buffering=0) as f:
-        with contextlib.suppress(OSError):
-            while True:
-                f.write(chunk)
-        with contextlib.suppress(OSError):
-            while True:
-                f.write(b"\0")
-    return filler
+        with disk_faults.tmpfs(directory, f"size={size}") as mounted:
+            yield mounted
+    except disk_faults.DiskFaultUnavailable as exc:
+        pytest.skip(f"{exc}; the ENOSPC store test covers the same path")
 
 
 # ---------------------------------------------------------------------- caller mistakes
@@ -163,7 +140,7 @@ def test_full_disk_then_freed_appends_resume(tmp_path: Path) -> None:
         client = s3stream.open(store_dir, wal=wal, settings=FULL_SETTINGS)
         stream = client.create_stream()
         sid = stream.stream_id
-        filler = fill(disk)
+        filler = disk_faults.fill_filesystem(disk)
         acked = _fill_until_refused(stream)
         assert acked, "the WAL should have taken some appends before pushing back"
         with pytest.raises(UnavailableError):

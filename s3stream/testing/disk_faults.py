@@ -1,21 +1,30 @@
-"""`failing_writes`: a real write fault under a running `FileWal`, as a dying disk gives.
+"""Real disk faults for tests: a write fault under a running `FileWal`, a small tmpfs to fill.
 
-The WAL's write descriptor is swapped (``dup2``) for a read-only descriptor of the same file,
-so the kernel refuses every write (``EBADF``) until the context ends and the WAL's own
-descriptor is put back. The swap happens while this thread holds the WAL's committer role,
-so no commit is ever half on one descriptor and half on the other, and the ``flock`` a
-commit takes is always released on the descriptor it was taken on.
+`failing_writes`: the WAL's write descriptor is swapped (``dup2``) for a read-only
+descriptor of the same file, so the kernel refuses every write (``EBADF``) until the context
+ends and the WAL's own descriptor is put back. The swap happens while this thread holds the
+WAL's committer role, so no commit is ever half on one descriptor and half on the other, and
+the ``flock`` a commit takes is always released on the descriptor it was taken on.
+
+`tmpfs` mounts a small tmpfs (root only; `DiskFaultUnavailable` says why it cannot) and
+`fill_filesystem` fills one to the last byte, for the ``ENOSPC`` of a really full disk.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 from ..wal.file import FileWal
 
-__all__ = ["failing_writes"]
+__all__ = ["DiskFaultUnavailable", "failing_writes", "fill_filesystem", "tmpfs"]
+
+
+class DiskFaultUnavailable(RuntimeError):
+    """This machine cannot stage the fault (not root, or mounting is not allowed)."""
 
 #: Holds the committer role while a descriptor is swapped (no real thread has this ident).
 _SWAPPER = -1
@@ -54,3 +63,38 @@ def failing_writes(wal: FileWal) -> Iterator[None]:
             if wal._wfd == fd:
                 os.dup2(saved, fd)
             os.close(saved)
+
+
+@contextlib.contextmanager
+def tmpfs(directory: Path, options: str) -> Iterator[Path]:
+    """Mount a tmpfs with mount `options` (``size=4m``, ``ro,size=1m``) on `directory` while
+    inside; raises `DiskFaultUnavailable` where that is impossible."""
+    if os.geteuid() != 0:
+        raise DiskFaultUnavailable("mounting a tmpfs needs root")
+    directory.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(directory)],
+        capture_output=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise DiskFaultUnavailable(f"cannot mount a tmpfs: {done.stderr.decode().strip()}")
+    try:
+        yield directory
+    finally:
+        subprocess.run(["umount", "-l", str(directory)], check=False)
+
+
+def fill_filesystem(directory: Path) -> Path:
+    """Fill the filesystem of `directory` to the last byte; the filler file's path (delete it
+    to free the space)."""
+    filler = directory / "filler"
+    chunk = b"\0" * (64 << 10)
+    with open(filler, "wb", buffering=0) as f:
+        with contextlib.suppress(OSError):
+            while True:
+                f.write(chunk)
+        with contextlib.suppress(OSError):
+            while True:
+                f.write(b"\0")
+    return filler

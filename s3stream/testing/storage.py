@@ -110,13 +110,26 @@ class StorageStateMachine(RuleBasedStateMachine):
             bytes([(len(batches) + k) % 251]) * min(size, self.max_payload_bytes)
             for k in range(pipelined)
         ]
-        if pipelined == 1:
-            results = [s.append(RecordBatch(payloads[0], count=count))]
-        else:
-            futures = [s.append_async(RecordBatch(p, count=count)) for p in payloads]
-            results = [f.result() for f in futures]
-        for r, p in zip(results, payloads, strict=True):
-            assert r.base_offset == self._end(i), "offsets must be dense"
+        results: list[tuple[bytes, Any]] = []
+        for p in payloads:
+            try:
+                if pipelined == 1:  # the synchronous path (it drives the WAL itself)
+                    results.append((p, s.append(RecordBatch(p, count=count))))
+                else:
+                    results.append((p, s.append_async(RecordBatch(p, count=count))))
+            except S3StreamError as exc:
+                self._tolerate(exc)
+        for p, r in results:
+            if pipelined > 1:
+                try:
+                    r = r.result()
+                except S3StreamError as exc:
+                    self._tolerate(exc)
+                    continue
+            assert r.base_offset == self._end(i), (
+                f"acknowledged at offset {r.base_offset}, expected {self._end(i)}: offsets "
+                "must be dense (across failed appends too)"
+            )
             batches.append((r.base_offset, count, p))
 
     @precondition(lambda self: self.streams)
@@ -187,6 +200,10 @@ class StorageStateMachine(RuleBasedStateMachine):
 
     # -- helpers ---------------------------------------------------------------------------
 
+    def _tolerate(self, exc: S3StreamError) -> None:
+        """A call failed with `exc`: re-raise it unless this machine's faults explain it."""
+        raise exc
+
     def _end(self, i: int) -> int:
         batches = self.model[i]
         return batches[-1][0] + batches[-1][1] if batches else 0
@@ -204,15 +221,6 @@ FAULT_SETTINGS = dataclasses.replace(
     call_timeout_ms=3_000,
     store_timeout_ms=2_000,
 )
-
-#: What a call may raise while faults are on: retryable errors only.
-_RETRYABLE = S3StreamError
-
-
-def _retryable(exc: S3StreamError) -> None:
-    if not exc.retryable:
-        raise AssertionError(f"a transient fault made a non-retryable error: {exc!r}") from exc
-
 
 class FaultyStorageStateMachine(StorageStateMachine):
     """`StorageStateMachine` with faults that come and go: the object store fails (errors
@@ -296,6 +304,11 @@ class FaultyStorageStateMachine(StorageStateMachine):
     def wal_heals(self) -> None:
         self._wal.failing = False
 
+    def _tolerate(self, exc: S3StreamError) -> None:
+        """While faults come and go, a call may fail, but only retryably."""
+        if not exc.retryable:
+            raise AssertionError(f"a transient fault made a non-retryable error: {exc!r}") from exc
+
     def _all_healthy(self) -> None:
         self.store_heals()
         self.wal_heals()
@@ -308,52 +321,20 @@ class FaultyStorageStateMachine(StorageStateMachine):
             return
         try:
             stream = self.client.create_stream()
-        except _RETRYABLE as exc:
-            _retryable(exc)
+        except S3StreamError as exc:
+            self._tolerate(exc)
             return
         self.streams.append(stream)
         self.model.append([])
         self.starts.append(0)
 
     @precondition(lambda self: self.streams)
-    @rule(
-        i=st.integers(0, 15),
-        count=st.integers(1, 5),
-        size=st.integers(0, 700),
-        pipelined=st.integers(1, 4),
-    )
-    def append(self, i: int, count: int, size: int, pipelined: int) -> None:
-        i %= len(self.streams)
-        s, batches = self.streams[i], self.model[i]
-        payloads = [
-            bytes([(len(batches) + k) % 251]) * min(size, self.max_payload_bytes)
-            for k in range(pipelined)
-        ]
-        outcomes: list[tuple[bytes, Any]] = []
-        for p in payloads:
-            try:
-                outcomes.append((p, s.append_async(RecordBatch(p, count=count))))
-            except _RETRYABLE as exc:
-                _retryable(exc)
-        for p, future in outcomes:
-            try:
-                r = future.result()
-            except _RETRYABLE as exc:
-                _retryable(exc)
-                continue
-            assert r.base_offset == self._end(i), (
-                f"acknowledged at offset {r.base_offset}, expected {self._end(i)}: offsets must "
-                "be dense across failed appends"
-            )
-            batches.append((r.base_offset, count, p))
-
-    @precondition(lambda self: self.streams)
     @rule(i=st.integers(0, 15), frac=st.floats(0, 1), max_bytes=st.integers(1, 3000))
     def fetch(self, i: int, frac: float, max_bytes: int) -> None:
         try:
             super().fetch(i, frac, max_bytes)
-        except _RETRYABLE as exc:
-            _retryable(exc)
+        except S3StreamError as exc:
+            self._tolerate(exc)
 
     @precondition(lambda self: self.streams)
     @rule(i=st.integers(0, 15), frac=st.floats(0, 1))
@@ -362,9 +343,9 @@ class FaultyStorageStateMachine(StorageStateMachine):
         new_start = self.starts[i] + int((self._end(i) - self.starts[i]) * frac)
         try:
             self.streams[i].trim(new_start)
-        except _RETRYABLE as exc:
+        except S3StreamError as exc:
             # It may have taken effect or not; trims are idempotent, so once more, healthy.
-            _retryable(exc)
+            self._tolerate(exc)
             with self._faulty_store().healthy():
                 self.streams[i].trim(new_start)
         self.starts[i] = max(self.starts[i], new_start)
@@ -373,15 +354,15 @@ class FaultyStorageStateMachine(StorageStateMachine):
     def flush(self) -> None:
         try:
             self.client.flush()
-        except _RETRYABLE as exc:
-            _retryable(exc)
+        except S3StreamError as exc:
+            self._tolerate(exc)
 
     @rule()
     def compact(self) -> None:
         try:
             self.client.compact()
-        except _RETRYABLE as exc:
-            _retryable(exc)
+        except S3StreamError as exc:
+            self._tolerate(exc)
 
     @rule()
     def restart(self) -> None:
@@ -389,8 +370,8 @@ class FaultyStorageStateMachine(StorageStateMachine):
         then a new client, healthy while it recovers."""
         try:
             self.client.close()
-        except _RETRYABLE as exc:
-            _retryable(exc)
+        except S3StreamError as exc:
+            self._tolerate(exc)
         self._reopen()
 
     @rule()
@@ -403,8 +384,8 @@ class FaultyStorageStateMachine(StorageStateMachine):
                 try:
                     r = s.append(RecordBatch(b"after the faults"))
                     break
-                except _RETRYABLE as exc:
-                    _retryable(exc)
+                except S3StreamError as exc:
+                    self._tolerate(exc)
                     assert time.monotonic() < give_up, (
                         f"no append succeeded {self.progress_timeout_s:.0f} s after the faults "
                         f"stopped: {exc!r}"
