@@ -41,8 +41,9 @@ def check_read_args(
 class Stream(Closeable):
     """An open stream: append batches, fetch them back by offset, trim the head.
 
-    Obtained from `StreamClient.create_stream` or `StreamClient.open_stream`; opening bumps
-    the stream's epoch, which fences any previous owner. Thread-safe.
+    Obtained from `StreamClient.create_stream` or `StreamClient.open_stream` (which refuses a
+    stream another node still has open: `StreamOwnedError`); opening bumps the stream's epoch,
+    which fences any previous holder of this handle. Thread-safe.
 
     Offsets: ``start_offset`` is the first readable offset (moved by `trim`),
     ``confirm_offset`` the end of what is durable (fetches never go past it), ``next_offset``
