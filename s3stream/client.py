@@ -529,6 +529,9 @@ class StreamClient(Closeable):
         """Stop as a crash would: no upload, the WAL is not closed (for crash tests).
 
         What was acknowledged stays in the WAL; the next client on the same WAL recovers it.
+        The WAL stops as the process's death would stop it (its ``_abandon``, the hook the
+        conformance kit's crashes use, where it has one): no clean-shutdown mark, and what the
+        kernel would release, such as a file WAL's holder lock, is released.
         """
         with self._lock:
             if self._closed:
@@ -537,6 +540,9 @@ class StreamClient(Closeable):
             for s in self._streams.values():
                 s._mark_closed("closed (client abandoned)")
         self._storage.abandon()
+        crash = getattr(self._wal, "_abandon", None)
+        if callable(crash):
+            crash()
 
     def _check_open(self) -> None:
         if self._closed:

@@ -42,7 +42,9 @@ def default_wal_url(url: str, node_id: str) -> str | None:
         return "memory://"
     if scheme == "file":
         path = Path(rest).resolve() / "wal" / f"{node_id}.wal"
-        return f"file://{path}?capacity={DEFAULT_LOCAL_WAL_CAPACITY}"
+        # as_uri() percent-encodes the path, so the WAL URL names exactly this file for any
+        # directory name (``%``, ``?``, ``#``, newlines, tabs, ``..``-lookalikes included).
+        return f"{path.as_uri()}?capacity={DEFAULT_LOCAL_WAL_CAPACITY}"
     base = url.split("?", 1)[0].rstrip("/")
     if scheme in ("s3", "s3a"):
         return f"{base}/{OBJECT_WAL_DIR}"

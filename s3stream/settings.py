@@ -23,11 +23,22 @@ from .validation import (
     check_zstd_level,
 )
 
-__all__ = ["ClientSettings", "CompactionSettings", "FileWalSettings", "ObjectWalSettings"]
+__all__ = [
+    "MIN_ORPHAN_GRACE_MS",
+    "ClientSettings",
+    "CompactionSettings",
+    "FileWalSettings",
+    "ObjectWalSettings",
+]
 
 KiB = 1 << 10
 MiB = 1 << 20
 GiB = 1 << 30
+
+#: The shortest `CompactionSettings.orphan_grace_ms`: an orphan sweep must never race an
+#: upload between its PUT and its commit (a session's own keys are not swept at all; this is
+#: the second line of defence).
+MIN_ORPHAN_GRACE_MS = 600_000
 
 #: Largest data block an object may hold (its size is stored in 32 bits): the upper bound of
 #: `ClientSettings.block_target_bytes` and of `ObjectWriter`'s block target.
@@ -92,7 +103,8 @@ class CompactionSettings:
     #: because readers holding an older metadata snapshot may still read them.
     deletion_delay_ms: int = 600_000
     #: An object PUT but never committed is deleted once it was seen unreferenced for this
-    #: long (it must exceed the longest time between an upload's PUT and its commit).
+    #: long, and only once its writer's session has ended (docs/compaction.md); at least
+    #: `MIN_ORPHAN_GRACE_MS`.
     orphan_grace_ms: int = 86_400_000
     #: How often the (listing) orphan sweep runs; 0 disables it.
     orphan_sweep_interval_ms: int = 3_600_000
@@ -113,11 +125,16 @@ class CompactionSettings:
                 "retention_ms",
                 "retention_bytes",
                 "deletion_delay_ms",
-                "orphan_grace_ms",
                 "orphan_sweep_interval_ms",
                 "bytes_per_s",
             ),
         )
+        if self.orphan_grace_ms < MIN_ORPHAN_GRACE_MS:
+            raise InvalidArgumentError(
+                f"CompactionSettings.orphan_grace_ms must be at least {MIN_ORPHAN_GRACE_MS} "
+                f"(10 minutes: far above any upload's PUT-to-commit time), got "
+                f"{self.orphan_grace_ms}"
+            )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

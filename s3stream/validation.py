@@ -18,7 +18,7 @@ import re
 import reprlib
 import threading
 from collections.abc import Callable, Collection, Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeGuard, TypeVar
 
 import zstandard
 
@@ -42,6 +42,7 @@ __all__ = [
     "check_text",
     "check_timeout",
     "check_zstd_level",
+    "is_node_id",
 ]
 
 T = TypeVar("T")
@@ -183,10 +184,15 @@ def check_zstd_level(name: str, value: object) -> int:
     return check_int(name, value, minimum=ZSTD_MIN_LEVEL, maximum=ZSTD_MAX_LEVEL)
 
 
+def is_node_id(value: object) -> TypeGuard[str]:
+    """Whether `value` is a valid node id (see `check_node_id`)."""
+    return isinstance(value, str) and _NODE_ID.fullmatch(value) is not None
+
+
 def check_node_id(value: object, name: str = "node_id") -> str:
     """`value` if it is a node id: letters, digits and ``._-``, not starting with one of
     ``._-``, at most 64 characters (it becomes part of object keys and file names)."""
-    if not isinstance(value, str) or not _NODE_ID.fullmatch(value):
+    if not is_node_id(value):
         raise InvalidArgumentError(
             f"{name} must be 1 to 64 letters, digits or '._-' (starting with a letter or "
             f"digit), got {_show(value)}"

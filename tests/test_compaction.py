@@ -29,6 +29,7 @@ from s3stream import (
     ClientSettings,
     CompactionSettings,
     CorruptionError,
+    InvalidArgumentError,
     ManualClock,
     ObjectNotFoundError,
     OffsetOutOfRangeError,
@@ -38,6 +39,7 @@ from s3stream import (
 )
 from s3stream.cache.block_cache import BlockCache
 from s3stream.cli import main as cli_main
+from s3stream.clock import SystemClock
 from s3stream.compaction import (
     CompactionExecutor,
     OutputObject,
@@ -49,6 +51,7 @@ from s3stream.metadata import ObjectKind, check_state
 from s3stream.objectstore.base import ObjectStore
 from s3stream.objectstore.local import LocalObjectStore
 from s3stream.objectstore.memory import MemoryObjectStore
+from s3stream.settings import MIN_ORPHAN_GRACE_MS
 from s3stream.storage.packing import KeyFactory
 from s3stream.storage.reader import ObjectDataReader
 from s3stream.wal.memory import MemoryWal
@@ -173,7 +176,7 @@ def test_old_stream_set_objects_are_split_completely_then_merged() -> None:
         streams = [client.create_stream() for _ in range(4)]
         model = fill(client, streams, 6, lambda i: 300)
         assert client.compact().objects_after == 1  # young: merged into one
-        clock.advance(61)
+        clock.advance(MIN_ORPHAN_GRACE_MS / 1000 + 1)
         report = client.compact()
         assert report.tasks.get("split") == 1
         after = live(client)
@@ -560,7 +563,8 @@ def test_replacing_an_object_without_copying_it_fails_loudly(
 def test_orphans_are_deleted_after_the_grace_period_only() -> None:
     clock = ManualClock()
     store = MemoryObjectStore()
-    with client_on(store, clock, orphan_grace_ms=60_000, orphan_sweep_max_keys=3) as client:
+    grace = MIN_ORPHAN_GRACE_MS
+    with client_on(store, clock, orphan_grace_ms=grace, orphan_sweep_max_keys=3) as client:
         s = client.create_stream()
         model = fill(client, [s], 5, lambda i: 300)
         client.compact()
@@ -570,7 +574,7 @@ def test_orphans_are_deleted_after_the_grace_period_only() -> None:
         referenced = {o.key for o in live(client)}
         for _ in range(4):  # sees every key at least once (3 keys per sweep)
             assert client.compact(sweep_orphans=True).orphans_deleted == 0
-        clock.advance(61)
+        clock.advance(MIN_ORPHAN_GRACE_MS / 1000 + 1)
         deleted = 0
         for _ in range(4):
             deleted += client.compact(sweep_orphans=True).orphans_deleted
@@ -579,12 +583,66 @@ def test_orphans_are_deleted_after_the_grace_period_only() -> None:
         check_all(client, model)
     # The first-seen times survive the process: a new client continues the count.
     store.put("data/ghost/00000001/999999999999-m.s3o", b"x")
-    with client_on(store, clock, orphan_grace_ms=60_000, node_id="n2") as client:
+    with client_on(store, clock, orphan_grace_ms=MIN_ORPHAN_GRACE_MS, node_id="n2") as client:
         client.compact(sweep_orphans=True)
-    clock.advance(61)
-    with client_on(store, clock, orphan_grace_ms=60_000, node_id="n3") as client:
+    clock.advance(MIN_ORPHAN_GRACE_MS / 1000 + 1)
+    with client_on(store, clock, orphan_grace_ms=MIN_ORPHAN_GRACE_MS, node_id="n3") as client:
         assert client.compact(sweep_orphans=True).orphans_deleted == 1
         check_all(client, model)
+
+
+def test_the_sweeper_deletes_only_its_own_keys_of_ended_sessions() -> None:
+    """Keys the library did not make (a user's file under ``data/``, odd names) are never
+    candidates; nor are the keys of a node's current session, even unreferenced for far
+    longer than the grace period: the writer may be between an upload's PUT and its commit.
+    A sweep run exactly there (the PUT landed, the commit not yet) deletes nothing."""
+    clock = ManualClock()
+    store = MemoryObjectStore()
+    foreign = [
+        "data/myproject/report.csv",
+        "data/w/00000001/000000000007-m.s3o.bak",
+        "data/w/1/000000000007-m.s3o",
+        "data/w/00000001/7-m.s3o",
+        "data/.w/00000001/000000000007-m.s3o",
+        "data/w/00000001/000000000007-x.s3o",
+        "data/notes.txt",
+    ]
+    for key in foreign:
+        store.put(key, b"not ours")
+    with client_on(store, clock, orphan_grace_ms=MIN_ORPHAN_GRACE_MS) as writer:
+        s = writer.create_stream()
+        s.append(RecordBatch(b"committed"))
+        writer.flush()
+        # The window: this session's next key PUT, its commit not made (yet).
+        in_flight = writer._storage._keys.next_key("stream_set")
+        store.put(in_flight, b"uploaded, commit pending")
+        grace = MIN_ORPHAN_GRACE_MS
+        with client_on(store, clock, orphan_grace_ms=grace, node_id="sweeper") as sweeper:
+            for _ in range(3):
+                assert sweeper.compact(sweep_orphans=True).orphans_deleted == 0
+                clock.advance(MIN_ORPHAN_GRACE_MS / 1000 + 1)
+        assert store.head(in_flight) is not None, "the sweep raced an upload"
+        assert all(store.head(k) is not None for k in foreign)
+    # The writer's session ends when its node registers again: then its orphan goes.
+    with client_on(store, clock, orphan_grace_ms=MIN_ORPHAN_GRACE_MS) as again:
+        again.compact(sweep_orphans=True)
+        clock.advance(MIN_ORPHAN_GRACE_MS / 1000 + 1)
+        assert again.compact(sweep_orphans=True).orphans_deleted == 1
+        assert store.head(in_flight) is None
+        assert all(store.head(k) is not None for k in foreign)
+        assert [b.payload for b in again.read(s.stream_id, 0).batches] == [b"committed"]
+
+
+def test_orphan_grace_has_a_floor(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgumentError, match="orphan_grace_ms"):
+        CompactionSettings(orphan_grace_ms=0)
+    with pytest.raises(InvalidArgumentError, match="orphan_grace_ms must be at least"):
+        CompactionSettings(orphan_grace_ms=MIN_ORPHAN_GRACE_MS - 1)
+    assert CompactionSettings(orphan_grace_ms=MIN_ORPHAN_GRACE_MS).orphan_grace_ms > 0
+    with s3stream.open(tmp_path / "s") as c:
+        c.create_stream()
+    assert cli_main(["compact", str(tmp_path / "s"), "--orphan-grace-ms", "0",
+                     "--no-progress"]) != 0
 
 
 def test_compaction_traffic_is_throttled() -> None:
@@ -743,7 +801,7 @@ def _prop_settings() -> ClientSettings:
             stream_object_target_bytes=2500,
             stream_set_max_age_ms=30_000,
             deletion_delay_ms=PROP_DELAY_MS,
-            orphan_grace_ms=10_000,
+            orphan_grace_ms=MIN_ORPHAN_GRACE_MS,
             orphan_sweep_interval_ms=0,
         ),
     )
@@ -1009,10 +1067,19 @@ _CHILD = textwrap.dedent(
 )
 
 
+class AheadClock(SystemClock):
+    """The system clock, with wall time moved ahead by `ahead_ms` (waits stay real)."""
+
+    ahead_ms = 0
+
+    def now_ms(self) -> int:
+        return super().now_ms() + self.ahead_ms
+
+
 @pytest.mark.slow
 def test_compaction_survives_sigkill_at_random_moments(tmp_path: Path) -> None:
     rng = random.Random(7)
-    crash_settings = CompactionSettings(deletion_delay_ms=0, orphan_grace_ms=0)
+    crash_settings = CompactionSettings(deletion_delay_ms=0, orphan_grace_ms=MIN_ORPHAN_GRACE_MS)
     prep_settings = dataclasses.replace(settings(), compaction=crash_settings)
     with s3stream.open(str(tmp_path), wal="memory://", node_id="prep", settings=prep_settings) as c:
         streams = [c.create_stream() for _ in range(4)]
@@ -1044,11 +1111,16 @@ def test_compaction_survives_sigkill_at_random_moments(tmp_path: Path) -> None:
             evidence += bool(keys - set(state.objects)) or any(
                 not o.live for o in state.objects.values()
             )
+    # The crasher restarts once: its last session ends, so its orphans become sweepable.
+    s3stream.open(str(tmp_path), wal="memory://", node_id="crasher", settings=prep_settings).close()
+    clock = AheadClock()
     with s3stream.open(
-        str(tmp_path), wal="memory://", node_id="verifier", settings=prep_settings
+        str(tmp_path), wal="memory://", node_id="verifier", settings=prep_settings, clock=clock
     ) as client:
         check_all(client, model)
         _check_crash_streams(client)
+        client.compact(sweep_orphans=True)  # sees the orphans ...
+        clock.ahead_ms = MIN_ORPHAN_GRACE_MS + 1000  # ... for the whole grace period
         report = client.compact(sweep_orphans=True)
         assert report.objects_after <= report.objects_before
         check_all(client, model)

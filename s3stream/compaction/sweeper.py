@@ -11,10 +11,15 @@ compaction's PUT and its commit, an aborted compaction whose clean-up failed) is
 by no metadata. `OrphanSweeper` finds such keys with a LIST of the data prefix — rare
 (`orphan_sweep_interval_ms`) and bounded (`orphan_sweep_max_keys` keys per sweep, resuming
 where the last sweep stopped) — and deletes a key once it has been seen unreferenced for
-`orphan_grace_ms`. When each key was first seen is kept in a small object of its own
-(``{meta prefix}/sweeper/orphans``), so a standalone compaction job run now and then makes
-progress too. Two sweepers overwriting each other's record only delay deletions: a key's
-first-seen time is never earlier than a moment it truly was unreferenced.
+`orphan_grace_ms`. Only keys the library itself makes are candidates (`parse_object_key`:
+anything else under ``data/`` belongs to someone else and is never touched), and never a key
+of a node's *current* session: its writer may still be between the PUT and the commit of that
+object, however long a metadata outage keeps it there. A session ends when its node registers
+again (a restart or a take-over bumps the node epoch, after which the old session's commits
+fail), so its orphans are swept after that. When each key was first seen is kept in a small
+object of its own (``{meta prefix}/sweeper/orphans``), so a standalone compaction job run now
+and then makes progress too. Two sweepers overwriting each other's record only delay
+deletions: a key's first-seen time is never earlier than a moment it truly was unreferenced.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from ..clock import Clock
 from ..errors import CorruptionError, ObjectNotFoundError, S3StreamError
 from ..metadata import MetadataManager, MetadataState, PurgeObjects
 from ..objectstore.base import ObjectStore
+from ..storage.packing import parse_object_key
 from ..throttle import Priority, PriorityRateLimiter
 
 __all__ = ["OrphanSweeper", "purge_deleted"]
@@ -128,7 +134,7 @@ class OrphanSweeper:
         state = self._meta.state
         now = self._clock.now_ms()
         seen = record.first_seen_ms
-        unreferenced = [k for k in listed if k not in state.objects]
+        unreferenced = [k for k in listed if k not in state.objects and self._sweepable(k, state)]
         # Forget keys of the span just listed that are referenced now, or gone.
         lo = record.cursor
         hi = listed[-1] if listed and not exhausted else None
@@ -144,7 +150,7 @@ class OrphanSweeper:
             # One more look, as close to the deletion as possible.
             self._meta.refresh()
             latest = self._meta.state
-            due = [k for k in due if k not in latest.objects]
+            due = [k for k in due if k not in latest.objects and self._sweepable(k, latest)]
         for chunk in _chunks(due, _DELETE_CHUNK):
             if self._limiter is not None:
                 self._limiter.acquire(0, Priority.COMPACTION)
@@ -156,6 +162,14 @@ class OrphanSweeper:
         if due:
             log.info("deleted %d orphan objects", len(due))
         return due
+
+    def _sweepable(self, key: str, state: MetadataState) -> bool:
+        """Ours (made by `KeyFactory` under this prefix) and of a session that has ended."""
+        parsed = parse_object_key(key, self._prefix.rstrip("/"))
+        if parsed is None:
+            return False
+        node = state.nodes.get(parsed.node_id)
+        return node is None or node.epoch > parsed.node_epoch
 
     def _load(self) -> _Record:
         try:

@@ -8,6 +8,7 @@ in the metadata log, and a per-client counter), so no randomness and no coordina
 from __future__ import annotations
 
 import itertools
+import re
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -23,16 +24,45 @@ from ..cache.log_cache import (
 )
 from ..format.objects import ObjectWriter
 from ..settings import ClientSettings
-from ..validation import check_node_id
+from ..validation import check_node_id, is_node_id
 
-__all__ = ["KeyFactory", "PackedObject", "pack_objects"]
+__all__ = ["KeyFactory", "ObjectKey", "PackedObject", "pack_objects", "parse_object_key"]
 
 KIND_STREAM = "stream"
 KIND_STREAM_SET = "stream_set"
 
 
+#: ``{prefix}/{node_id}/{node_epoch:08d}/{counter:012d}-{s|m}.s3o``: what `KeyFactory` makes.
+_OBJECT_NAME = re.compile(r"(\d{12,})-([sm])\.s3o")
+_EPOCH = re.compile(r"\d{8,}")
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectKey:
+    """The parts of a data-object key made by `KeyFactory`."""
+
+    node_id: str
+    node_epoch: int
+    counter: int
+    kind: str
+
+
+def parse_object_key(key: str, prefix: str = "data") -> ObjectKey | None:
+    """The parts of `key` if `KeyFactory` (with `prefix`) could have made it, else None: the
+    one test of "is this one of our objects" (the orphan sweeper touches nothing else)."""
+    parts = key.split("/")
+    if len(parts) != 4 or parts[0] != prefix:
+        return None
+    _, node_id, epoch, name = parts
+    named = _OBJECT_NAME.fullmatch(name)
+    if named is None or _EPOCH.fullmatch(epoch) is None or not is_node_id(node_id):
+        return None
+    kind = KIND_STREAM if named.group(2) == "s" else KIND_STREAM_SET
+    return ObjectKey(node_id, int(epoch), int(named.group(1)), kind)
+
+
 class KeyFactory:
-    """Makes unique data-object keys for one client session."""
+    """Makes unique data-object keys for one client session (`parse_object_key` reads them)."""
 
     def __init__(self, node_id: str, node_epoch: int, prefix: str = "data") -> None:
         self._base = f"{prefix}/{check_node_id(node_id)}/{node_epoch:08d}"
