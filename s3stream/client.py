@@ -25,6 +25,7 @@ from .errors import (
     OffsetOutOfRangeError,
     S3StreamError,
     StreamClosedError,
+    UnavailableError,
 )
 from .failover import TakeOverReport, take_over_node
 from .metadata import CloseStream, MetadataManager, MetadataState, StreamMeta
@@ -140,6 +141,9 @@ class StreamClient(Closeable):
         self._lock = threading.RLock()
         self._streams: dict[int, Stream] = {}
         self._closed = False
+        #: Set once close() (or abandon()) has finished; `_close_error` is what it raised.
+        self._close_done = threading.Event()
+        self._close_error: BaseException | None = None
         self._meta = MetadataManager(
             self._store,
             clock=self._clock,
@@ -375,18 +379,21 @@ class StreamClient(Closeable):
         self._meta.trim_stream(stream.stream_id, stream.epoch, new_start)
 
     def _close_stream(self, stream: Stream) -> None:
+        """Upload what `stream` has pending, stop its appends, release it in the metadata.
+        Raises if the release failed (the stream stays owned); calling again retries it."""
         with self._lock:
             if self._closed:
                 return
-            self._storage.flush()
-            self._storage.release_writer(
-                stream.stream_id, StreamClosedError(f"stream {stream.stream_id} is closed")
-            )
-            self._streams.pop(stream.stream_id, None)
+            if self._streams.get(stream.stream_id) is stream:
+                self._storage.flush()
+                self._storage.release_writer(
+                    stream.stream_id, StreamClosedError(f"stream {stream.stream_id} is closed")
+                )
+                self._streams.pop(stream.stream_id, None)
             try:
                 self._meta.close_stream(stream.stream_id, stream.epoch)
             except S3StreamError as exc:
-                log.warning("closing stream %d: %s", stream.stream_id, exc)
+                raise _release_failed([stream.stream_id], self._node_id, exc) from exc
 
     def _destroy_stream(self, stream: Stream) -> None:
         with self._lock:
@@ -488,22 +495,36 @@ class StreamClient(Closeable):
         """
         timeout = check_timeout("timeout_s", timeout_s)
         with self._lock:
-            if self._closed:
-                return
+            again = self._closed
             self._closed = True
-            owned = [
-                (sid, s.epoch) for sid, s in self._streams.items() if not s.closed
-            ]
-            for s in self._streams.values():
-                s._mark_closed("closed (client closed)")
-        # Let throttled background work through so that stopping never waits on tokens.
-        self._limiter.close()
-        self._compactor.stop()
+            if not again:
+                owned = [
+                    (sid, s.epoch) for sid, s in self._streams.items() if not s.closed
+                ]
+                for s in self._streams.values():
+                    s._mark_closed("closed (client closed)")
+        if again:
+            # Closed (or closing) already: report how that ended, not a success it was not.
+            wait = self._settings.call_timeout_ms / 1000 if timeout is None else timeout
+            if not self._close_done.wait(wait):
+                raise UnavailableError("the client is still closing (another close() call)")
+            if self._close_error is not None:
+                raise self._close_error
+            return
         try:
-            self._storage.close(timeout, on_flushed=lambda: self._release_streams(owned))
+            # Let throttled background work through so that stopping never waits on tokens.
+            self._limiter.close()
+            self._compactor.stop()
+            try:
+                self._storage.close(timeout, on_flushed=lambda: self._release_streams(owned))
+            finally:
+                self._block_cache.close()
+                self._store.close()
+        except BaseException as exc:
+            self._close_error = exc
+            raise
         finally:
-            self._block_cache.close()
-            self._store.close()
+            self._close_done.set()
 
     def _release_streams(self, owned: list[tuple[int, int]]) -> None:
         """Close, in one metadata entry, the streams this client still owns (all uploaded)."""
@@ -521,9 +542,10 @@ class StreamClient(Closeable):
         try:
             self._meta.commit(build)
         except S3StreamError as exc:
-            # Everything is uploaded, so nothing is lost; other nodes must take this node over
-            # (cheap: its WAL is empty) or force-open its streams.
-            log.warning("could not release streams %s on close: %s", [s for s, _ in owned], exc)
+            # Everything is uploaded, so nothing is lost; but the streams stay owned, and
+            # other nodes must take this node over (cheap: its WAL is empty) or force-open
+            # them. A close that left them so must not look like a clean one.
+            raise _release_failed([sid for sid, _ in owned], self._node_id, exc) from exc
 
     def abandon(self) -> None:
         """Stop as a crash would: no upload, the WAL is not closed (for crash tests).
@@ -539,10 +561,13 @@ class StreamClient(Closeable):
             self._closed = True
             for s in self._streams.values():
                 s._mark_closed("closed (client abandoned)")
-        self._storage.abandon()
-        crash = getattr(self._wal, "_abandon", None)
-        if callable(crash):
-            crash()
+        try:
+            self._storage.abandon()
+            crash = getattr(self._wal, "_abandon", None)
+            if callable(crash):
+                crash()
+        finally:
+            self._close_done.set()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -553,6 +578,16 @@ class StreamClient(Closeable):
             f"StreamClient(node={self._node_id}#{self._node_epoch}, "
             f"store={self._store.describe()}, wal={self._wal.describe()})"
         )
+
+
+def _release_failed(stream_ids: list[int], node_id: str, exc: S3StreamError) -> S3StreamError:
+    if not exc.retryable:
+        return exc
+    return UnavailableError(
+        f"everything acknowledged is uploaded, but releasing streams {stream_ids} failed "
+        f"({exc}): they stay owned by node {node_id!r}; another node can take_over("
+        f"{node_id!r}) (nothing is left to replay) or force-open them"
+    )
 
 
 def _info(m: StreamMeta) -> StreamInfo:

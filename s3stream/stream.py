@@ -236,7 +236,10 @@ class Stream(Closeable):
             self._start_offset = new_start
 
     def close(self) -> None:
-        """Upload what this stream has pending and release it; other clients may open it."""
+        """Upload what this stream has pending and release it; other clients may open it.
+
+        If the release fails (the store is unreachable) it raises, the stream stays owned by
+        this node, and calling `close` again retries the release."""
         if self._closed is None:
             self._client._close_stream(self)
             self._closed = "closed"

@@ -681,3 +681,21 @@ def test_random_settings_values_never_escape_as_other_errors() -> None:
             kwargs = {n: rng.choice(pool) for n in rng.sample(names, rng.randint(1, 3))}
             with contextlib.suppress(InvalidArgumentError):
                 cls(**kwargs)
+
+
+@pytest.mark.parametrize("raw", [" 5", "5 ", "1_000", "\u0663", "+5", "5.0", "", "0x10"])
+def test_retention_tags_are_plain_integers(tmp_path: Path, raw: str) -> None:
+    with (
+        s3stream.open(tmp_path, wal="memory://") as client,
+        pytest.raises(InvalidArgumentError, match=r"retention\.bytes"),
+    ):
+        client.create_stream({"retention.bytes": raw})
+
+
+@pytest.mark.parametrize("endpoint", [5, "not a url", "ftp://host", "http://", b"http://x"])
+def test_endpoint_url_must_be_an_http_url(endpoint: object) -> None:
+    from s3stream.objectstore.s3 import S3ObjectStore
+
+    with pytest.raises(InvalidArgumentError, match="endpoint_url"):
+        S3ObjectStore("bucket", endpoint_url=endpoint, aws_access_key_id="a",
+                      aws_secret_access_key="b")

@@ -34,6 +34,7 @@ from s3stream import (
     NodeInUseError,
     RecordBatch,
     S3StreamError,
+    StreamClosedError,
     StreamOwnedError,
     UnavailableError,
 )
@@ -189,6 +190,65 @@ def test_store_without_space_then_freed_appends_resume(tmp_path: Path) -> None:
     client.close()
     with s3stream.open(tmp_path / "store", wal=f"file://{tmp_path}/n.wal") as again:
         assert read_back(again, stream.stream_id) == acked
+
+
+def test_waits_under_backpressure_never_add_up_and_close_says_how_it_ended(
+    tmp_path: Path,
+) -> None:
+    """Six threads append while uploads fail (no space): each append ends within its own
+    wait, not after the waits of the threads before it (waiting for room holds no lock);
+    `close` ends within its deadline though appenders are waiting; a second `close` reports
+    the first one's failure instead of returning as if it had worked."""
+    import threading
+
+    from s3stream.objectstore.local import LocalObjectStore
+
+    settings = ClientSettings(
+        call_timeout_ms=3000, backpressure_timeout_ms=1000, store_timeout_ms=1000,
+        upload_interval_ms=50, upload_threshold_bytes=64 * KiB, max_pending_bytes=256 * KiB,
+    )  # fmt: skip
+    store = NoSpaceStore(LocalObjectStore(tmp_path / "store"))
+    wal = FileWal(tmp_path / "n.wal", node_id="local",
+                  settings=FileWalSettings(capacity_bytes=4 * MiB, full_wait_ms=1000))
+    client = s3stream.StreamClient(store, wal, settings=settings)
+    stream = client.create_stream()
+    store.full = True
+    took: list[float] = []
+    acked = [0]
+    stop = threading.Event()
+
+    def append_until_closed() -> None:
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                stream.append(RecordBatch(b"x" * 50_000))
+                acked[0] += 1
+            except StreamClosedError:
+                return
+            except S3StreamError as exc:
+                assert exc.retryable, exc
+            took.append(time.monotonic() - started)
+
+    threads = [threading.Thread(target=append_until_closed) for _ in range(6)]
+    for t in threads:
+        t.start()
+    time.sleep(4)
+    # Bounded by the call's deadline (3 s), not by six backpressure waits one after another.
+    assert took and max(took) < 3.0 + 1.0, f"an append waited {max(took):.1f} s"
+    started = time.monotonic()
+    with pytest.raises(UnavailableError) as first:
+        client.close(timeout_s=2)
+    assert time.monotonic() - started < 2 + 3
+    stop.set()
+    for t in threads:
+        t.join(10)
+    with pytest.raises(UnavailableError) as second:
+        client.close()
+    assert second.value is first.value
+    store.full = False  # what was acknowledged is in the WAL: the next open uploads it
+    reopened = FileWal(tmp_path / "n.wal", node_id="local")
+    with s3stream.StreamClient(_local(tmp_path), reopened) as again:
+        assert len(read_back(again, stream.stream_id)) == acked[0] > 0
 
 
 # ---------------------------------------------------------------------- WAL failure
@@ -383,6 +443,31 @@ def test_a_crashed_node_reopens_under_its_own_id(tmp_path: Path) -> None:
         got = read_back(again, sid)
         assert len(got) == 300 and _digest(got) == digest
         assert again.open_stream(sid).append(RecordBatch(b"next")).base_offset == 300
+
+
+def test_a_mistyped_wal_url_fails_before_it_can_fence_anyone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Mistakes in a WAL URL are caller errors found before the node is registered: a live
+    client with that node id is not fenced, and nothing is written anywhere (malformed
+    ``file:`` URLs once created files relative to the working directory)."""
+    monkeypatch.chdir(tmp_path)
+    live = s3stream.open(tmp_path / "store", node_id="n1")
+    s = live.create_stream()
+    s.append(RecordBatch(b"acknowledged"))
+    before = sorted(p for p in tmp_path.rglob("*"))
+    for wal in (
+        f"file://{tmp_path}/other.wal?capactiy=64MiB",
+        f"file://{tmp_path}/other.wal?capacity=lots",
+        "file:rel.wal",
+        "file://otherhost/tmp/x.wal",
+    ):
+        with pytest.raises(InvalidArgumentError):
+            s3stream.open(tmp_path / "store", node_id="n1", wal=wal)
+    assert sorted(p for p in tmp_path.rglob("*")) == before
+    s.append(RecordBatch(b"still the owner"))
+    live.flush()
+    live.close()  # not fenced: no FencedError
 
 
 def test_fenced_owner_close_raises_after_force_open(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ follows drops the data below it, and deletion of whole objects waits out the del
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -29,15 +30,18 @@ TAG_BYTES = "retention.bytes"
 
 IndexOf = Callable[[ObjectMeta], ObjectIndex]
 
+_INTEGER = re.compile(r"-?[0-9]{1,19}")
+
 
 def _parse_limit(tags: Mapping[str, str], name: str, default: int | None) -> int | None:
     raw = tags.get(name)
     if raw is None:
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InvalidArgumentError(f"tag {name!r} must be an integer, got {raw!r}") from None
+    # Exactly what Kafka writes: optional minus, ASCII digits (int() would also take " 5",
+    # "1_000" and non-ASCII digits, which another reader of the tag may not).
+    if not isinstance(raw, str) or _INTEGER.fullmatch(raw) is None:
+        raise InvalidArgumentError(f"tag {name!r} must be an integer, got {raw!r}")
+    value = int(raw)
     if value < 0:
         return None
     return value

@@ -153,6 +153,14 @@ class S3ObjectStore(ObjectStore):
             raise InvalidArgumentError(
                 f"conflict_retries must be an int >= 0, got {conflict_retries!r}"
             )
+        if endpoint_url is not None and (
+            not isinstance(endpoint_url, str)
+            or not endpoint_url.startswith(("http://", "https://"))
+            or len(endpoint_url) <= len("https://")
+        ):
+            raise InvalidArgumentError(
+                f"endpoint_url must be an http:// or https:// URL, got {endpoint_url!r}"
+            )
         if addressing_style not in (None, "path", "virtual", "auto"):
             raise InvalidArgumentError(
                 f"addressing_style must be 'path', 'virtual' or 'auto', got {addressing_style!r}"

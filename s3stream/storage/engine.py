@@ -43,6 +43,7 @@ from ..errors import (
     S3StreamError,
     StreamClosedError,
     UnavailableError,
+    WalFullError,
 )
 from ..format.batch import WAL_PREFIX, WAL_RECORD_VERSION, decode_wal_record, encode_batch
 from ..metadata import (
@@ -167,6 +168,11 @@ class Storage:
         self._failed: S3StreamError | None = None
         #: Retryable WAL failure under repair by the uploader; appends wait until it clears.
         self._wal_error: S3StreamError | None = None
+        #: Set when the WAL refused an append for want of room, until the next upload trims
+        #: it: later appends wait for room outside the append lock instead of each waiting
+        #: the WAL's full_wait_ms in turn inside it.
+        self._wal_full = False
+        self._recovering = False
         #: Acknowledged appends dropped because another owner took their stream: reported by
         #: the next `flush` (then cleared) and by `close` (all of them).
         self._dropped: list[str] = []
@@ -220,6 +226,23 @@ class Storage:
         report = RecoveryReport()
         state = self._meta.state
         expected: dict[int, int] = {}
+        # Uploads made while replaying do not trim the WAL (it takes no trim before its
+        # recovery ends); the reset at the end drops everything at once.
+        self._recovering = True
+        try:
+            self._replay(report, state, expected, deadline)
+        finally:
+            self._recovering = False
+        self._wal.reset()
+        return report
+
+    def _replay(
+        self,
+        report: RecoveryReport,
+        state: MetadataState,
+        expected: dict[int, int],
+        deadline: float,
+    ) -> None:
         for pos, data in self._wal.recover():
             report.records += 1
             report.bytes += len(data)
@@ -253,8 +276,6 @@ class Storage:
             if self._cache.pending_bytes >= self._settings.upload_threshold_bytes:
                 self._upload_sync(deadline)
         self._upload_sync(deadline)
-        self._wal.reset()
-        return report
 
     def register_writer(self, stream_id: int, epoch: int, end_offset: int) -> WriterState:
         """Make this client the appender of a stream it has just opened."""
@@ -431,7 +452,8 @@ class Storage:
         Without `timeout_s` the wait is bounded by `call_timeout_ms`. On timeout the append
         may still become durable later: `UnavailableError` says so.
         """
-        r = self._append(w, batch)
+        call_deadline = self._deadline(timeout_s)
+        r = self._append(w, batch, call_deadline)
         if not isinstance(r, tuple):
             return r
         result, wal_future = r
@@ -440,9 +462,7 @@ class Storage:
             # a timeout the wait must stay interruptible, so the WAL's own thread does it.
             self._wal.drive(wal_future)
         try:
-            return result.result(
-                self._settings.call_timeout_ms / 1000 if timeout_s is None else timeout_s
-            )
+            return result.result(max(0.0, call_deadline - self._clock.monotonic()))
         except TimeoutError as exc:
             raise UnavailableError(
                 f"append to stream {w.stream_id} was not acknowledged within "
@@ -451,18 +471,24 @@ class Storage:
             ) from exc
 
     def _append(
-        self, w: WriterState, batch: RecordBatch
+        self, w: WriterState, batch: RecordBatch, call_deadline: float | None = None
     ) -> AppendResult | tuple[Future[AppendResult], Future[WalPosition]]:
         ts = batch.base_timestamp
         if ts is None:
             ts = self._clock.now_ms()
         payload = batch.payload
+        # One deadline for everything this call may wait for (a WAL under repair, room in
+        # the upload backlog), never longer than the call's own: waits never add up.
         deadline: float | None = None
         while True:
             if self._wal_error is not None:
                 if deadline is None:
-                    deadline = self._deadline(self._settings.backpressure_timeout_ms / 1000)
+                    deadline = self._wait_deadline(call_deadline)
                 self._wait_for_wal(deadline)
+            if self._wal_full or self._cache.pending_bytes >= self._settings.max_pending_bytes:
+                if deadline is None:
+                    deadline = self._wait_deadline(call_deadline)
+                self._wait_for_room(deadline)  # no lock held: waiters wait side by side
             with self._append_lock:
                 if w.error is not None:
                     raise w.error
@@ -472,9 +498,13 @@ class Storage:
                     raise self._failed
                 if self._wal_error is not None:
                     continue  # failed meanwhile: wait for the repair outside the lock
-                if self._cache.pending_bytes >= self._settings.max_pending_bytes:
-                    self._wait_for_room()
+                if self._wal_full or self._cache.pending_bytes >= self._settings.max_pending_bytes:
+                    continue  # filled up again meanwhile: wait outside the lock
                 return self._append_locked(w, batch, ts, payload)
+
+    def _wait_deadline(self, call_deadline: float | None) -> float:
+        backpressure = self._deadline(self._settings.backpressure_timeout_ms / 1000)
+        return backpressure if call_deadline is None else min(backpressure, call_deadline)
 
     def _append_locked(
         self, w: WriterState, batch: RecordBatch, ts: int, payload: bytes
@@ -492,6 +522,13 @@ class Storage:
             )
         try:
             wal_future = self._wal.append(record)
+        except WalFullError:
+            # Refused at the call, like the next ones until an upload trims the WAL.
+            with self._cond:
+                self._wal_full = True
+                self._upload_requested = True
+                self._cond.notify_all()
+            raise
         except (InvalidArgumentError, BackpressureError):
             # Refused at the call: nothing was written, no offset was used (this call only).
             raise
@@ -516,6 +553,8 @@ class Storage:
         with self._cond:
             while self._wal_error is not None:
                 self._raise_if_broken()
+                if self._closing:
+                    raise StreamClosedError("the client is closed")
                 remaining = deadline - self._clock.monotonic()
                 if remaining <= 0:
                     raise UnavailableError(
@@ -594,18 +633,31 @@ class Storage:
                 self._failed = err
             self._cond.notify_all()
 
-    def _wait_for_room(self) -> None:
-        deadline = self._clock.monotonic() + self._settings.backpressure_timeout_ms / 1000
+    def _wait_for_room(self, deadline: float) -> None:
+        """Wait (no lock held) until the upload backlog is below `max_pending_bytes` and the
+        WAL has room again (after an upload trimmed it)."""
         with self._cond:
             self._upload_requested = True
             self._cond.notify_all()
-            while self._cache.pending_bytes >= self._settings.max_pending_bytes:
+            while (
+                self._wal_full or self._cache.pending_bytes >= self._settings.max_pending_bytes
+            ):
                 self._raise_if_broken()
+                if self._closing:
+                    raise StreamClosedError("the client is closed")
                 remaining = deadline - self._clock.monotonic()
                 if remaining <= 0:
                     cause = f" (last upload error: {self._upload_error})" if (
                         self._upload_error is not None
                     ) else ""
+                    if self._wal_full:
+                        # The next append asks the WAL itself again (it may have room by
+                        # then for reasons of its own).
+                        self._wal_full = False
+                        raise WalFullError(
+                            f"{self._wal.describe()} is full and no upload has made room "
+                            f"yet{cause}"
+                        )
                     raise BackpressureError(
                         f"{self._cache.pending_bytes} bytes wait for upload "
                         f"(max_pending_bytes={self._settings.max_pending_bytes}); "
@@ -857,10 +909,15 @@ class Storage:
         m.objects_uploaded += len(up.objects)
         m.uploaded_bytes += sum(len(o.data) for o in up.objects)
         try:
-            self._wal.trim(up.entries[-1][WALPOS])
+            if not self._recovering:
+                self._wal.trim(up.entries[-1][WALPOS])
         except S3StreamError as exc:
             # Harmless for correctness: recovery drops what is committed.
             log.warning("WAL trim failed: %s", exc)
+        if self._wal_full:
+            with self._cond:
+                self._wal_full = False  # the next append tries the WAL again
+                self._cond.notify_all()
 
     def _drop_fenced(self, sid: int, entries: list[CachedBatch], state: MetadataState) -> None:
         """Another client took stream `sid` over: drop what this client acknowledged of it
@@ -950,5 +1007,6 @@ def _dropped_message(dropped: list[str]) -> str:
     shown = "; ".join(dropped[:5]) + (f"; and {len(dropped) - 5} more" if len(dropped) > 5 else "")
     return (
         "acknowledged appends were dropped because another client took their streams over "
-        f"(open_stream(force=True) or a deletion): {shown}"
+        "(open_stream(force=True), the stream's deletion, or another process opening the "
+        f"store with this client's node_id): {shown}"
     )

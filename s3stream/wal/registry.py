@@ -185,19 +185,29 @@ def lock_file_wal(url: str, node_id: str) -> WalHolderLock | None:
     scheme, _ = split_scheme(url)
     if scheme != "file" or _registry.resolve("file") is not open_file_wal:
         return None
-    path, _ = _file_target(url)
+    path, query = _file_target(url)
+    if query:  # a mistake in the options must fail here too, before anything is registered
+        dataclasses.replace(FileWalSettings(), **_settings_from_query(query, url))
     return WalHolderLock.acquire(path, node_id)
 
 
 def _file_target(url: str) -> tuple[str, str]:
     """The path and the query of a file WAL URL (a plain path has no query)."""
     if "://" not in url:
+        if url.lower().startswith("file:"):
+            raise InvalidArgumentError(
+                f"a file WAL URL is file:///absolute/path (three slashes), got {url!r}"
+            )
         return url, ""
     parts = urlsplit(url)
     if parts.fragment:
         raise InvalidArgumentError(f"a file WAL URL takes no #fragment, got {url!r}")
-    netloc = "" if parts.netloc in ("", "localhost") else parts.netloc
-    path = unquote(netloc + parts.path)
+    if parts.netloc not in ("", "localhost"):
+        raise InvalidArgumentError(
+            f"a file WAL URL names a path on this machine: file:///path (three slashes), not "
+            f"a host {parts.netloc!r}, got {url!r}"
+        )
+    path = unquote(parts.path)
     if not path:
         raise InvalidArgumentError(f"a file WAL URL needs a path, got {url!r}")
     return path, parts.query
