@@ -576,10 +576,11 @@ def test_load_reads_checkpoint_then_only_later_entries_and_never_lists(
         ("get", m.log.checkpoint_key(30)),
         *[("get", m.log.entry_key(s)) for s in range(31, 37)],
     ]
-    # A refresh with nothing new costs one GET; commits use no LIST either.
+    # A refresh with nothing new costs one GET, and one HEAD that checks the newest entry
+    # applied is still there (a rolled-back log); commits use no LIST either.
     reader.calls.clear()
     assert fresh.refresh() is False
-    assert reader.calls == [("get", m.log.entry_key(36))]
+    assert reader.calls == [("get", m.log.entry_key(36)), ("head", m.log.entry_key(35))]
     fresh.create_stream({})
     assert reader.count("list") == 0 and reader.count("put_if_absent") == 1
 
@@ -1114,3 +1115,23 @@ def test_open_stream_owned_by_another_node(store: ObjectStore) -> None:
     ma.close_stream(sid, 2)
     assert mb.open_stream(sid, "node-b").epoch == 3  # closed: free for anyone
     assert ma.open_stream(sid, "node-a", force=True).epoch == 4
+
+
+def test_a_rolled_back_log_is_refused_by_a_client_that_saw_more() -> None:
+    """Entries are never deleted: a client that applied entry N and finds it gone (someone
+    deleted the newest entries) raises `CorruptionError` instead of writing a different
+    history under the same numbers."""
+    store = MemoryObjectStore()
+    m = manager(store)
+    for _ in range(5):
+        m.create_stream({})
+    seen = m.state.seq
+    assert m.refresh() is False  # nothing new, nothing wrong
+    other = manager(store, writer="w2")
+    other.create_stream({})
+    store.delete_many([m.log.entry_key(seq) for seq in (seen - 1, seen, seen + 1)])
+    with pytest.raises(CorruptionError, match="gone") as err:
+        m.refresh()
+    assert err.value.location == m.log.entry_key(seen)
+    with pytest.raises(CorruptionError):
+        m.create_stream({})

@@ -85,6 +85,9 @@ class MetadataManager:
         self._rng = rng if rng is not None else random.Random(writer_id)
         # Serializes commits and replays; never held by readers.
         self._lock = threading.Lock()
+        #: Set once the log was found rolled back: this manager then neither reads on nor
+        #: writes (a write would put a different history under the same numbers).
+        self._rolled_back: CorruptionError | None = None
         self._state: MetadataState | None = None
 
     @property
@@ -280,6 +283,8 @@ class MetadataManager:
     # -- internals -----------------------------------------------------------------------
 
     def _commit_locked(self, build: Build) -> tuple[LogEntry, MetadataState]:
+        if self._rolled_back is not None:
+            raise self._rolled_back
         for attempt in range(self._commit_attempts):
             if attempt >= 4:
                 self._clock.sleep(self._rng.uniform(0, min(0.05, 0.0005 * 2 ** (attempt - 4))))
@@ -324,6 +329,8 @@ class MetadataManager:
 
     def _catch_up(self) -> bool:
         """Apply entries after the current state until one is missing; True if any were."""
+        if self._rolled_back is not None:
+            raise self._rolled_back
         state = start = self.state
         try:
             while True:
@@ -331,6 +338,8 @@ class MetadataManager:
                 try:
                     entry, _ = self._log.read_entry(seq)
                 except ObjectNotFoundError:
+                    if state is start:
+                        self._check_not_rolled_back(state.seq)
                     break
                 try:
                     state = state.apply(entry)
@@ -343,6 +352,22 @@ class MetadataManager:
             # Keep the progress made even if a later entry could not be read.
             self._state = state
         return state is not start
+
+    def _check_not_rolled_back(self, seen: int) -> None:
+        """Entries are never deleted, so the newest one this client has applied must still be
+        there: if it is gone, someone deleted the log's newest entries (a rollback), and going
+        on would write a different history under their numbers."""
+        if seen == 0:
+            return
+        key = self._log.entry_key(seen)
+        if self._log.store.head(key) is None:
+            self._rolled_back = CorruptionError(
+                f"metadata log entry {key!r}, which this client has applied, is gone: the log "
+                "was rolled back or damaged (entries are never deleted); stop writers and "
+                "restore the log, or run `s3stream verify`",
+                location=key,
+            )
+            raise self._rolled_back
 
     def _write_checkpoint(self, state: MetadataState) -> None:
         try:
