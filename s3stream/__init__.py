@@ -7,8 +7,9 @@ in the background. Spark reads the objects directly (``spark.read.format("s3stre
 
 Roles of the public names:
 
-- entry point: `open` (URLs) or `StreamClient` (components);
-- handles: `StreamClient`, `Stream`;
+- entry point: `open` (URLs) or `StreamClient` (components); `open_reader` for a read-only
+  `StreamReader`, which never writes to the store;
+- handles: `StreamClient`, `Stream`, `StreamReader`;
 - values: `RecordBatch` (in), `FetchedBatch`, `AppendResult`, `FetchResult`, `StreamInfo`,
   `TakeOverReport` (out);
 - settings: `ClientSettings`, `CompactionSettings`, `FileWalSettings`, `ObjectWalSettings`,
@@ -40,6 +41,7 @@ from .errors import (
 from .failover import TakeOverReport
 from .objectstore.base import ObjectStore
 from .opening import open
+from .reader import ObjectSummary, StreamReader, open_reader
 from .records import Record
 from .settings import ClientSettings, CompactionSettings, FileWalSettings, ObjectWalSettings
 from .stream import Stream
@@ -75,6 +77,7 @@ __all__ = [
     "NodeInUseError",
     "ObjectNotFoundError",
     "ObjectStore",
+    "ObjectSummary",
     "ObjectWalSettings",
     "OffsetOutOfRangeError",
     "Record",
@@ -87,6 +90,7 @@ __all__ = [
     "StreamInfo",
     "StreamNotFoundError",
     "StreamOwnedError",
+    "StreamReader",
     "StreamState",
     "SystemClock",
     "TakeOverReport",
@@ -94,4 +98,5 @@ __all__ = [
     "WalFullError",
     "WriteAheadLog",
     "open",
+    "open_reader",
 ]

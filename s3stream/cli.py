@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from . import open as open_client
-from .client import StreamClient
 from .errors import S3StreamError
+from .reader import StreamReader, open_reader
 from .types import AppendResult, RecordBatch
 
 __all__ = ["main"]
@@ -101,7 +101,9 @@ def _demo(args: argparse.Namespace) -> int:
 def _inspect(args: argparse.Namespace) -> int:
     client = _open_ro(args)
     try:
-        state = client.metadata.state
+        objects = client.objects()
+        live = [o for o in objects if o.live]
+        doomed = [o for o in objects if not o.live]
         out = {
             "metadata_seq": client.metadata.seq,
             "streams": [
@@ -115,8 +117,11 @@ def _inspect(args: argparse.Namespace) -> int:
                 }
                 for s in client.list_streams()
             ],
-            "objects": len(state.objects),
-            "object_bytes": sum(o.size for o in state.objects.values()),
+            "objects": len(live),
+            "object_bytes": sum(o.size for o in live),
+            # Replaced by compaction or retention; deleted after the deletion delay.
+            "objects_awaiting_deletion": len(doomed),
+            "bytes_awaiting_deletion": sum(o.size for o in doomed),
         }
         print(json.dumps(out, indent=2))
     finally:
@@ -271,8 +276,9 @@ def _take_over(args: argparse.Namespace) -> int:
     return 0
 
 
-def _open_ro(args: argparse.Namespace) -> StreamClient:
-    return open_client(args.url, node_id=args.node_id, wal="memory://")
+def _open_ro(args: argparse.Namespace) -> StreamReader:
+    """The read-only tools' view: a `StreamReader`, which never writes to the store."""
+    return open_reader(args.url)
 
 
 def _parser() -> argparse.ArgumentParser:

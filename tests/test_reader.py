@@ -1,0 +1,131 @@
+"""`StreamReader` / `open_reader` and the read-only CLI tools never write to the store.
+
+Real read-only media: a directory bind-mounted read-only (root only; skipped with the reason
+elsewhere). As root, permission bits do not stop writes, so the mount is what proves it; the
+file listing is also compared before and after on a writable directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import s3stream
+from s3stream import ClientSettings, CompactionSettings, Record, RecordBatch
+from s3stream.cli import main as cli_main
+
+
+def _listing(root: Path) -> list[tuple[str, int, int]]:
+    return sorted(
+        (str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns)
+        for p in root.rglob("*")
+    )
+
+
+@contextlib.contextmanager
+def read_only_view(source: Path, target: Path) -> Iterator[Path]:
+    """`source` bind-mounted read-only at `target` while inside."""
+    if os.geteuid() != 0:
+        pytest.skip("a read-only bind mount needs root")
+    target.mkdir(parents=True, exist_ok=True)
+    for cmd in (
+        ["mount", "--bind", str(source), str(target)],
+        ["mount", "-o", "remount,ro,bind", str(target)],
+    ):
+        done = subprocess.run(cmd, capture_output=True, check=False)
+        if done.returncode != 0:
+            subprocess.run(["umount", str(target)], check=False, capture_output=True)
+            pytest.skip(f"cannot make a read-only bind mount: {done.stderr.decode().strip()}")
+    try:
+        yield target
+    finally:
+        subprocess.run(["umount", str(target)], check=False)
+
+
+def _make_store(root: Path) -> dict[int, list[bytes]]:
+    settings = ClientSettings(
+        upload_threshold_bytes=4096,
+        compaction=CompactionSettings(stream_set_object_target_bytes=1 << 20),
+    )
+    model: dict[int, list[bytes]] = {}
+    with s3stream.open(root, settings=settings) as client:
+        for _ in range(3):
+            s = client.create_stream({"topic": "t"})
+            model[s.stream_id] = []
+            for i in range(30):
+                payload = f"{s.stream_id}:{i}".encode() * 40
+                s.append(RecordBatch(payload))
+                model[s.stream_id].append(payload)
+                if i % 10 == 9:
+                    client.flush()
+        records = client.create_stream()
+        records.append_records([Record(b"v1", key=b"k1"), Record(b"v2")])
+        client.compact()  # replaces the small objects: some now await deletion
+    return model
+
+
+def _read_all(reader: s3stream.StreamReader, stream_id: int) -> list[bytes]:
+    info = reader.stream_info(stream_id)
+    out: list[bytes] = []
+    pos = info.start_offset
+    while pos < info.end_offset:
+        res = reader.read(stream_id, pos)
+        out += [b.payload for b in res.batches]
+        pos = res.next_offset
+    return out
+
+
+def test_a_reader_reads_a_store_on_a_read_only_mount(tmp_path: Path) -> None:
+    model = _make_store(tmp_path / "store")
+    before = _listing(tmp_path / "store")
+    with read_only_view(tmp_path / "store", tmp_path / "ro") as ro:
+        with s3stream.open_reader(ro) as reader:
+            assert [i.stream_id for i in reader.list_streams({"topic": "t"})] == sorted(model)
+            for sid, want in model.items():
+                assert _read_all(reader, sid) == want
+            recs = list(reader.read_records(3, 0))
+            assert [(o, r.key, r.value) for o, r in recs] == [(0, b"k1", b"v1"), (1, None, b"v2")]
+            objects = reader.objects()
+            assert any(o.live for o in objects) and any(not o.live for o in objects)
+        for command in ("inspect", "verify"):
+            assert cli_main([command, str(ro)]) == 0
+        assert cli_main(["dump", str(ro), "0"]) == 0
+        # A client needs to write (it registers a node): on a read-only mount it fails cleanly.
+        with pytest.raises(s3stream.S3StreamError):
+            s3stream.open(ro, wal="memory://")
+    assert _listing(tmp_path / "store") == before
+
+
+def test_read_only_tools_write_nothing_and_inspect_counts_objects_awaiting_deletion(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "store"
+    _make_store(root)
+    before = _listing(root)
+    assert cli_main(["inspect", str(root)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    with s3stream.open_reader(root) as reader:
+        objects = reader.objects()
+    live = [o for o in objects if o.live]
+    doomed = [o for o in objects if not o.live]
+    assert doomed, "the compaction should have left replaced objects awaiting deletion"
+    assert out["objects"] == len(live) and out["object_bytes"] == sum(o.size for o in live)
+    assert out["objects_awaiting_deletion"] == len(doomed)
+    assert out["bytes_awaiting_deletion"] == sum(o.size for o in doomed)
+    assert cli_main(["verify", str(root)]) == 0
+    assert cli_main(["dump", str(root), "1"]) == 0
+    assert _listing(root) == before
+
+
+def test_open_reader_refuses_what_is_not_a_store(tmp_path: Path) -> None:
+    with pytest.raises(s3stream.InvalidArgumentError, match="not a directory"):
+        s3stream.open_reader(tmp_path / "missing")
+    assert not (tmp_path / "missing").exists()
+    with pytest.raises(s3stream.InvalidArgumentError):
+        s3stream.open_reader(tmp_path, settings="fast")  # type: ignore[arg-type]
