@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +17,7 @@ import pytest
 import s3stream
 from s3stream import ClientSettings, CompactionSettings, Record, RecordBatch
 from s3stream.cli import main as cli_main
+from s3stream.testing import disk_faults
 
 
 def _listing(root: Path) -> list[tuple[str, int, int]]:
@@ -30,22 +29,11 @@ def _listing(root: Path) -> list[tuple[str, int, int]]:
 
 @contextlib.contextmanager
 def read_only_view(source: Path, target: Path) -> Iterator[Path]:
-    """`source` bind-mounted read-only at `target` while inside."""
-    if os.geteuid() != 0:
-        pytest.skip("a read-only bind mount needs root")
-    target.mkdir(parents=True, exist_ok=True)
-    for cmd in (
-        ["mount", "--bind", str(source), str(target)],
-        ["mount", "-o", "remount,ro,bind", str(target)],
-    ):
-        done = subprocess.run(cmd, capture_output=True, check=False)
-        if done.returncode != 0:
-            subprocess.run(["umount", str(target)], check=False, capture_output=True)
-            pytest.skip(f"cannot make a read-only bind mount: {done.stderr.decode().strip()}")
     try:
-        yield target
-    finally:
-        subprocess.run(["umount", str(target)], check=False)
+        with disk_faults.read_only_bind(source, target) as view:
+            yield view
+    except disk_faults.DiskFaultUnavailable as exc:
+        pytest.skip(str(exc))
 
 
 def _make_store(root: Path) -> dict[int, list[bytes]]:

@@ -6,6 +6,8 @@ ends and the WAL's own descriptor is put back. The swap happens while this threa
 WAL's committer role, so no commit is ever half on one descriptor and half on the other, and
 the ``flock`` a commit takes is always released on the descriptor it was taken on.
 
+`read_only_bind` shows a directory read-only at another path (a bind mount), for proving that
+something only reads (as root, permission bits do not stop writes; a read-only mount does).
 `tmpfs` mounts a small tmpfs (root only; `DiskFaultUnavailable` says why it cannot) and
 `fill_filesystem` fills one to the last byte, for the ``ENOSPC`` of a really full disk.
 """
@@ -20,7 +22,13 @@ from pathlib import Path
 
 from ..wal.file import FileWal
 
-__all__ = ["DiskFaultUnavailable", "failing_writes", "fill_filesystem", "tmpfs"]
+__all__ = [
+    "DiskFaultUnavailable",
+    "failing_writes",
+    "fill_filesystem",
+    "read_only_bind",
+    "tmpfs",
+]
 
 
 class DiskFaultUnavailable(RuntimeError):
@@ -98,3 +106,26 @@ def fill_filesystem(directory: Path) -> Path:
             while True:
                 f.write(b"\0")
     return filler
+
+
+@contextlib.contextmanager
+def read_only_bind(source: Path, target: Path) -> Iterator[Path]:
+    """`source` bind-mounted read-only at `target` while inside; raises
+    `DiskFaultUnavailable` where that is impossible."""
+    if os.geteuid() != 0:
+        raise DiskFaultUnavailable("a read-only bind mount needs root")
+    target.mkdir(parents=True, exist_ok=True)
+    for cmd in (
+        ["mount", "--bind", str(source), str(target)],
+        ["mount", "-o", "remount,ro,bind", str(target)],
+    ):
+        done = subprocess.run(cmd, capture_output=True, check=False)
+        if done.returncode != 0:
+            subprocess.run(["umount", str(target)], check=False, capture_output=True)
+            raise DiskFaultUnavailable(
+                f"cannot make a read-only bind mount: {done.stderr.decode().strip()}"
+            )
+    try:
+        yield target
+    finally:
+        subprocess.run(["umount", str(target)], check=False)
