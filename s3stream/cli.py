@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from . import open as open_client
-from .errors import S3StreamError
+from .errors import CorruptionError, S3StreamError
 from .reader import StreamReader, open_reader
 from .types import AppendResult, RecordBatch
 
@@ -157,9 +157,23 @@ def _dump(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    client = _open_ro(args)
+    from .metadata.audit import audit_log
+
+    try:
+        client = _open_ro(args)
+    except CorruptionError as exc:
+        print(f"metadata: FAILED to load: {exc}")
+        return 1
     bad = 0
     try:
+        audit = audit_log(client.metadata.log)
+        for problem in audit.problems:
+            print(f"metadata: {problem}")
+        bad += len(audit.problems)
+        print(
+            f"metadata: {audit.entries} entries and {audit.checkpoints} checkpoints checked"
+            + ("" if audit.ok else f", {len(audit.problems)} problems")
+        )
         for info in client.list_streams():
             offset, batches = info.start_offset, 0
             try:

@@ -117,3 +117,51 @@ def test_open_reader_refuses_what_is_not_a_store(tmp_path: Path) -> None:
     assert not (tmp_path / "missing").exists()
     with pytest.raises(s3stream.InvalidArgumentError):
         s3stream.open_reader(tmp_path, settings="fast")  # type: ignore[arg-type]
+
+
+def _verify_output(root: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    capsys.readouterr()
+    code = cli_main(["verify", str(root)])
+    return code, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("damage", ["hole", "flipped", "checkpoint", "pointer"])
+def test_verify_names_damaged_metadata_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str
+) -> None:
+    """`verify` replays the log from entry 1: a hole in the middle, a damaged entry, a
+    checkpoint that disagrees with the entries, a pointer to nothing each exit non-zero and
+    are named; a healthy store exits 0. It writes nothing either way."""
+    root = tmp_path / "store"
+    settings = ClientSettings(metadata_checkpoint_interval=5)
+    with s3stream.open(root, wal="memory://", settings=settings) as client:
+        for _ in range(12):
+            client.create_stream()
+    code, out = _verify_output(root, capsys)
+    assert code == 0, out
+    assert "metadata: " in out and "problems" not in out
+    log = root / "meta" / "log"
+    if damage == "hole":
+        (log / f"{4:020d}").unlink()
+        expect = "missing (a hole)"
+    elif damage == "flipped":
+        entry = log / f"{3:020d}"
+        data = bytearray(entry.read_bytes())
+        data[len(data) // 2] ^= 0x40
+        entry.write_bytes(bytes(data))
+        expect = "damaged entry"
+    elif damage == "checkpoint":
+        # A checkpoint that is well-formed but of another state: the one after entry 5
+        # written where the one after entry 10 belongs.
+        cps = root / "meta" / "checkpoints"
+        (cps / f"{10:020d}").write_bytes((cps / f"{5:020d}").read_bytes())
+        expect = "checkpoint"
+    else:
+        # The newest checkpoint, which the pointer names, is gone.
+        max((root / "meta" / "checkpoints").iterdir()).unlink()
+        expect = "pointer"
+    before = _listing(root)
+    code, out = _verify_output(root, capsys)
+    assert code != 0, out
+    assert expect in out, out
+    assert _listing(root) == before
