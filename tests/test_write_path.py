@@ -37,6 +37,7 @@ from s3stream import (
     StreamClosedError,
     StreamOwnedError,
     UnavailableError,
+    WalFullError,
 )
 from s3stream.objectstore.base import ObjectInfo, ObjectStore
 from s3stream.objectstore.wrappers import ForwardingObjectStore
@@ -249,6 +250,46 @@ def test_waits_under_backpressure_never_add_up_and_close_says_how_it_ended(
     reopened = FileWal(tmp_path / "n.wal", node_id="local")
     with s3stream.StreamClient(_local(tmp_path), reopened) as again:
         assert len(read_back(again, stream.stream_id)) == acked[0] > 0
+
+
+def test_a_full_wal_holds_no_append_past_its_deadline(tmp_path: Path) -> None:
+    """The WAL waits `full_wait_ms` for room inside the way into it (the append lock); other
+    appends and close do not queue behind that past their own deadlines, call after call."""
+    import threading
+
+    from s3stream.objectstore.local import LocalObjectStore
+
+    store = NoSpaceStore(LocalObjectStore(tmp_path / "store"))
+    wal = FileWal(tmp_path / "n.wal", node_id="local",
+                  settings=FileWalSettings(capacity_bytes=MiB, full_wait_ms=1000))
+    client = s3stream.StreamClient(
+        store, wal, settings=ClientSettings(max_pending_bytes=64 * MiB, upload_interval_ms=50)
+    )
+    stream = client.create_stream()
+    store.full = True
+    with pytest.raises(WalFullError):
+        for _ in range(200):
+            stream.append(RecordBatch(b"x" * 20_000), timeout_s=5)
+    took: list[float] = []
+
+    def appends(n: int) -> None:
+        for _ in range(n):
+            started = time.monotonic()
+            with contextlib.suppress(BackpressureError):
+                stream.append(RecordBatch(b"y" * 20_000), timeout_s=0.3)
+            took.append(time.monotonic() - started)
+
+    appends(6)  # one thread, call after call
+    threads = [threading.Thread(target=appends, args=(4,)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(took) == 6 + 32 and max(took) < 0.3 + 0.7, sorted(took)[-5:]
+    started = time.monotonic()
+    with pytest.raises(UnavailableError):
+        client.close(timeout_s=1)
+    assert time.monotonic() - started < 1 + 2.5
 
 
 # ---------------------------------------------------------------------- WAL failure

@@ -362,12 +362,21 @@ class Storage:
         stays in the WAL for the next open. Raises the flush's error, the uploader's death,
         or `FencedError` if acknowledged appends were ever dropped.
         """
-        with self._append_lock:
+        deadline = self._deadline(timeout_s)
+        # An append may hold the lock while the WAL waits for room: close does not queue
+        # behind it past its deadline. Without the lock the flag still stops every append
+        # that has not yet passed its check; one that has is waited for as outstanding.
+        locked = self._append_lock.acquire(
+            timeout=max(0.0, deadline - self._clock.monotonic())
+        )
+        try:
             if self._closing:
                 return
             self._closing = True
             self._cond_notify()
-        deadline = self._deadline(timeout_s)
+        finally:
+            if locked:
+                self._append_lock.release()
         error: BaseException | None = None
         try:
             with self._cond:
@@ -489,7 +498,19 @@ class Storage:
                 if deadline is None:
                     deadline = self._wait_deadline(call_deadline)
                 self._wait_for_room(deadline)  # no lock held: waiters wait side by side
-            with self._append_lock:
+            # The lock may be held by an append the WAL keeps waiting for room (its own
+            # full_wait_ms): waiting for the lock counts against this call's deadline too.
+            lock_deadline = deadline if deadline is not None else self._wait_deadline(
+                call_deadline
+            )
+            if not self._append_lock.acquire(
+                timeout=max(0.0, lock_deadline - self._clock.monotonic())
+            ):
+                raise BackpressureError(
+                    "another append holds the way into the WAL (waiting for room in it) past "
+                    "this append's deadline; retry later"
+                )
+            try:
                 if w.error is not None:
                     raise w.error
                 if self._closing:
@@ -501,6 +522,8 @@ class Storage:
                 if self._wal_full or self._cache.pending_bytes >= self._settings.max_pending_bytes:
                     continue  # filled up again meanwhile: wait outside the lock
                 return self._append_locked(w, batch, ts, payload)
+            finally:
+                self._append_lock.release()
 
     def _wait_deadline(self, call_deadline: float | None) -> float:
         backpressure = self._deadline(self._settings.backpressure_timeout_ms / 1000)
@@ -642,6 +665,11 @@ class Storage:
             while (
                 self._wal_full or self._cache.pending_bytes >= self._settings.max_pending_bytes
             ):
+                if self._wal_full and self._cache.pending_bytes == 0:
+                    # Nothing left to upload, so no upload will trim the WAL: its fullness is
+                    # not ours to wait out. Let the next append ask the WAL itself.
+                    self._wal_full = False
+                    break
                 self._raise_if_broken()
                 if self._closing:
                     raise StreamClosedError("the client is closed")
@@ -651,9 +679,6 @@ class Storage:
                         self._upload_error is not None
                     ) else ""
                     if self._wal_full:
-                        # The next append asks the WAL itself again (it may have room by
-                        # then for reasons of its own).
-                        self._wal_full = False
                         raise WalFullError(
                             f"{self._wal.describe()} is full and no upload has made room "
                             f"yet{cause}"
