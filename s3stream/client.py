@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import threading
@@ -152,8 +153,16 @@ class StreamClient(Closeable):
             checkpoint_interval=self._settings.metadata_checkpoint_interval,
             commit_attempts=self._settings.metadata_commit_attempts,
         )
-        self._meta.load()
-        self._node_epoch = self._meta.register_node(node_id)
+        try:
+            self._meta.load()
+            self._node_epoch = self._meta.register_node(node_id)
+        except BaseException:
+            if isinstance(wal, WriteAheadLog):
+                # The client owns the WAL it was given: a failed open lets go of it (a file
+                # WAL's holder lock included), or the next open in this process is refused.
+                with contextlib.suppress(Exception):
+                    wal.close()
+            raise
         storage_box: list[Storage] = []
 
         def on_full() -> None:
@@ -384,16 +393,19 @@ class StreamClient(Closeable):
         with self._lock:
             if self._closed:
                 return
-            if self._streams.get(stream.stream_id) is stream:
-                self._storage.flush()
-                self._storage.release_writer(
-                    stream.stream_id, StreamClosedError(f"stream {stream.stream_id} is closed")
-                )
-                self._streams.pop(stream.stream_id, None)
+            if self._streams.get(stream.stream_id) is not stream:
+                return
+            # Again after a failed release: nothing is left to flush, the writer is gone.
+            self._storage.flush()
+            self._storage.release_writer(
+                stream.stream_id, StreamClosedError(f"stream {stream.stream_id} is closed")
+            )
             try:
                 self._meta.close_stream(stream.stream_id, stream.epoch)
             except S3StreamError as exc:
+                # Still listed as this client's: its close() tries the release again.
                 raise _release_failed([stream.stream_id], self._node_id, exc) from exc
+            self._streams.pop(stream.stream_id, None)
 
     def _destroy_stream(self, stream: Stream) -> None:
         with self._lock:

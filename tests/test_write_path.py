@@ -44,6 +44,7 @@ from s3stream.objectstore.wrappers import ForwardingObjectStore
 from s3stream.testing import disk_faults
 from s3stream.testing.disk_faults import failing_writes
 from s3stream.wal.file import FileWal
+from s3stream.wal.memory import MemoryWal
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -486,6 +487,29 @@ def test_a_crashed_node_reopens_under_its_own_id(tmp_path: Path) -> None:
         assert again.open_stream(sid).append(RecordBatch(b"next")).base_offset == 300
 
 
+def test_a_stream_whose_release_failed_is_released_by_the_next_close(tmp_path: Path) -> None:
+    """`Stream.close()` while the store refuses writes raises (the stream stays owned); once
+    the store works, the client's close releases it, so another node opens it freely."""
+    from s3stream.objectstore.local import LocalObjectStore
+
+    store = NoSpaceStore(LocalObjectStore(tmp_path / "store"))
+    client = s3stream.StreamClient(
+        store, MemoryWal(), node_id="a", settings=ClientSettings(store_timeout_ms=500)
+    )
+    s = client.create_stream()
+    s.append(RecordBatch(b"uploaded"))
+    client.flush()
+    store.full = True
+    with pytest.raises(UnavailableError, match="stay owned"):
+        s.close()
+    store.full = False
+    client.close()
+    with s3stream.StreamClient(LocalObjectStore(tmp_path / "store"), MemoryWal(),
+                               node_id="b") as other:
+        opened = other.open_stream(s.stream_id)  # no StreamOwnedError: it was released
+        assert [b.payload for b in opened.fetch(0).batches] == [b"uploaded"]
+
+
 def test_a_mistyped_wal_url_fails_before_it_can_fence_anyone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -502,6 +526,8 @@ def test_a_mistyped_wal_url_fails_before_it_can_fence_anyone(
         f"file://{tmp_path}/other.wal?capacity=lots",
         "file:rel.wal",
         "file://otherhost/tmp/x.wal",
+        "file:///",
+        f"file://{tmp_path}/a%00b.wal",
     ):
         with pytest.raises(InvalidArgumentError):
             s3stream.open(tmp_path / "store", node_id="n1", wal=wal)

@@ -273,6 +273,11 @@ class FaultyStorageStateMachine(StorageStateMachine):
         self._all_healthy()
         self.client.close()
 
+    def _reopen(self) -> None:
+        # Like open_client: the new client recovers and reopens its streams healthy.
+        with self._faulty_store().healthy():
+            super()._reopen()
+
     # -- the faults ------------------------------------------------------------------------
 
     def _faulty_store(self) -> FaultyObjectStore:

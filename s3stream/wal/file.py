@@ -136,6 +136,9 @@ def _os_error(action: str, path: Path, exc: OSError) -> S3StreamError:
         return InvalidArgumentError(f"{action} {path}: permission denied ({reason})")
     if exc.errno in (errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ENOENT, errno.ENAMETOOLONG):
         return InvalidArgumentError(f"{action} {path}: {reason}")
+    if exc.errno == errno.EFBIG:
+        # Larger than the file system allows: no retry can help.
+        return InvalidArgumentError(f"{action} {path}: {reason}")
     return UnavailableError(f"{action} {path}: {reason}")
 
 

@@ -198,6 +198,8 @@ def _file_target(url: str) -> tuple[str, str]:
             raise InvalidArgumentError(
                 f"a file WAL URL is file:///absolute/path (three slashes), got {url!r}"
             )
+        if "\0" in url:
+            raise InvalidArgumentError(f"a file WAL path cannot hold a NUL byte, got {url!r}")
         return url, ""
     parts = urlsplit(url)
     if parts.fragment:
@@ -208,8 +210,10 @@ def _file_target(url: str) -> tuple[str, str]:
             f"a host {parts.netloc!r}, got {url!r}"
         )
     path = unquote(parts.path)
-    if not path:
-        raise InvalidArgumentError(f"a file WAL URL needs a path, got {url!r}")
+    if not path or path.endswith("/"):
+        raise InvalidArgumentError(f"a file WAL URL needs the path of a file, got {url!r}")
+    if "\0" in path:
+        raise InvalidArgumentError(f"a file WAL path cannot hold a NUL byte, got {url!r}")
     return path, parts.query
 
 
