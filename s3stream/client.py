@@ -28,7 +28,7 @@ from .errors import (
     StreamClosedError,
     UnavailableError,
 )
-from .failover import TakeOverReport, take_over_node
+from .failover import TakeOverReport, call_wal_factory, has_open_streams, take_over_node
 from .metadata import CloseStream, MetadataManager, MetadataState, StreamMeta
 from .objectstore.base import ObjectStore
 from .objectstore.stack import store_stack
@@ -170,7 +170,15 @@ class StreamClient(Closeable):
                 storage_box[0].request_upload()
 
         self._wal = (
-            wal if isinstance(wal, WriteAheadLog) else wal(node_id, self._node_epoch, on_full)
+            wal
+            if isinstance(wal, WriteAheadLog)
+            else call_wal_factory(
+                wal,
+                node_id,
+                self._node_epoch,
+                on_full,
+                must_exist=has_open_streams(self._meta.state, node_id),
+            )
         )
         #: Opens another node's WAL for `take_over` (None when given a WAL instance).
         self._wal_factory: WalFactory | None = None if isinstance(wal, WriteAheadLog) else wal

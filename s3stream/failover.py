@@ -19,7 +19,7 @@ from typing import cast
 from .cache.block_cache import BlockCache
 from .clock import Clock
 from .errors import InvalidArgumentError, S3StreamError
-from .metadata import MetadataManager
+from .metadata import MetadataManager, MetadataState
 from .objectstore.base import ObjectStore
 from .settings import ClientSettings
 from .storage.engine import RecoveryReport, Storage
@@ -51,18 +51,46 @@ class TakeOverReport:
     released_streams: tuple[int, ...]
 
 
-def _open_taken_over(factory: _WalFactory, node_id: str, epoch: int) -> WriteAheadLog:
-    """The node's WAL, opened to take it over: with ``take_over=True`` when the factory takes
-    that keyword (the built-in ones do), so that a file WAL a live process still holds is
-    opened anyway (the open fences that process) instead of refused with `NodeInUseError`."""
-    try:
-        takes_flag = "take_over" in inspect.signature(factory).parameters
-    except (TypeError, ValueError):  # a callable without a signature: call it plainly
-        takes_flag = False
-    if takes_flag:
-        opener = cast(Callable[..., WriteAheadLog], factory)
-        return opener(node_id, epoch, lambda: None, take_over=True)
-    return factory(node_id, epoch, lambda: None)
+def has_open_streams(state: MetadataState, node_id: str) -> bool:
+    """Whether `node_id` still owns open streams: its last session did not close them, so its
+    WAL may hold acknowledged appends that are not uploaded."""
+    return any(
+        m.state is StreamState.OPEN and m.owner == node_id for m in state.streams.values()
+    )
+
+
+def call_wal_factory(
+    factory: _WalFactory,
+    node_id: str,
+    epoch: int,
+    on_full: Callable[[], None],
+    **flags: bool,
+) -> WriteAheadLog:
+    """Open a node's WAL through `factory`, passing each keyword of `flags` that is set and
+    that the factory takes (the built-in ones take ``take_over`` and ``must_exist``; a
+    user's factory with the plain three-argument signature is called plainly)."""
+    wanted = {name: True for name, value in flags.items() if value}
+    if wanted:
+        try:
+            params = inspect.signature(factory).parameters
+        except (TypeError, ValueError):  # a callable without a signature: call it plainly
+            params = {}  # type: ignore[assignment]
+        passed = {name: True for name in wanted if name in params}
+        if passed:
+            opener = cast(Callable[..., WriteAheadLog], factory)
+            return opener(node_id, epoch, on_full, **passed)
+    return factory(node_id, epoch, on_full)
+
+
+def _open_taken_over(
+    factory: _WalFactory, node_id: str, epoch: int, must_exist: bool
+) -> WriteAheadLog:
+    """The node's WAL, opened to take it over: with ``take_over`` (a file WAL a live process
+    still holds is opened anyway, the open fences that process, instead of refused with
+    `NodeInUseError`) and ``must_exist`` when the node still has streams open."""
+    return call_wal_factory(
+        factory, node_id, epoch, lambda: None, take_over=True, must_exist=must_exist
+    )
 
 
 def take_over_node(
@@ -88,7 +116,7 @@ def take_over_node(
     if node_id not in meta.state.nodes:
         raise InvalidArgumentError(f"node {node_id!r} is not registered in the metadata log")
     epoch = meta.register_node(node_id)
-    wal = _open_taken_over(wal_factory, node_id, epoch)
+    wal = _open_taken_over(wal_factory, node_id, epoch, has_open_streams(meta.state, node_id))
     storage = Storage(
         store=store,
         wal=wal,

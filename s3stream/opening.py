@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -10,12 +11,12 @@ from typing import Any
 from ._registry import split_scheme
 from .client import StreamClient, WalFactory
 from .clock import Clock, SystemClock
-from .errors import InvalidArgumentError
+from .errors import CorruptionError, InvalidArgumentError
 from .objectstore.base import ObjectStore
 from .objectstore.registry import open_object_store
 from .objectstore.stack import store_stack
 from .settings import ClientSettings, FileWalSettings, ObjectWalSettings
-from .validation import check_instance, check_node_id, check_options, check_text
+from .validation import check_bool, check_instance, check_node_id, check_options, check_text
 from .wal.base import WriteAheadLog
 from .wal.holder import WalHolderLock
 from .wal.memory import MemoryWal
@@ -23,6 +24,8 @@ from .wal.object import ObjectWal
 from .wal.registry import OBJECT_PREFIX, lock_file_wal
 
 __all__ = ["DEFAULT_LOCAL_WAL_CAPACITY", "OBJECT_WAL_DIR", "default_wal_url", "open"]
+
+_log = logging.getLogger(__name__)
 
 #: Where the default object WAL of a remote store lives, inside the store.
 OBJECT_WAL_DIR = "wal"
@@ -51,6 +54,27 @@ def default_wal_url(url: str, node_id: str) -> str | None:
     return f"{OBJECT_PREFIX}{base}/{OBJECT_WAL_DIR}" if "://" in base else None
 
 
+def _check_wal_present(path: Path, node_id: str, accept_loss: bool) -> None:
+    try:
+        size = path.stat().st_size if not path.is_block_device() else 1
+    except FileNotFoundError:
+        size = -1
+    if size > 0:
+        return
+    what = "missing" if size < 0 else "empty"
+    message = (
+        f"node {node_id!r} still has streams open (its last session did not close them), so "
+        f"its WAL may hold acknowledged appends not uploaded yet, but the WAL {path} is "
+        f"{what}: they are lost unless the file is restored"
+    )
+    if not accept_loss:
+        raise CorruptionError(
+            message + "; open with accept_wal_loss=True to go on without them",
+            location=str(path),
+        )
+    _log.warning("%s; going on without them (accept_wal_loss=True)", message)
+
+
 def _wal_factory(
     wal_url: str | Callable[[str], str],
     *,
@@ -59,23 +83,35 @@ def _wal_factory(
     object_settings: ObjectWalSettings | None,
     storage_options: Mapping[str, Any] | None,
     held: WalHolderLock | None = None,
+    accept_wal_loss: bool = False,
 ) -> WalFactory:
     """`held`: the holder lock of the client's own file WAL, taken already; handed to the
-    WAL the first time the factory opens that node's WAL."""
-    from .wal.registry import open_wal
+    WAL the first time the factory opens that node's WAL. `must_exist` (a node whose streams
+    are still open, so its WAL may hold acknowledged appends): a file WAL that is missing or
+    empty is damage, `CorruptionError`, unless `accept_wal_loss`."""
+    from .wal.registry import file_wal_path, open_wal
 
     unused = [held] if held is not None else []
 
     def factory(
-        node_id: str, node_epoch: int, on_full: Callable[[], None], *, take_over: bool = False
+        node_id: str,
+        node_epoch: int,
+        on_full: Callable[[], None],
+        *,
+        take_over: bool = False,
+        must_exist: bool = False,
     ) -> WriteAheadLog:
+        url = wal_url if isinstance(wal_url, str) else wal_url(node_id)
+        path = file_wal_path(url)
+        if must_exist and path is not None:
+            _check_wal_present(path, node_id, accept_wal_loss)
         extra: dict[str, Any] = {}
         if take_over:
             extra["take_over"] = True
         elif unused and unused[0].node_id == node_id:
             extra["lock"] = unused.pop()
         return open_wal(
-            wal_url if isinstance(wal_url, str) else wal_url(node_id),
+            url,
             node_id=node_id,
             node_epoch=node_epoch,
             on_full=on_full,
@@ -152,6 +188,7 @@ def open(
     object_wal_settings: ObjectWalSettings | None = None,
     clock: Clock | None = None,
     rng: random.Random | None = None,
+    accept_wal_loss: bool = False,
 ) -> StreamClient:
     """Open a stream-storage client.
 
@@ -161,10 +198,16 @@ def open(
     `WriteAheadLog` instance. By default a local directory gets a file WAL inside it (one
     per node id), ``memory://`` a memory WAL, and a remote store the object WAL under its
     ``wal/`` prefix (see `default_wal_url` and ``docs/s3-wal.md``).
+
+    A node whose streams are still open (its last session did not close them) may hold
+    acknowledged appends in its file WAL; if that file is missing or empty, opening the node
+    raises `CorruptionError` naming it. ``accept_wal_loss=True`` goes on without them (logged
+    as a warning): for an operator who knows the WAL is gone for good.
     """
     _check_open_args(
         url, wal, node_id, storage_options, settings, file_wal_settings, object_wal_settings
     )
+    check_bool("accept_wal_loss", accept_wal_loss)
     if clock is not None:
         check_instance("clock", clock, Clock)
     if rng is not None:
@@ -225,6 +268,7 @@ def open(
                 object_settings=object_wal_settings,
                 storage_options=storage_options,
                 held=held,
+                accept_wal_loss=accept_wal_loss,
             )
     else:
         store.close()

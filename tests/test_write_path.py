@@ -28,6 +28,7 @@ import s3stream
 from s3stream import (
     BackpressureError,
     ClientSettings,
+    CorruptionError,
     FencedError,
     FileWalSettings,
     InvalidArgumentError,
@@ -576,3 +577,42 @@ def test_default_object_wal_shares_the_client_store_stack(seaweedfs: Any) -> Non
         assert client.metrics.storage.uploads == 0  # nothing of that was an upload
         # botocore itself makes one try per call: the retry layer above is the only one.
         assert retrying.inner._s3().meta.config.retries["total_max_attempts"] == 1
+
+
+# ---------------------------------------------------------------------- a lost WAL
+
+
+@pytest.mark.parametrize("loss", ["deleted", "emptied"])
+def test_a_lost_file_wal_of_a_node_with_open_streams_is_damage(tmp_path: Path, loss: str) -> None:
+    """A node that crashed holds acknowledged appends in its WAL; if that file is then
+    deleted or emptied, opening the node (or taking it over) names the file with
+    `CorruptionError` instead of silently starting empty; `accept_wal_loss=True` goes on."""
+    url = str(tmp_path / "store")
+    child, sid, _ = _spawn_owner(url, "worker1", 60)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    wal = tmp_path / "store" / "wal" / "worker1.wal"
+    assert wal.stat().st_size > 0
+    if loss == "deleted":
+        wal.unlink()
+    else:
+        wal.write_bytes(b"")
+    with pytest.raises(CorruptionError, match=r"worker1\.wal") as err:
+        s3stream.open(url, node_id="worker1")
+    assert not err.value.retryable and "accept_wal_loss" in str(err.value)
+    with (
+        s3stream.open(url, node_id="other") as other,
+        pytest.raises(CorruptionError, match=r"worker1\.wal"),
+    ):
+        other.take_over("worker1")
+    with s3stream.open(url, node_id="worker1", accept_wal_loss=True) as again:
+        assert again.stream_info(sid).end_offset == 0  # the 60 appends were only in the WAL
+
+
+def test_a_deleted_wal_of_a_cleanly_closed_node_is_no_damage(tmp_path: Path) -> None:
+    with s3stream.open(tmp_path, node_id="n1") as client:
+        s = client.create_stream()
+        s.append(RecordBatch(b"uploaded at close"))
+    (tmp_path / "wal" / "n1.wal").unlink()
+    with s3stream.open(tmp_path, node_id="n1") as again:
+        assert read_back(again, s.stream_id) == [b"uploaded at close"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -175,6 +176,14 @@ def open_file_wal(
         take_over=take_over,
         lock=lock,
     )
+
+
+def file_wal_path(url: str) -> Path | None:
+    """The file (or device) a built-in file WAL URL names; None for other kinds of WAL."""
+    scheme, _ = split_scheme(url)
+    if scheme != "file" or _registry.resolve("file") is not open_file_wal:
+        return None
+    return Path(_file_target(url)[0])
 
 
 def lock_file_wal(url: str, node_id: str) -> WalHolderLock | None:
