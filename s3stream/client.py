@@ -23,7 +23,6 @@ from .compaction import (
 )
 from .errors import (
     InvalidArgumentError,
-    OffsetOutOfRangeError,
     S3StreamError,
     StreamClosedError,
     UnavailableError,
@@ -33,6 +32,7 @@ from .metadata import CloseStream, MetadataManager, MetadataState, StreamMeta
 from .objectstore.base import ObjectStore
 from .objectstore.stack import store_stack
 from .objectstore.wrappers import MetricsObjectStore, ObjectStoreMetrics
+from .reader import read_committed_range
 from .settings import ClientSettings
 from .storage.engine import RecoveryReport, Storage, StorageMetrics
 from .storage.packing import KeyFactory
@@ -374,20 +374,10 @@ class StreamClient(Closeable):
         own = self._streams.get(stream_id)
         if own is not None and not own.closed:
             return own.fetch(start_offset, end_offset, max_bytes=max_bytes)
-        self._meta.refresh()
-        meta = self._meta.get_stream(stream_id)
-        end = meta.end_offset if end_offset is None else min(end_offset, meta.end_offset)
-        if not meta.start_offset <= start_offset <= meta.end_offset:
-            raise OffsetOutOfRangeError(
-                f"offset {start_offset} is outside [{meta.start_offset}, {meta.end_offset}] "
-                f"of stream {stream_id}"
-            )
-        if start_offset >= end:
-            return FetchResult([], start_offset)
-        batches = self._storage.read_committed(
-            self._meta.state, stream_id, start_offset, end, max_bytes
-        )
-        return FetchResult(batches, batches[-1].next_offset if batches else start_offset)
+        return read_committed_range(
+            self._meta, self._storage.read_committed, stream_id, start_offset, end_offset,
+            max_bytes,
+        )  # fmt: skip
 
     def _trim_stream(self, stream: Stream, new_start: int) -> None:
         if new_start > self._meta.get_stream(stream.stream_id).end_offset:

@@ -12,7 +12,7 @@ CLI's ``inspect``, ``dump`` and ``verify`` use it.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,8 +21,13 @@ from ._closeable import Closeable
 from ._registry import split_scheme
 from .cache.block_cache import BlockCache
 from .clock import Clock, SystemClock
-from .errors import InvalidArgumentError, OffsetOutOfRangeError, StreamClosedError
-from .metadata import MetadataManager
+from .errors import (
+    InvalidArgumentError,
+    ObjectNotFoundError,
+    OffsetOutOfRangeError,
+    StreamClosedError,
+)
+from .metadata import MetadataManager, MetadataState
 from .objectstore.base import ObjectStore
 from .objectstore.registry import open_object_store
 from .objectstore.stack import store_stack
@@ -30,10 +35,10 @@ from .records import Record, batch_records
 from .settings import ClientSettings
 from .storage.reader import ObjectDataReader
 from .stream import check_read_args
-from .types import FetchResult, StreamInfo
+from .types import FetchedBatch, FetchResult, StreamInfo
 from .validation import check_instance, check_int, check_str_map, check_text
 
-__all__ = ["ObjectSummary", "StreamReader", "open_reader"]
+__all__ = ["ObjectSummary", "StreamReader", "open_reader", "read_committed_range"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,18 +129,10 @@ class StreamReader(Closeable):
         `max_bytes` (at least one batch when any data lies there), as `Stream.fetch`."""
         check_int("stream_id", stream_id)
         start, end_arg, max_bytes = check_read_args(start_offset, end_offset, max_bytes)
-        self.refresh()
-        meta = self._meta.get_stream(stream_id)
-        end = meta.end_offset if end_arg is None else min(end_arg, meta.end_offset)
-        if not meta.start_offset <= start <= meta.end_offset:
-            raise OffsetOutOfRangeError(
-                f"offset {start} is outside [{meta.start_offset}, {meta.end_offset}] of "
-                f"stream {stream_id}"
-            )
-        if start >= end:
-            return FetchResult([], start)
-        batches = self._objects.read(self._meta.state, stream_id, start, end, max_bytes)
-        return FetchResult(batches, batches[-1].next_offset if batches else start)
+        self._check_open()
+        return read_committed_range(
+            self._meta, self._objects.read, stream_id, start, end_arg, max_bytes
+        )
 
     def read_records(
         self,
@@ -190,6 +187,39 @@ class StreamReader(Closeable):
     def _check_open(self) -> None:
         if self._closed:
             raise StreamClosedError("the reader is closed")
+
+
+#: Reads batches of a stream from the objects a metadata snapshot lists (`ObjectDataReader`).
+ReadObjects = Callable[[MetadataState, int, int, int, int], list[FetchedBatch]]
+
+
+def read_committed_range(
+    meta: MetadataManager,
+    read: ReadObjects,
+    stream_id: int,
+    start: int,
+    end: int | None,
+    max_bytes: int,
+) -> FetchResult:
+    """What a non-owner reads: the committed batches of ``[start, end)`` after a refresh (the
+    one implementation behind `StreamReader.read` and `StreamClient.read`). Arguments are
+    checked already."""
+    meta.refresh()
+    m = meta.get_stream(stream_id)
+    stop = m.end_offset if end is None else min(end, m.end_offset)
+    if not m.start_offset <= start <= m.end_offset:
+        raise OffsetOutOfRangeError(
+            f"offset {start} is outside [{m.start_offset}, {m.end_offset}] of stream {stream_id}"
+        )
+    if start >= stop:
+        return FetchResult([], start)
+    try:
+        batches = read(meta.state, stream_id, start, stop, max_bytes)
+    except ObjectNotFoundError:
+        # The snapshot is older than the deletion delay: read again on a fresh one.
+        meta.refresh()
+        batches = read(meta.state, stream_id, start, stop, max_bytes)
+    return FetchResult(batches, batches[-1].next_offset if batches else start)
 
 
 def open_reader(
