@@ -35,7 +35,7 @@ from .objectstore.wrappers import MetricsObjectStore, ObjectStoreMetrics
 from .reader import read_committed_range
 from .settings import ClientSettings
 from .storage.engine import RecoveryReport, Storage, StorageMetrics
-from .storage.packing import KeyFactory
+from .storage.packing import KeyFactory, data_prefix_for
 from .stream import Stream, check_read_args
 from .throttle import PriorityRateLimiter, ThrottleMetrics
 from .types import FetchResult, StreamInfo, StreamState
@@ -96,6 +96,11 @@ class StreamClient(Closeable):
     Opening a client registers its node id in the metadata log (bumping the node epoch, which
     makes its object keys unique), opens the WAL and recovers whatever a previous run left in
     it, then starts the background uploader. Use `s3stream.open` to build one from URLs.
+
+    `metadata_prefix` names a namespace: its metadata log lives there and its data objects
+    under ``{metadata_prefix}/data`` (``data`` for the default ``meta``), so namespaces sharing
+    a store never read, overwrite or sweep each other's objects. Each namespace's clients need
+    their own WALs (a WAL holds one node's appends of one namespace).
     """
 
     def __init__(
@@ -193,7 +198,8 @@ class StreamClient(Closeable):
         self._block_cache = BlockCache(
             self._store, capacity_bytes=s.block_cache_bytes, limiter=self._limiter
         )
-        keys = KeyFactory(node_id, self._node_epoch)
+        keys = KeyFactory(node_id, self._node_epoch, prefix=data_prefix_for(metadata_prefix))
+        self._data_prefix = keys.prefix
         self._compactor = Compactor(
             store=self._store,
             meta=self._meta,
@@ -478,6 +484,7 @@ class StreamClient(Closeable):
             clock=self._clock,
             block_cache=self._block_cache,
             limiter=self._limiter,
+            data_prefix=self._data_prefix,
         )
 
     def flush(self, timeout_s: float | None = None) -> None:

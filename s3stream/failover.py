@@ -23,7 +23,7 @@ from .metadata import MetadataManager, MetadataState
 from .objectstore.base import ObjectStore
 from .settings import ClientSettings
 from .storage.engine import RecoveryReport, Storage
-from .storage.packing import KeyFactory
+from .storage.packing import DEFAULT_DATA_PREFIX, KeyFactory
 from .throttle import PriorityRateLimiter
 from .types import StreamState
 from .validation import check_node_id
@@ -103,6 +103,7 @@ def take_over_node(
     clock: Clock,
     block_cache: BlockCache | None = None,
     limiter: PriorityRateLimiter | None = None,
+    data_prefix: str = DEFAULT_DATA_PREFIX,
 ) -> TakeOverReport:
     """Fence `node_id`, replay and commit its WAL, and release its streams.
 
@@ -123,7 +124,7 @@ def take_over_node(
         meta=meta,
         settings=settings,
         clock=clock,
-        keys=KeyFactory(node_id, epoch),
+        keys=KeyFactory(node_id, epoch, prefix=data_prefix),
         node_id=node_id,
         block_cache=block_cache,
         limiter=limiter,

@@ -68,3 +68,34 @@ def test_stores_whose_names_decode_alike_never_share_a_wal(tmp_path: Path) -> No
         got = [b.payload for b in again.read(stream.stream_id, 0, max_bytes=1 << 20).batches]
         assert got == [f"escaped {i}".encode() for i in range(100)]
     assert (escaped / "wal" / "local.wal").is_file() and (plain / "wal" / "local.wal").is_file()
+
+
+def test_namespaces_in_one_store_are_isolated(tmp_path: Path) -> None:
+    """Two metadata prefixes on one store: data keys live under each namespace, each reads
+    only its own bytes, and one namespace's orphan sweep never deletes the other's objects."""
+    from s3stream import ClientSettings, CompactionSettings, ManualClock, StreamClient
+    from s3stream.objectstore.local import LocalObjectStore
+    from s3stream.settings import MIN_ORPHAN_GRACE_MS
+    from s3stream.wal.memory import MemoryWal
+
+    clock = ManualClock()
+    settings = ClientSettings(compaction=CompactionSettings(orphan_grace_ms=MIN_ORPHAN_GRACE_MS))
+
+    def client(prefix: str) -> StreamClient:
+        return StreamClient(LocalObjectStore(tmp_path), MemoryWal(), clock=clock,
+                            settings=settings, metadata_prefix=prefix)
+
+    payloads = {"meta": b"tenant A", "tenantB/meta": b"tenant B"}
+    for prefix, payload in payloads.items():
+        with client(prefix) as c:  # same node id, same epoch, same stream id in both
+            c.create_stream().append(RecordBatch(payload))
+    keys = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.s3o"))
+    assert len(keys) == 2 and keys[0].startswith("data/local/")
+    assert keys[1].startswith("tenantB/meta/data/local/")
+    for prefix, payload in payloads.items():
+        with client(prefix) as c:
+            assert [b.payload for b in c.read(0, 0).batches] == [payload]
+            c.compact(sweep_orphans=True)
+            clock.advance(MIN_ORPHAN_GRACE_MS / 1000 + 1)
+            assert c.compact(sweep_orphans=True).orphans_deleted == 0
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.s3o")) == keys

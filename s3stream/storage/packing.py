@@ -26,7 +26,25 @@ from ..format.objects import ObjectWriter
 from ..settings import ClientSettings
 from ..validation import check_node_id, is_node_id
 
-__all__ = ["KeyFactory", "ObjectKey", "PackedObject", "pack_objects", "parse_object_key"]
+__all__ = [
+    "DEFAULT_DATA_PREFIX",
+    "KeyFactory",
+    "ObjectKey",
+    "PackedObject",
+    "data_prefix_for",
+    "pack_objects",
+    "parse_object_key",
+]
+
+#: Where data objects of the default namespace (metadata under ``meta/``) live.
+DEFAULT_DATA_PREFIX = "data"
+
+
+def data_prefix_for(metadata_prefix: str) -> str:
+    """Where the data objects of the namespace whose metadata log is under `metadata_prefix`
+    live: ``data`` for the default ``meta``, else ``{metadata_prefix}/data``, so that two
+    namespaces in one store never write (nor sweep) each other's objects."""
+    return DEFAULT_DATA_PREFIX if metadata_prefix == "meta" else f"{metadata_prefix}/data"
 
 KIND_STREAM = "stream"
 KIND_STREAM_SET = "stream_set"
@@ -50,10 +68,12 @@ class ObjectKey:
 def parse_object_key(key: str, prefix: str = "data") -> ObjectKey | None:
     """The parts of `key` if `KeyFactory` (with `prefix`) could have made it, else None: the
     one test of "is this one of our objects" (the orphan sweeper touches nothing else)."""
-    parts = key.split("/")
-    if len(parts) != 4 or parts[0] != prefix:
+    if not key.startswith(prefix + "/"):
         return None
-    _, node_id, epoch, name = parts
+    parts = key[len(prefix) + 1 :].split("/")
+    if len(parts) != 3:
+        return None
+    node_id, epoch, name = parts
     named = _OBJECT_NAME.fullmatch(name)
     if named is None or _EPOCH.fullmatch(epoch) is None or not is_node_id(node_id):
         return None
@@ -64,10 +84,18 @@ def parse_object_key(key: str, prefix: str = "data") -> ObjectKey | None:
 class KeyFactory:
     """Makes unique data-object keys for one client session (`parse_object_key` reads them)."""
 
-    def __init__(self, node_id: str, node_epoch: int, prefix: str = "data") -> None:
+    def __init__(
+        self, node_id: str, node_epoch: int, prefix: str = DEFAULT_DATA_PREFIX
+    ) -> None:
+        self._prefix = prefix
         self._base = f"{prefix}/{check_node_id(node_id)}/{node_epoch:08d}"
         self._counter = itertools.count()
         self._lock = threading.Lock()
+
+    @property
+    def prefix(self) -> str:
+        """The data prefix of the keys made (`data_prefix_for`)."""
+        return self._prefix
 
     def next_key(self, kind: str) -> str:
         """A key never used before by any client on the same store."""
