@@ -101,7 +101,7 @@ def _demo(args: argparse.Namespace) -> int:
 def _inspect(args: argparse.Namespace) -> int:
     client = _open_ro(args)
     try:
-        objects = client.objects()
+        objects = client.objects()  # refreshes; everything below is of that one snapshot
         live = [o for o in objects if o.live]
         doomed = [o for o in objects if not o.live]
         out = {
@@ -115,7 +115,7 @@ def _inspect(args: argparse.Namespace) -> int:
                     "state": s.state.value,
                     "tags": dict(s.tags),
                 }
-                for s in client.list_streams()
+                for s in client.metadata.list_streams()
             ],
             "objects": len(live),
             "object_bytes": sum(o.size for o in live),

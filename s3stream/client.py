@@ -36,7 +36,7 @@ from .reader import read_committed_range
 from .settings import ClientSettings
 from .storage.engine import RecoveryReport, Storage, StorageMetrics
 from .storage.packing import KeyFactory, data_prefix_for
-from .stream import Stream, check_read_args
+from .stream import Stream
 from .throttle import PriorityRateLimiter, ThrottleMetrics
 from .types import FetchResult, StreamInfo, StreamState
 from .validation import (
@@ -46,6 +46,7 @@ from .validation import (
     check_int,
     check_node_id,
     check_options,
+    check_read_args,
     check_str_map,
     check_text,
     check_timeout,
@@ -119,12 +120,9 @@ class StreamClient(Closeable):
         check_instance("store", store, ObjectStore)
         _check_wal_arg(wal)
         self._node_id = check_node_id(node_id)
-        if settings is not None:
-            check_instance("settings", settings, ClientSettings)
-        if clock is not None:
-            check_instance("clock", clock, Clock)
-        if rng is not None:
-            check_instance("rng", rng, random.Random)
+        check_instance("settings", settings, ClientSettings, allow_none=True)
+        check_instance("clock", clock, Clock, allow_none=True)
+        check_instance("rng", rng, random.Random, allow_none=True)
         check_text("metadata_prefix", metadata_prefix, allow_empty=False)
         check_bool("retry", retry)
         self._settings = settings if settings is not None else ClientSettings()
@@ -381,7 +379,7 @@ class StreamClient(Closeable):
         if own is not None and not own.closed:
             return own.fetch(start_offset, end_offset, max_bytes=max_bytes)
         return read_committed_range(
-            self._meta, self._storage.read_committed, stream_id, start_offset, end_offset,
+            self._meta, self._storage.objects, stream_id, start_offset, end_offset,
             max_bytes,
         )  # fmt: skip
 
@@ -458,8 +456,7 @@ class StreamClient(Closeable):
             raise InvalidArgumentError(
                 f"wal must be None, a WAL URL or a WAL factory, not {type(wal).__name__}"
             )
-        if storage_options is not None:
-            check_options("storage_options", storage_options)
+        check_options("storage_options", storage_options)
         self._check_open()
         if node_id == self._node_id:
             raise InvalidArgumentError(f"a client cannot take over its own node {node_id!r}")
@@ -617,9 +614,14 @@ def _wal_url_factory(
     from .wal.registry import open_wal
 
     def factory(
-        node_id: str, node_epoch: int, on_full: Callable[[], None], *, take_over: bool = False
+        node_id: str,
+        node_epoch: int,
+        on_full: Callable[[], None],
+        *,
+        take_over: bool = False,
+        must_exist: bool = False,
     ) -> WriteAheadLog:
-        extra: dict[str, Any] = {"take_over": True} if take_over else {}
+        extra: dict[str, Any] = {"take_over": take_over, "must_exist": must_exist}
         return open_wal(
             url,
             node_id=node_id,

@@ -82,17 +82,6 @@ def call_wal_factory(
     return factory(node_id, epoch, on_full)
 
 
-def _open_taken_over(
-    factory: _WalFactory, node_id: str, epoch: int, must_exist: bool
-) -> WriteAheadLog:
-    """The node's WAL, opened to take it over: with ``take_over`` (a file WAL a live process
-    still holds is opened anyway, the open fences that process, instead of refused with
-    `NodeInUseError`) and ``must_exist`` when the node still has streams open."""
-    return call_wal_factory(
-        factory, node_id, epoch, lambda: None, take_over=True, must_exist=must_exist
-    )
-
-
 def take_over_node(
     node_id: str,
     *,
@@ -117,7 +106,16 @@ def take_over_node(
     if node_id not in meta.state.nodes:
         raise InvalidArgumentError(f"node {node_id!r} is not registered in the metadata log")
     epoch = meta.register_node(node_id)
-    wal = _open_taken_over(wal_factory, node_id, epoch, has_open_streams(meta.state, node_id))
+    # `take_over`: a file WAL a live process still holds is opened anyway (the open fences
+    # that process) instead of refused with `NodeInUseError`.
+    wal = call_wal_factory(
+        wal_factory,
+        node_id,
+        epoch,
+        lambda: None,
+        take_over=True,
+        must_exist=has_open_streams(meta.state, node_id),
+    )
     storage = Storage(
         store=store,
         wal=wal,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import random
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -11,7 +10,7 @@ from typing import Any
 from ._registry import split_scheme
 from .client import StreamClient, WalFactory
 from .clock import Clock, SystemClock
-from .errors import CorruptionError, InvalidArgumentError
+from .errors import InvalidArgumentError
 from .objectstore.base import ObjectStore
 from .objectstore.registry import open_object_store
 from .objectstore.stack import store_stack
@@ -24,8 +23,6 @@ from .wal.object import ObjectWal
 from .wal.registry import OBJECT_PREFIX, lock_file_wal
 
 __all__ = ["DEFAULT_LOCAL_WAL_CAPACITY", "OBJECT_WAL_DIR", "default_wal_url", "open"]
-
-_log = logging.getLogger(__name__)
 
 #: Where the default object WAL of a remote store lives, inside the store.
 OBJECT_WAL_DIR = "wal"
@@ -54,27 +51,6 @@ def default_wal_url(url: str, node_id: str) -> str | None:
     return f"{OBJECT_PREFIX}{base}/{OBJECT_WAL_DIR}" if "://" in base else None
 
 
-def _check_wal_present(path: Path, node_id: str, accept_loss: bool) -> None:
-    try:
-        size = path.stat().st_size if not path.is_block_device() else 1
-    except FileNotFoundError:
-        size = -1
-    if size > 0:
-        return
-    what = "missing" if size < 0 else "empty"
-    message = (
-        f"node {node_id!r} still has streams open (its last session did not close them), so "
-        f"its WAL may hold acknowledged appends not uploaded yet, but the WAL {path} is "
-        f"{what}: they are lost unless the file is restored"
-    )
-    if not accept_loss:
-        raise CorruptionError(
-            message + "; open with accept_wal_loss=True to go on without them",
-            location=str(path),
-        )
-    _log.warning("%s; going on without them (accept_wal_loss=True)", message)
-
-
 def _wal_factory(
     wal_url: str | Callable[[str], str],
     *,
@@ -89,7 +65,7 @@ def _wal_factory(
     WAL the first time the factory opens that node's WAL. `must_exist` (a node whose streams
     are still open, so its WAL may hold acknowledged appends): a file WAL that is missing or
     empty is damage, `CorruptionError`, unless `accept_wal_loss`."""
-    from .wal.registry import file_wal_path, open_wal
+    from .wal.registry import open_wal
 
     unused = [held] if held is not None else []
 
@@ -102,10 +78,7 @@ def _wal_factory(
         must_exist: bool = False,
     ) -> WriteAheadLog:
         url = wal_url if isinstance(wal_url, str) else wal_url(node_id)
-        path = file_wal_path(url)
-        if must_exist and path is not None:
-            _check_wal_present(path, node_id, accept_wal_loss)
-        extra: dict[str, Any] = {}
+        extra: dict[str, Any] = {"must_exist": must_exist, "accept_wal_loss": accept_wal_loss}
         if take_over:
             extra["take_over"] = True
         elif unused and unused[0].node_id == node_id:
@@ -173,8 +146,7 @@ def _check_open_args(
         ("file_wal_settings", file_wal_settings, FileWalSettings),
         ("object_wal_settings", object_wal_settings, ObjectWalSettings),
     ):
-        if value is not None:
-            check_instance(name, value, cls)
+        check_instance(name, value, cls, allow_none=True)
 
 
 def open(
@@ -208,10 +180,8 @@ def open(
         url, wal, node_id, storage_options, settings, file_wal_settings, object_wal_settings
     )
     check_bool("accept_wal_loss", accept_wal_loss)
-    if clock is not None:
-        check_instance("clock", clock, Clock)
-    if rng is not None:
-        check_instance("rng", rng, random.Random)
+    check_instance("clock", clock, Clock, allow_none=True)
+    check_instance("rng", rng, random.Random, allow_none=True)
     if isinstance(url, Path):
         url = str(url)
     clock = clock if clock is not None else SystemClock()
@@ -225,55 +195,40 @@ def open(
         timeout_s=(settings if settings is not None else ClientSettings()).store_timeout_ms
         / 1000,
     )
-    per_node: Callable[[str], str] | None = None
-    shared_wal: WalFactory | None = None
-    if wal is None and split_scheme(url)[0] not in ("memory", "file"):
-        shared_wal = _shared_object_wal(store, clock=clock, settings=object_wal_settings)
-    if wal is None:
-        wal = default_wal_url(url, node_id)
-        if wal is not None and split_scheme(wal)[0] == "file":
-            # So that `take_over` finds another node's default WAL beside this one's.
-            root_url = url
-
-            def per_node(node: str) -> str:
-                return default_wal_url(root_url, node) or ""
-
-        if wal is None:
-            store.close()
-            raise InvalidArgumentError(
-                f"a WAL must be given for {url!r}, e.g. wal='file:///mnt/ebs/s3stream.wal' "
-                "or wal='s3://bucket/prefix/wal'"
-            )
     wal_arg: WriteAheadLog | WalFactory
     held: WalHolderLock | None = None
-    if shared_wal is not None:
-        wal_arg = shared_wal
-    elif isinstance(wal, WriteAheadLog):
+    scheme = split_scheme(url)[0]
+    if isinstance(wal, WriteAheadLog):
         wal_arg = wal
-    elif isinstance(wal, str):
-        if split_scheme(wal)[0] == "memory":
-            wal_arg = MemoryWal()
-        else:
-            # A file WAL of this node that a live process holds must fail the open here,
-            # before the client registers the node: that would fence the live process.
-            try:
-                held = lock_file_wal(wal if per_node is None else per_node(node_id), node_id)
-            except BaseException:
-                store.close()
-                raise
-            wal_arg = _wal_factory(
-                wal if per_node is None else per_node,
-                clock=clock,
-                file_settings=file_wal_settings,
-                object_settings=object_wal_settings,
-                storage_options=storage_options,
-                held=held,
-                accept_wal_loss=accept_wal_loss,
-            )
+    elif wal is None and scheme not in ("memory", "file"):
+        # A remote store's default: the object WAL in it, on this client's store stack.
+        wal_arg = _shared_object_wal(store, clock=clock, settings=object_wal_settings)
+    elif split_scheme(wal if wal is not None else url)[0] == "memory":
+        wal_arg = MemoryWal()
     else:
-        store.close()
-        raise InvalidArgumentError(
-            f"wal must be a URL or a WriteAheadLog, not {type(wal).__name__}"
+        target: str | Callable[[str], str]
+        if wal is None:
+            # The default file WAL of each node inside the directory (so that `take_over`
+            # finds another node's beside this one's).
+            def target(node: str) -> str:
+                return default_wal_url(str(url), node) or ""
+        else:
+            target = wal
+        # A file WAL of this node that a live process holds must fail the open here, before
+        # the client registers the node: that would fence the live process.
+        try:
+            held = lock_file_wal(target if isinstance(target, str) else target(node_id), node_id)
+        except BaseException:
+            store.close()
+            raise
+        wal_arg = _wal_factory(
+            target,
+            clock=clock,
+            file_settings=file_wal_settings,
+            object_settings=object_wal_settings,
+            storage_options=storage_options,
+            held=held,
+            accept_wal_loss=accept_wal_loss,
         )
     try:
         return StreamClient(

@@ -12,7 +12,7 @@ CLI's ``inspect``, ``dump`` and ``verify`` use it.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,20 +23,18 @@ from .cache.block_cache import BlockCache
 from .clock import Clock, SystemClock
 from .errors import (
     InvalidArgumentError,
-    ObjectNotFoundError,
     OffsetOutOfRangeError,
     StreamClosedError,
 )
-from .metadata import MetadataManager, MetadataState
+from .metadata import MetadataManager
 from .objectstore.base import ObjectStore
 from .objectstore.registry import open_object_store
 from .objectstore.stack import store_stack
-from .records import Record, batch_records
+from .records import Record, records_in
 from .settings import ClientSettings
 from .storage.reader import ObjectDataReader
-from .stream import check_read_args
-from .types import FetchedBatch, FetchResult, StreamInfo
-from .validation import check_instance, check_int, check_str_map, check_text
+from .types import FetchResult, StreamInfo
+from .validation import check_instance, check_int, check_read_args, check_str_map, check_text
 
 __all__ = ["ObjectSummary", "StreamReader", "open_reader", "read_committed_range"]
 
@@ -73,10 +71,8 @@ class StreamReader(Closeable):
     ) -> None:
         check_instance("store", store, ObjectStore)
         check_text("metadata_prefix", metadata_prefix, allow_empty=False)
-        if settings is not None:
-            check_instance("settings", settings, ClientSettings)
-        if clock is not None:
-            check_instance("clock", clock, Clock)
+        check_instance("settings", settings, ClientSettings, allow_none=True)
+        check_instance("clock", clock, Clock, allow_none=True)
         self._settings = settings if settings is not None else ClientSettings()
         self._store = store
         self._meta = MetadataManager(
@@ -130,9 +126,7 @@ class StreamReader(Closeable):
         check_int("stream_id", stream_id)
         start, end_arg, max_bytes = check_read_args(start_offset, end_offset, max_bytes)
         self._check_open()
-        return read_committed_range(
-            self._meta, self._objects.read, stream_id, start, end_arg, max_bytes
-        )
+        return read_committed_range(self._meta, self._objects, stream_id, start, end_arg, max_bytes)
 
     def read_records(
         self,
@@ -148,17 +142,18 @@ class StreamReader(Closeable):
         end = self._meta.get_stream(stream_id).end_offset
         if end_offset is not None:
             end = min(end, end_offset)
-        return self._iter_records(stream_id, first, start_offset, end, max_bytes)
+        pages = {start_offset: first}
 
-    def _iter_records(
-        self, stream_id: int, result: FetchResult, start: int, end: int, max_bytes: int
-    ) -> Iterator[tuple[int, Record]]:
-        while result.batches:
-            for batch in result.batches:
-                yield from batch_records(batch, start, end)
-            if result.next_offset >= end:
-                return
-            result = self.read(stream_id, result.next_offset, end, max_bytes=max_bytes)
+        def fetch(pos: int) -> FetchResult:
+            # One refresh per scan (the first page's): the range is fixed at the call.
+            page = pages.pop(pos, None)
+            if page is not None:
+                return page
+            return read_committed_range(
+                self._meta, self._objects, stream_id, pos, end, max_bytes, refresh=False
+            )
+
+        return records_in(fetch, start_offset, end)
 
     def objects(self) -> list[ObjectSummary]:
         """Every data object the metadata lists, live ones and those awaiting deletion."""
@@ -189,22 +184,22 @@ class StreamReader(Closeable):
             raise StreamClosedError("the reader is closed")
 
 
-#: Reads batches of a stream from the objects a metadata snapshot lists (`ObjectDataReader`).
-ReadObjects = Callable[[MetadataState, int, int, int, int], list[FetchedBatch]]
-
-
 def read_committed_range(
     meta: MetadataManager,
-    read: ReadObjects,
+    objects: ObjectDataReader,
     stream_id: int,
     start: int,
     end: int | None,
     max_bytes: int,
+    *,
+    refresh: bool = True,
 ) -> FetchResult:
     """What a non-owner reads: the committed batches of ``[start, end)`` after a refresh (the
     one implementation behind `StreamReader.read` and `StreamClient.read`). Arguments are
-    checked already."""
-    meta.refresh()
+    checked already. `refresh=False` reads on the snapshot already loaded (the later pages of
+    one scan)."""
+    if refresh:
+        meta.refresh()
     m = meta.get_stream(stream_id)
     stop = m.end_offset if end is None else min(end, m.end_offset)
     if not m.start_offset <= start <= m.end_offset:
@@ -213,12 +208,7 @@ def read_committed_range(
         )
     if start >= stop:
         return FetchResult([], start)
-    try:
-        batches = read(meta.state, stream_id, start, stop, max_bytes)
-    except ObjectNotFoundError:
-        # The snapshot is older than the deletion delay: read again on a fresh one.
-        meta.refresh()
-        batches = read(meta.state, stream_id, start, stop, max_bytes)
+    batches = objects.read_latest(meta, stream_id, start, stop, max_bytes)
     return FetchResult(batches, batches[-1].next_offset if batches else start)
 
 
@@ -237,12 +227,9 @@ def open_reader(
     if isinstance(url, Path):
         url = str(url)
     check_text("url", url, allow_empty=False)
-    if settings is not None:
-        check_instance("settings", settings, ClientSettings)
-    if clock is not None:
-        check_instance("clock", clock, Clock)
-    if rng is not None:
-        check_instance("rng", rng, random.Random)
+    check_instance("settings", settings, ClientSettings, allow_none=True)
+    check_instance("clock", clock, Clock, allow_none=True)
+    check_instance("rng", rng, random.Random, allow_none=True)
     _require_existing_directory(url)
     clock = clock if clock is not None else SystemClock()
     store = store_stack(

@@ -18,7 +18,7 @@ Roles: `Record` (the value type), `encode_records` / `records_batch` (records â†
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,7 +26,7 @@ import numpy.typing as npt
 import zstandard
 
 from .errors import CorruptionError, InvalidArgumentError
-from .types import MAX_BATCH_COUNT, BatchKind, FetchedBatch, RecordBatch
+from .types import MAX_BATCH_COUNT, BatchKind, FetchedBatch, FetchResult, RecordBatch
 from .validation import check_choice, check_instance, check_int, check_text, check_zstd_level
 
 __all__ = [
@@ -503,6 +503,21 @@ def decode_records(
                 headers[i] = tuple(zip(names[at : at + c], hvals[at : at + c], strict=True))
                 at += c
     return [Record(values[i], keys[i], stamps[i], headers[i]) for i in range(cols.count)]
+
+
+def records_in(
+    fetch: Callable[[int], FetchResult], start: int, end: int
+) -> Iterator[tuple[int, Record]]:
+    """``(offset, record)`` for the records in ``[start, end)``, from the pages `fetch(offset)`
+    returns, fetched lazily (`Stream.read_records`, `StreamReader.read_records`)."""
+    pos = start
+    while pos < end:
+        result = fetch(pos)
+        if not result.batches:
+            return
+        for batch in result.batches:
+            yield from batch_records(batch, start, end)
+        pos = result.next_offset
 
 
 def batch_records(

@@ -43,8 +43,8 @@ MIN_ORPHAN_GRACE_MS = 600_000
 #: Largest data block an object may hold (its size is stored in 32 bits): the upper bound of
 #: `ClientSettings.block_target_bytes` and of `ObjectWriter`'s block target.
 MAX_BLOCK_TARGET_BYTES = 1 << 31
-#: Largest `ObjectWalSettings.max_unflushed_bytes`: half of ``wal.object.SESSION_GAP``, so that
-#: a new owner's WAL positions never meet the old owner's (docs/s3-wal.md).
+#: Largest `ObjectWalSettings.max_unflushed_bytes`; ``wal.object.SESSION_GAP`` is twice it, so
+#: that a new owner's WAL positions never meet the old owner's (docs/s3-wal.md).
 MAX_OBJECT_WAL_UNFLUSHED_BYTES = 1 << 39
 
 

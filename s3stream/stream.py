@@ -10,32 +10,18 @@ from typing import TYPE_CHECKING
 
 from ._closeable import Closeable
 from .errors import (
-    InvalidArgumentError,
     OffsetOutOfRangeError,
     StreamClosedError,
 )
-from .records import Record, batch_records, records_batch
+from .records import Record, records_batch, records_in
 from .storage.engine import Storage, WriterState
 from .types import AppendResult, FetchResult, RecordBatch
-from .validation import check_instance, check_int, check_timeout
+from .validation import check_instance, check_int, check_read_args, check_timeout
 
 if TYPE_CHECKING:
     from .client import StreamClient
 
-__all__ = ["Stream", "check_read_args"]
-
-
-def check_read_args(
-    start_offset: object, end_offset: object, max_bytes: object
-) -> tuple[int, int | None, int]:
-    """The arguments of a read (`Stream.fetch`, `Stream.read_records`, `StreamClient.read`),
-    checked: offsets ints >= 0, `end_offset` None or not below `start_offset`, `max_bytes`
-    an int >= 1."""
-    start = check_int("start_offset", start_offset)
-    end = None if end_offset is None else check_int("end_offset", end_offset)
-    if end is not None and end < start:
-        raise InvalidArgumentError(f"end_offset {end} is below start_offset {start}")
-    return start, end, check_int("max_bytes", max_bytes, minimum=1)
+__all__ = ["Stream"]
 
 
 class Stream(Closeable):
@@ -206,17 +192,7 @@ class Stream(Closeable):
             raise OffsetOutOfRangeError(
                 f"offset {start} is outside [{first}, {confirm}] of stream {self.stream_id}"
             )
-        return self._iter_records(start, end, max_bytes)
-
-    def _iter_records(self, start: int, end: int, max_bytes: int) -> Iterator[tuple[int, Record]]:
-        pos = start
-        while pos < end:
-            result = self.fetch(pos, end, max_bytes=max_bytes)
-            if not result.batches:
-                return
-            for batch in result.batches:
-                yield from batch_records(batch, start, end)
-            pos = result.next_offset
+        return records_in(lambda pos: self.fetch(pos, end, max_bytes=max_bytes), start, end)
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -37,6 +37,7 @@ __all__ = [
     "check_int",
     "check_node_id",
     "check_options",
+    "check_read_args",
     "check_seconds",
     "check_str_map",
     "check_text",
@@ -164,9 +165,11 @@ def check_choice(name: str, value: object, choices: Collection[str]) -> str:
     return value
 
 
-def check_instance(name: str, value: T, cls: type) -> T:
-    """`value` if it is an instance of `cls` (which may be abstract); typed as given, since
-    callers check values their signature already declares."""
+def check_instance(name: str, value: T, cls: type, *, allow_none: bool = False) -> T:
+    """`value` if it is an instance of `cls` (which may be abstract), or None if `allow_none`;
+    typed as given, since callers check values their signature already declares."""
+    if allow_none and value is None:
+        return value
     if not isinstance(value, cls):
         raise InvalidArgumentError(f"{name} must be a {cls.__name__}, not {type(value).__name__}")
     return value
@@ -198,3 +201,16 @@ def check_node_id(value: object, name: str = "node_id") -> str:
             f"digit), got {_show(value)}"
         )
     return value
+
+
+def check_read_args(
+    start_offset: object, end_offset: object, max_bytes: object
+) -> tuple[int, int | None, int]:
+    """The arguments of a read (`Stream.fetch`, `Stream.read_records`, `StreamClient.read`),
+    checked: offsets ints >= 0, `end_offset` None or not below `start_offset`, `max_bytes`
+    an int >= 1."""
+    start = check_int("start_offset", start_offset)
+    end = None if end_offset is None else check_int("end_offset", end_offset)
+    if end is not None and end < start:
+        raise InvalidArgumentError(f"end_offset {end} is below start_offset {start}")
+    return start, end, check_int("max_bytes", max_bytes, minimum=1)

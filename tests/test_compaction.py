@@ -1067,15 +1067,6 @@ _CHILD = textwrap.dedent(
 )
 
 
-class AheadClock(SystemClock):
-    """The system clock, with wall time moved ahead by `ahead_ms` (waits stay real)."""
-
-    ahead_ms = 0
-
-    def now_ms(self) -> int:
-        return super().now_ms() + self.ahead_ms
-
-
 @pytest.mark.slow
 def test_compaction_survives_sigkill_at_random_moments(tmp_path: Path) -> None:
     rng = random.Random(7)
@@ -1113,14 +1104,14 @@ def test_compaction_survives_sigkill_at_random_moments(tmp_path: Path) -> None:
             )
     # The crasher restarts once: its last session ends, so its orphans become sweepable.
     s3stream.open(str(tmp_path), wal="memory://", node_id="crasher", settings=prep_settings).close()
-    clock = AheadClock()
+    clock = ManualClock(start_ms=SystemClock().now_ms())
     with s3stream.open(
         str(tmp_path), wal="memory://", node_id="verifier", settings=prep_settings, clock=clock
     ) as client:
         check_all(client, model)
         _check_crash_streams(client)
         client.compact(sweep_orphans=True)  # sees the orphans ...
-        clock.ahead_ms = MIN_ORPHAN_GRACE_MS + 1000  # ... for the whole grace period
+        clock.advance(MIN_ORPHAN_GRACE_MS / 1000 + 1)  # ... for the whole grace period
         report = client.compact(sweep_orphans=True)
         assert report.objects_after <= report.objects_before
         check_all(client, model)

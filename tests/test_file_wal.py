@@ -18,7 +18,6 @@ import tempfile
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -732,17 +731,8 @@ def test_settings_validation() -> None:
     assert FileWalSettings(full_wait_ms=0).full_wait_ms == 0
 
 
-@contextlib.contextmanager
-def tmpfs(directory: Path, options: str) -> Iterator[Path]:
-    try:
-        with disk_faults.tmpfs(directory, options) as mounted:
-            yield mounted
-    except disk_faults.DiskFaultUnavailable as exc:
-        pytest.skip(str(exc))
-
-
 def test_no_space_and_read_only_filesystems(tmp_path: Path) -> None:
-    with tmpfs(tmp_path / "tiny", "size=1m") as mnt:
+    with disk_faults.tmpfs(tmp_path / "tiny", "size=1m") as mnt:
         path = mnt / "x.wal"
         with pytest.raises(UnavailableError, match="no space left"):
             FileWal(path, settings=small(2 * MiB))
@@ -755,7 +745,7 @@ def test_no_space_and_read_only_filesystems(tmp_path: Path) -> None:
         assert recover_all(wal) == acked
         wal.close()
     with (
-        tmpfs(tmp_path / "ro", "ro,size=1m") as mnt,
+        disk_faults.tmpfs(tmp_path / "ro", "ro,size=1m") as mnt,
         pytest.raises(InvalidArgumentError, match="permission denied"),
     ):
         FileWal(mnt / "x.wal", settings=small())

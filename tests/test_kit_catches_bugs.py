@@ -29,7 +29,6 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from s3stream.client import StreamClient
 from s3stream.errors import (
     FencedError,
     InvalidArgumentError,
@@ -41,7 +40,7 @@ from s3stream.objectstore.base import ObjectInfo, ObjectStore
 from s3stream.objectstore.memory import MemoryObjectStore
 from s3stream.testing.faults import FaultyWal
 from s3stream.testing.objectstore import ObjectStoreTests, make_object_store_state_machine
-from s3stream.testing.storage import FAULT_SETTINGS, FaultyStorageStateMachine
+from s3stream.testing.storage import FaultyStorageStateMachine
 from s3stream.testing.wal import WalTests, make_wal_state_machine
 from s3stream.wal.base import WalCapabilities, WalPosition, WalRecord, WriteAheadLog
 from s3stream.wal.memory import MemoryWal, MemoryWalMedium
@@ -513,7 +512,7 @@ class FaultyMemoryKit(MemoryKit):
     faulty_class: type[FaultyWal] = FaultyWal
 
     def open_wal(self, medium: MemoryWalMedium) -> WriteAheadLog:
-        return self.faulty_class(CheckedMemoryWal(medium), rng=random.Random(5))
+        return self.faulty_class(super().open_wal(medium), rng=random.Random(5))
 
     @contextlib.contextmanager
     def transient_fault(self, medium: MemoryWalMedium, wal: WriteAheadLog) -> Iterator[None]:
@@ -743,17 +742,14 @@ def test_kit_catches_a_wal_that_never_resumes_after_a_fault(tmp_path: Path) -> N
 class NeverResumesModel(FaultyStorageStateMachine):
     """The client-level machine over a WAL that never resumes after a fault."""
 
-    def open_client(self) -> StreamClient:
-        wal = NeverResumesWal(MemoryWal(self.medium), rng=self.rng)
-        self.faulty_wals.append(wal)
-        with self._faulty_store().healthy():
-            return StreamClient(self.store, wal, settings=FAULT_SETTINGS)
+    wal_class = NeverResumesWal
+    wal_error_rate = 0.3  # faults of its own at appends: every run meets one
+    progress_timeout_s = 2.0
 
 
 def test_fault_model_catches_a_client_that_cannot_resume() -> None:
     """`FaultyStorageStateMachine` fails a client that needs a reopen to make progress
     after a fault (here, because its WAL never resumes)."""
-    NeverResumesModel.progress_timeout_s = 2.0
     with pytest.raises(AssertionError, match="no append succeeded"):
         run_state_machine_as_test(NeverResumesModel, settings=settings(FIND_BUGS, max_examples=50))
 

@@ -41,6 +41,7 @@ from s3stream import (
     WalFullError,
 )
 from s3stream.objectstore.base import ObjectInfo, ObjectStore
+from s3stream.objectstore.local import LocalObjectStore
 from s3stream.objectstore.wrappers import ForwardingObjectStore
 from s3stream.testing import disk_faults
 from s3stream.testing.disk_faults import failing_writes
@@ -61,15 +62,6 @@ def read_back(client: s3stream.StreamClient, stream_id: int) -> list[bytes]:
             return out
         out += [b.payload for b in got]
         pos = got[-1].next_offset
-
-
-@contextlib.contextmanager
-def tmpfs(directory: Path, size: str) -> Iterator[Path]:
-    try:
-        with disk_faults.tmpfs(directory, f"size={size}") as mounted:
-            yield mounted
-    except disk_faults.DiskFaultUnavailable as exc:
-        pytest.skip(f"{exc}; the ENOSPC store test covers the same path")
 
 
 # ---------------------------------------------------------------------- caller mistakes
@@ -139,7 +131,7 @@ def test_full_disk_then_freed_appends_resume(tmp_path: Path) -> None:
     """The store's disk fills (uploads fail with ENOSPC): appends push back (retryable)
     until space is freed, then go on without a reopen; nothing acknowledged is lost."""
     wal = f"file://{tmp_path}/n.wal?capacity=1MiB&full_wait_ms=300"
-    with tmpfs(tmp_path / "disk", "4m") as disk:
+    with disk_faults.tmpfs(tmp_path / "disk", "size=4m") as disk:
         store_dir = disk / "store"
         client = s3stream.open(store_dir, wal=wal, settings=FULL_SETTINGS)
         stream = client.create_stream()
@@ -179,9 +171,7 @@ class NoSpaceStore(ForwardingObjectStore):
 
 
 def test_store_without_space_then_freed_appends_resume(tmp_path: Path) -> None:
-    from s3stream.objectstore.local import LocalObjectStore
-
-    store = NoSpaceStore(LocalObjectStore(tmp_path / "store"))
+    store = NoSpaceStore(_local(tmp_path))
     wal = FileWal(tmp_path / "n.wal", node_id="local", settings=FileWalSettings(capacity_bytes=MiB,
                                                                full_wait_ms=300))
     client = s3stream.StreamClient(store, wal, settings=FULL_SETTINGS)
@@ -204,13 +194,11 @@ def test_waits_under_backpressure_never_add_up_and_close_says_how_it_ended(
     the first one's failure instead of returning as if it had worked."""
     import threading
 
-    from s3stream.objectstore.local import LocalObjectStore
-
     settings = ClientSettings(
         call_timeout_ms=3000, backpressure_timeout_ms=1000, store_timeout_ms=1000,
         upload_interval_ms=50, upload_threshold_bytes=64 * KiB, max_pending_bytes=256 * KiB,
     )  # fmt: skip
-    store = NoSpaceStore(LocalObjectStore(tmp_path / "store"))
+    store = NoSpaceStore(_local(tmp_path))
     wal = FileWal(tmp_path / "n.wal", node_id="local",
                   settings=FileWalSettings(capacity_bytes=4 * MiB, full_wait_ms=1000))
     client = s3stream.StreamClient(store, wal, settings=settings)
@@ -259,9 +247,7 @@ def test_a_full_wal_holds_no_append_past_its_deadline(tmp_path: Path) -> None:
     appends and close do not queue behind that past their own deadlines, call after call."""
     import threading
 
-    from s3stream.objectstore.local import LocalObjectStore
-
-    store = NoSpaceStore(LocalObjectStore(tmp_path / "store"))
+    store = NoSpaceStore(_local(tmp_path))
     wal = FileWal(tmp_path / "n.wal", node_id="local",
                   settings=FileWalSettings(capacity_bytes=MiB, full_wait_ms=1000))
     client = s3stream.StreamClient(
@@ -335,8 +321,6 @@ def test_wal_write_failure_is_repaired_without_reopen(tmp_path: Path) -> None:
 
 
 def _local(tmp_path: Path) -> ObjectStore:
-    from s3stream.objectstore.local import LocalObjectStore
-
     return LocalObjectStore(tmp_path / "store")
 
 
@@ -491,9 +475,7 @@ def test_a_crashed_node_reopens_under_its_own_id(tmp_path: Path) -> None:
 def test_a_stream_whose_release_failed_is_released_by_the_next_close(tmp_path: Path) -> None:
     """`Stream.close()` while the store refuses writes raises (the stream stays owned); once
     the store works, the client's close releases it, so another node opens it freely."""
-    from s3stream.objectstore.local import LocalObjectStore
-
-    store = NoSpaceStore(LocalObjectStore(tmp_path / "store"))
+    store = NoSpaceStore(_local(tmp_path))
     client = s3stream.StreamClient(
         store, MemoryWal(), node_id="a", settings=ClientSettings(store_timeout_ms=500)
     )
@@ -505,7 +487,7 @@ def test_a_stream_whose_release_failed_is_released_by_the_next_close(tmp_path: P
         s.close()
     store.full = False
     client.close()
-    with s3stream.StreamClient(LocalObjectStore(tmp_path / "store"), MemoryWal(),
+    with s3stream.StreamClient(_local(tmp_path), MemoryWal(),
                                node_id="b") as other:
         opened = other.open_stream(s.stream_id)  # no StreamOwnedError: it was released
         assert [b.payload for b in opened.fetch(0).batches] == [b"uploaded"]

@@ -128,7 +128,7 @@ class Compactor:
             clock=clock,
             grace_ms=settings.orphan_grace_ms,
             max_keys=settings.orphan_sweep_max_keys,
-            data_prefix=keys.prefix + "/",
+            data_prefix=keys.prefix,
             limiter=limiter,
         )
         self._default_policy = RetentionPolicy(

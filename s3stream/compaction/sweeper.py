@@ -33,7 +33,7 @@ from ..clock import Clock
 from ..errors import CorruptionError, ObjectNotFoundError, S3StreamError
 from ..metadata import MetadataManager, MetadataState, PurgeObjects
 from ..objectstore.base import ObjectStore
-from ..storage.packing import parse_object_key
+from ..storage.packing import DEFAULT_DATA_PREFIX, parse_object_key
 from ..throttle import Priority, PriorityRateLimiter
 
 __all__ = ["OrphanSweeper", "purge_deleted"]
@@ -97,7 +97,7 @@ class OrphanSweeper:
         clock: Clock,
         grace_ms: int,
         max_keys: int,
-        data_prefix: str = "data/",
+        data_prefix: str = DEFAULT_DATA_PREFIX,
         limiter: PriorityRateLimiter | None = None,
     ) -> None:
         self._store = store
@@ -121,7 +121,7 @@ class OrphanSweeper:
         exhausted = True
         if self._limiter is not None:
             self._limiter.acquire(0, Priority.COMPACTION)
-        for info in self._store.list(self._prefix):
+        for info in self._store.list(self._prefix + "/"):
             if info.key <= record.cursor:
                 continue
             if len(listed) >= self._max_keys:
@@ -165,7 +165,7 @@ class OrphanSweeper:
 
     def _sweepable(self, key: str, state: MetadataState) -> bool:
         """Ours (made by `KeyFactory` under this prefix) and of a session that has ended."""
-        parsed = parse_object_key(key, self._prefix.rstrip("/"))
+        parsed = parse_object_key(key, self._prefix)
         if parsed is None:
             return False
         node = state.nodes.get(parsed.node_id)

@@ -41,21 +41,11 @@ class LogAudit:
         return not self.problems
 
 
-def _seqs(log: MetadataLog, folder: str) -> set[int]:
-    prefix = f"{log.prefix}/{folder}/"
-    out: set[int] = set()
-    for info in log.store.list(prefix):
-        tail = info.key[len(prefix) :]
-        if tail.isdigit() and tail.isascii():
-            out.add(int(tail))
-    return out
-
-
 def audit_log(log: MetadataLog) -> LogAudit:
     """Replay and check the whole log (see the module docstring); reads only."""
     audit = LogAudit()
-    present = _seqs(log, "log")
-    checkpoints = _seqs(log, "checkpoints")
+    present = log.listed_seqs()
+    checkpoints = log.listed_seqs(checkpoints=True)
     state = MetadataState.empty()
     seq = 0
     while True:

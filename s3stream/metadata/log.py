@@ -6,7 +6,8 @@ Layout under `prefix`::
     {prefix}/checkpoints/{seq:020d}   the whole state after entry seq
     {prefix}/checkpoint               pointer: seq of the latest checkpoint (plain put)
 
-Zero-padded seqs keep keys in log order for humans and tools; nothing here ever lists.
+Zero-padded seqs keep keys in log order for humans and tools; a client never lists (only
+`listed_seqs`, for audits, does).
 """
 
 from __future__ import annotations
@@ -60,6 +61,16 @@ class MetadataLog:
     def pointer_key(self) -> str:
         """Key of the pointer to the latest checkpoint."""
         return f"{self._prefix}/checkpoint"
+
+    def listed_seqs(self, *, checkpoints: bool = False) -> set[int]:
+        """Seqs of the entries (or checkpoints) present, by listing: for audits only."""
+        folder = f"{self._prefix}/{'checkpoints' if checkpoints else 'log'}/"
+        out: set[int] = set()
+        for info in self._store.list(folder):
+            tail = info.key[len(folder) :]
+            if tail.isascii() and tail.isdigit():
+                out.add(int(tail))
+        return out
 
     def read_entry(self, seq: int) -> tuple[LogEntry, bytes]:
         """Entry `seq` and its raw bytes; `ObjectNotFoundError` if not written (yet)."""

@@ -390,8 +390,10 @@ class S3ObjectStore(ObjectStore):
                     f"cannot stat {key!r} in {self.describe()}: bucket {self.bucket!r} does "
                     "not exist"
                 ) from exc
-            # Other answers (403 without s3:ListBucket, ...) say nothing about the key.
-            return
+            if not status:
+                return  # no answer (a timeout): ask again at the next miss
+            # Other answers (403 without s3:ListBucket, ...) say nothing about the key, and
+            # will not change: do not ask again.
         self._bucket_seen = True
 
     def delete_many(self, keys: Iterable[str]) -> None:

@@ -15,7 +15,11 @@ from ..clock import Clock
 from .base import ObjectStore
 from .wrappers import MetricsObjectStore, RetryingObjectStore
 
-__all__ = ["MAX_TRIES", "store_stack"]
+__all__ = ["MAX_TRIES", "TRIES_PER_DEADLINE", "store_stack"]
+
+#: A try of a call gets at most this share of the call's deadline (its socket timeouts are
+#: lowered to fit), so a call has room for a few tries when the first ones hang.
+TRIES_PER_DEADLINE = 3
 
 #: Tries per call: the deadline is what bounds a call (a server restarting answers 500 for a
 #: while; a few quick tries would give up long before the deadline).
@@ -28,12 +32,20 @@ def store_stack(
     """Wrap `raw` for a client: every call retried within `timeout_s`, and counted.
 
     A store that is already such a stack is returned as it is, so that nothing is wrapped
-    twice. The retry layer bounds `raw`'s tries to fit the deadline (`RetryingObjectStore`).
+    twice. Lowers `raw`'s per-try timeouts to ``timeout_s / TRIES_PER_DEADLINE`` where they
+    are longer (`ObjectStore.bound_attempts`), and has the retry layer count them, so that no
+    try starts that could not end by the deadline.
     """
     if isinstance(raw, MetricsObjectStore):
         return raw
+    raw.bound_attempts(timeout_s / TRIES_PER_DEADLINE)
     return MetricsObjectStore(
         RetryingObjectStore(
-            raw, clock=clock, rng=rng, deadline_s=timeout_s, max_attempts=MAX_TRIES
+            raw,
+            clock=clock,
+            rng=rng,
+            deadline_s=timeout_s,
+            max_attempts=MAX_TRIES,
+            attempt_timeout_s=raw.attempt_timeout_s,
         )
     )

@@ -69,22 +69,16 @@ class ForwardingObjectStore(ObjectStore):
         self.inner.bound_attempts(seconds)
 
 
-#: A try of a retried call gets at most this share of the call's deadline.
-TRIES_PER_DEADLINE = 3
-
-
 class RetryingObjectStore(ObjectStore):
     """Retries calls that fail with `UnavailableError`, with capped exponential backoff.
 
     The n-th retry waits a random time in ``[0, min(max_delay_s, base_delay_s * 2**(n-1))]``
     ("full jitter", drawn from `rng`, slept on `clock`). A call gives up after `max_attempts`
     tries, or when the next try could not end by `deadline_s` from the call's start (the wait
-    plus `attempt_timeout_s`: the longest one try can take), raising `UnavailableError` that
-    says how many tries were made. So a call against a frozen server ends within its deadline.
-    Other errors pass through at once. Unless `attempt_timeout_s` is given, the inner store's
-    tries are bounded to ``deadline_s / TRIES_PER_DEADLINE`` (`ObjectStore.bound_attempts`
-    lowers its socket timeouts where they are longer), so that a call has room for a few
-    tries when the first ones hang.
+    plus `attempt_timeout_s`, the longest one try can take: None counts only the waits),
+    raising `UnavailableError` that says how many tries were made. With the inner store's tries
+    bounded (`store_stack` does both), a call against a frozen server ends within its deadline.
+    Other errors pass through at once. The wrapper never changes the store it wraps.
 
     Conditional create needs care: a try that failed with `UnavailableError` may still have
     created the object (the answer was lost). If a later try then reports that the key
@@ -127,9 +121,6 @@ class RetryingObjectStore(ObjectStore):
         self._base_delay_s = float(base_delay_s)
         self._max_delay_s = float(max_delay_s)
         self._deadline_s = float(deadline_s)
-        if attempt_timeout_s is None:
-            inner.bound_attempts(self._deadline_s / TRIES_PER_DEADLINE)
-            attempt_timeout_s = inner.attempt_timeout_s
         self._attempt_timeout_s = float(attempt_timeout_s or 0.0)
 
     @property

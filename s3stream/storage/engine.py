@@ -39,7 +39,6 @@ from ..errors import (
     CorruptionError,
     FencedError,
     InvalidArgumentError,
-    ObjectNotFoundError,
     S3StreamError,
     StreamClosedError,
     UnavailableError,
@@ -172,7 +171,6 @@ class Storage:
         #: it: later appends wait for room outside the append lock instead of each waiting
         #: the WAL's full_wait_ms in turn inside it.
         self._wal_full = False
-        self._recovering = False
         #: Acknowledged appends dropped because another owner took their stream: reported by
         #: the next `flush` (then cleared) and by `close` (all of them).
         self._dropped: list[str] = []
@@ -226,23 +224,6 @@ class Storage:
         report = RecoveryReport()
         state = self._meta.state
         expected: dict[int, int] = {}
-        # Uploads made while replaying do not trim the WAL (it takes no trim before its
-        # recovery ends); the reset at the end drops everything at once.
-        self._recovering = True
-        try:
-            self._replay(report, state, expected, deadline)
-        finally:
-            self._recovering = False
-        self._wal.reset()
-        return report
-
-    def _replay(
-        self,
-        report: RecoveryReport,
-        state: MetadataState,
-        expected: dict[int, int],
-        deadline: float,
-    ) -> None:
         for pos, data in self._wal.recover():
             report.records += 1
             report.bytes += len(data)
@@ -274,8 +255,12 @@ class Storage:
             )  # fmt: skip
             report.uploaded_batches += 1
             if self._cache.pending_bytes >= self._settings.upload_threshold_bytes:
-                self._upload_sync(deadline)
-        self._upload_sync(deadline)
+                self._upload_sync(deadline, trim=False)
+        # Uploads made while replaying trim nothing (a WAL takes no trim before its recovery
+        # ends); the reset drops everything at once.
+        self._upload_sync(deadline, trim=False)
+        self._wal.reset()
+        return report
 
     def register_writer(self, stream_id: int, epoch: int, end_offset: int) -> WriterState:
         """Make this client the appender of a stream it has just opened."""
@@ -494,22 +479,23 @@ class Storage:
                 if deadline is None:
                     deadline = self._wait_deadline(call_deadline)
                 self._wait_for_wal(deadline)
-            if self._wal_full or self._cache.pending_bytes >= self._settings.max_pending_bytes:
+            if self._no_room():
                 if deadline is None:
                     deadline = self._wait_deadline(call_deadline)
                 self._wait_for_room(deadline)  # no lock held: waiters wait side by side
-            # The lock may be held by an append the WAL keeps waiting for room (its own
-            # full_wait_ms): waiting for the lock counts against this call's deadline too.
-            lock_deadline = deadline if deadline is not None else self._wait_deadline(
-                call_deadline
-            )
-            if not self._append_lock.acquire(
-                timeout=max(0.0, lock_deadline - self._clock.monotonic())
-            ):
-                raise BackpressureError(
-                    "another append holds the way into the WAL (waiting for room in it) past "
-                    "this append's deadline; retry later"
-                )
+            # Uncontended, the lock is taken at once with no clock read. It may be held by an
+            # append the WAL keeps waiting for room (its own full_wait_ms): waiting for it
+            # counts against this call's deadline too.
+            if not self._append_lock.acquire(blocking=False):
+                if deadline is None:
+                    deadline = self._wait_deadline(call_deadline)
+                if not self._append_lock.acquire(
+                    timeout=max(0.0, deadline - self._clock.monotonic())
+                ):
+                    raise BackpressureError(
+                        "another append holds the way into the WAL (waiting for room in it) "
+                        "past this append's deadline; retry later"
+                    )
             try:
                 if w.error is not None:
                     raise w.error
@@ -517,13 +503,16 @@ class Storage:
                     raise StreamClosedError("the client is closed")
                 if self._failed is not None:
                     raise self._failed
-                if self._wal_error is not None:
-                    continue  # failed meanwhile: wait for the repair outside the lock
-                if self._wal_full or self._cache.pending_bytes >= self._settings.max_pending_bytes:
-                    continue  # filled up again meanwhile: wait outside the lock
+                if self._wal_error is not None or self._no_room():
+                    continue  # failed or filled up meanwhile: wait outside the lock
                 return self._append_locked(w, batch, ts, payload)
             finally:
                 self._append_lock.release()
+
+    def _no_room(self) -> bool:
+        """Whether an append must wait for an upload first: the WAL refused one for want of
+        room, or the upload backlog is at `max_pending_bytes`."""
+        return self._wal_full or self._cache.pending_bytes >= self._settings.max_pending_bytes
 
     def _wait_deadline(self, call_deadline: float | None) -> float:
         backpressure = self._deadline(self._settings.backpressure_timeout_ms / 1000)
@@ -662,9 +651,7 @@ class Storage:
         with self._cond:
             self._upload_requested = True
             self._cond.notify_all()
-            while (
-                self._wal_full or self._cache.pending_bytes >= self._settings.max_pending_bytes
-            ):
+            while self._no_room():
                 if self._wal_full and self._cache.pending_bytes == 0:
                     # Nothing left to upload, so no upload will trim the WAL: its fullness is
                     # not ours to wait out. Let the next append ask the WAL itself.
@@ -805,7 +792,7 @@ class Storage:
                 if self._stop or self._failed is not None:
                     raise StreamClosedError("stopping")
         while True:
-            self._upload_sync()
+            self._upload_sync(trim=False)  # the reset below drops it all
             try:
                 self._wal.reset()
             except S3StreamError as exc:
@@ -842,14 +829,17 @@ class Storage:
             self._limiter.acquire(len(data), Priority.UPLOAD)
         self._store.put(key, data)
 
-    def _finish_upload(self, up: _Upload, deadline: float | None = None) -> None:
-        """Wait for the PUTs of the oldest upload and commit it; retry until it succeeds
-        (raises only when stopping, when the node was fenced, or past `deadline`)."""
+    def _finish_upload(
+        self, up: _Upload, deadline: float | None = None, *, trim: bool = True
+    ) -> None:
+        """Wait for the PUTs of the oldest upload and commit it (then trim the WAL below it,
+        if `trim`); retry until it succeeds (raises only when stopping, when the node was
+        fenced, or past `deadline`)."""
         while True:
             try:
                 for f in up.puts:
                     f.result()
-                self._commit(up)
+                self._commit(up, trim)
                 with self._cond:
                     self._upload_error = None
                     self._cond.notify_all()
@@ -881,7 +871,7 @@ class Storage:
                     self._cond.wait(min(2.0, 0.05 * 2**up.attempts))
                 self._submit_puts(up)
 
-    def _commit(self, up: _Upload) -> None:
+    def _commit(self, up: _Upload, trim: bool) -> None:
         first: dict[int, CachedBatch] = {}
         for e in up.entries:
             first.setdefault(e[SID], e)
@@ -934,7 +924,7 @@ class Storage:
         m.objects_uploaded += len(up.objects)
         m.uploaded_bytes += sum(len(o.data) for o in up.objects)
         try:
-            if not self._recovering:
+            if trim:
                 self._wal.trim(up.entries[-1][WALPOS])
         except S3StreamError as exc:
             # Harmless for correctness: recovery drops what is committed.
@@ -964,26 +954,21 @@ class Storage:
             self._dropped_unreported.append(what)
             self._cond.notify_all()
 
-    def _upload_sync(self, deadline: float | None = None) -> None:
-        """Upload everything pending from the calling thread (recovery, WAL repair)."""
+    def _upload_sync(self, deadline: float | None = None, *, trim: bool = True) -> None:
+        """Upload everything pending from the calling thread (recovery and WAL repair, which
+        reset the WAL afterwards instead of trimming it)."""
         while True:
             entries = self._cache.take_pending()
             if not entries:
                 return
-            self._finish_upload(self._start_upload(entries), deadline)
+            self._finish_upload(self._start_upload(entries), deadline, trim=trim)
 
     # ------------------------------------------------------------------ read path
 
-    def read_committed(
-        self, state: MetadataState, stream_id: int, start: int, end: int, max_bytes: int
-    ) -> list[FetchedBatch]:
-        """Batches from objects only, as the metadata snapshot `state` lists them."""
-        try:
-            return self._objects.read(state, stream_id, start, end, max_bytes)
-        except ObjectNotFoundError:
-            # The snapshot is older than the deletion delay: read again on a fresh one.
-            self._meta.refresh()
-            return self._objects.read(self._meta.state, stream_id, start, end, max_bytes)
+    @property
+    def objects(self) -> ObjectDataReader:
+        """Reads committed batches from objects (shared with read-only readers)."""
+        return self._objects
 
     def read(self, stream_id: int, start: int, end: int, max_bytes: int) -> list[FetchedBatch]:
         """Batches of the stream overlapping ``[start, end)``: at least one, about `max_bytes`."""
@@ -1001,7 +986,9 @@ class Storage:
             first_cached = self._cache.first_offset(stream_id)
             obj_end = end if first_cached is None else min(end, max(first_cached, pos + 1))
             state = self._meta.state
-            got = self.read_committed(state, stream_id, pos, obj_end, max(remaining, 1))
+            got = self._objects.read_latest(
+                self._meta, stream_id, pos, obj_end, max(remaining, 1), state
+            )
             if not got:
                 if first_cached is not None and first_cached > pos:
                     raise missing_data(self._meta.state, stream_id, pos, first_cached, "")

@@ -51,21 +51,19 @@ KIND_STREAM_SET = "stream_set"
 
 
 #: ``{prefix}/{node_id}/{node_epoch:08d}/{counter:012d}-{s|m}.s3o``: what `KeyFactory` makes.
-_OBJECT_NAME = re.compile(r"(\d{12,})-([sm])\.s3o")
+_OBJECT_NAME = re.compile(r"\d{12,}-[sm]\.s3o")
 _EPOCH = re.compile(r"\d{8,}")
 
 
 @dataclass(frozen=True, slots=True)
 class ObjectKey:
-    """The parts of a data-object key made by `KeyFactory`."""
+    """Who wrote a data-object key made by `KeyFactory`: the node and its session (epoch)."""
 
     node_id: str
     node_epoch: int
-    counter: int
-    kind: str
 
 
-def parse_object_key(key: str, prefix: str = "data") -> ObjectKey | None:
+def parse_object_key(key: str, prefix: str = DEFAULT_DATA_PREFIX) -> ObjectKey | None:
     """The parts of `key` if `KeyFactory` (with `prefix`) could have made it, else None: the
     one test of "is this one of our objects" (the orphan sweeper touches nothing else)."""
     if not key.startswith(prefix + "/"):
@@ -74,11 +72,13 @@ def parse_object_key(key: str, prefix: str = "data") -> ObjectKey | None:
     if len(parts) != 3:
         return None
     node_id, epoch, name = parts
-    named = _OBJECT_NAME.fullmatch(name)
-    if named is None or _EPOCH.fullmatch(epoch) is None or not is_node_id(node_id):
+    if (
+        _OBJECT_NAME.fullmatch(name) is None
+        or _EPOCH.fullmatch(epoch) is None
+        or not is_node_id(node_id)
+    ):
         return None
-    kind = KIND_STREAM if named.group(2) == "s" else KIND_STREAM_SET
-    return ObjectKey(node_id, int(epoch), int(named.group(1)), kind)
+    return ObjectKey(node_id, int(epoch))
 
 
 class KeyFactory:

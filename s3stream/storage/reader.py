@@ -8,9 +8,9 @@ of a stream in a metadata snapshot, the blocks in their (cached) indexes, and as
 from __future__ import annotations
 
 from ..cache.block_cache import BlockCache, Readahead
-from ..errors import CorruptionError, OffsetOutOfRangeError
+from ..errors import CorruptionError, ObjectNotFoundError, OffsetOutOfRangeError
 from ..format.objects import BlockInfo
-from ..metadata import MetadataState
+from ..metadata import MetadataManager, MetadataState
 from ..types import FetchedBatch
 
 __all__ = ["ObjectDataReader"]
@@ -27,6 +27,24 @@ class ObjectDataReader:
     def cache(self) -> BlockCache:
         """The block cache reads go through."""
         return self._cache
+
+    def read_latest(
+        self,
+        meta: MetadataManager,
+        stream_id: int,
+        start: int,
+        end: int,
+        max_bytes: int,
+        state: MetadataState | None = None,
+    ) -> list[FetchedBatch]:
+        """`read` on `state` (default: `meta`'s current one); if an object it lists is gone
+        (the snapshot is older than the deletion delay), once more on a fresh snapshot."""
+        try:
+            return self.read(meta.state if state is None else state, stream_id, start, end,
+                             max_bytes)  # fmt: skip
+        except ObjectNotFoundError:
+            meta.refresh()
+            return self.read(meta.state, stream_id, start, end, max_bytes)
 
     def read(
         self, state: MetadataState, stream_id: int, start: int, end: int, max_bytes: int

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import unittest
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,8 +32,10 @@ __all__ = [
 ]
 
 
-class DiskFaultUnavailable(RuntimeError):
-    """This machine cannot stage the fault (not root, or mounting is not allowed)."""
+class DiskFaultUnavailable(unittest.SkipTest):
+    """This machine cannot stage the fault (not root, or mounting is not allowed). A
+    `unittest.SkipTest`, so a test (pytest or unittest) that meets it is skipped, saying why."""
+
 
 #: Holds the committer role while a descriptor is swapped (no real thread has this ident).
 _SWAPPER = -1
@@ -74,23 +77,30 @@ def failing_writes(wal: FileWal) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def tmpfs(directory: Path, options: str) -> Iterator[Path]:
+def _mounted(what: str, target: Path, *commands: list[str]) -> Iterator[Path]:
+    """Run the mount `commands` on `target`, unmount it on leaving; `DiskFaultUnavailable`
+    (undoing what was mounted) where this machine does not allow it."""
+    if os.geteuid() != 0:
+        raise DiskFaultUnavailable(f"{what} needs root")
+    target.mkdir(parents=True, exist_ok=True)
+    for i, cmd in enumerate(commands):
+        done = subprocess.run(cmd, capture_output=True, check=False)
+        if done.returncode != 0:
+            if i:
+                subprocess.run(["umount", "-l", str(target)], check=False, capture_output=True)
+            raise DiskFaultUnavailable(f"cannot make {what}: {done.stderr.decode().strip()}")
+    try:
+        yield target
+    finally:
+        subprocess.run(["umount", "-l", str(target)], check=False)
+
+
+def tmpfs(directory: Path, options: str) -> contextlib.AbstractContextManager[Path]:
     """Mount a tmpfs with mount `options` (``size=4m``, ``ro,size=1m``) on `directory` while
     inside; raises `DiskFaultUnavailable` where that is impossible."""
-    if os.geteuid() != 0:
-        raise DiskFaultUnavailable("mounting a tmpfs needs root")
-    directory.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(directory)],
-        capture_output=True,
-        check=False,
+    return _mounted(
+        "a tmpfs", directory, ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(directory)]
     )
-    if done.returncode != 0:
-        raise DiskFaultUnavailable(f"cannot mount a tmpfs: {done.stderr.decode().strip()}")
-    try:
-        yield directory
-    finally:
-        subprocess.run(["umount", "-l", str(directory)], check=False)
 
 
 def fill_filesystem(directory: Path) -> Path:
@@ -108,24 +118,12 @@ def fill_filesystem(directory: Path) -> Path:
     return filler
 
 
-@contextlib.contextmanager
-def read_only_bind(source: Path, target: Path) -> Iterator[Path]:
+def read_only_bind(source: Path, target: Path) -> contextlib.AbstractContextManager[Path]:
     """`source` bind-mounted read-only at `target` while inside; raises
     `DiskFaultUnavailable` where that is impossible."""
-    if os.geteuid() != 0:
-        raise DiskFaultUnavailable("a read-only bind mount needs root")
-    target.mkdir(parents=True, exist_ok=True)
-    for cmd in (
+    return _mounted(
+        "a read-only bind mount",
+        target,
         ["mount", "--bind", str(source), str(target)],
         ["mount", "-o", "remount,ro,bind", str(target)],
-    ):
-        done = subprocess.run(cmd, capture_output=True, check=False)
-        if done.returncode != 0:
-            subprocess.run(["umount", str(target)], check=False, capture_output=True)
-            raise DiskFaultUnavailable(
-                f"cannot make a read-only bind mount: {done.stderr.decode().strip()}"
-            )
-    try:
-        yield target
-    finally:
-        subprocess.run(["umount", str(target)], check=False)
+    )

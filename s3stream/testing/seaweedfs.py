@@ -16,12 +16,14 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -267,6 +269,8 @@ class SeaweedS3Server:
 
     def stop(self) -> None:
         """Stop the server (terminate, then kill if it lingers) and remove an owned data dir."""
+        if self.running and self.pid is not None:
+            os.kill(self.pid, signal.SIGCONT)  # a frozen server would not hear the SIGTERM
         self._terminate()
         if self._owned_dir is not None:
             shutil.rmtree(self._owned_dir, ignore_errors=True)
@@ -279,6 +283,19 @@ class SeaweedS3Server:
         if process is not None and process.poll() is None:
             process.kill()
             process.wait(timeout=15)
+
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """Stop the server with SIGSTOP while inside (its sockets still accept connections,
+        nothing answers: the worst case for a client), SIGCONT on leaving."""
+        pid = self.pid
+        if pid is None:
+            raise SeaweedUnavailable("frozen() needs a started server")
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(pid, signal.SIGCONT)
 
     def restart(self) -> None:
         """Start the server again on the same ports and data dir (killing it first if it is

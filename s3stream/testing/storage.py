@@ -91,10 +91,16 @@ class StorageStateMachine(RuleBasedStateMachine):
 
     @rule()
     def create(self) -> None:
-        if len(self.streams) < self.max_streams:
-            self.streams.append(self.client.create_stream())
-            self.model.append([])
-            self.starts.append(0)
+        if len(self.streams) >= self.max_streams:
+            return
+        try:
+            stream = self.client.create_stream()
+        except S3StreamError as exc:
+            self._tolerate(exc)
+            return
+        self.streams.append(stream)
+        self.model.append([])
+        self.starts.append(0)
 
     @precondition(lambda self: self.streams)
     @rule(
@@ -137,7 +143,11 @@ class StorageStateMachine(RuleBasedStateMachine):
     def fetch(self, i: int, frac: float, max_bytes: int) -> None:
         i %= len(self.streams)
         start = self.starts[i] + int((self._end(i) - self.starts[i]) * frac)
-        res = self.streams[i].fetch(start, max_bytes=max_bytes)
+        try:
+            res = self.streams[i].fetch(start, max_bytes=max_bytes)
+        except S3StreamError as exc:
+            self._tolerate(exc)
+            return
         expected = [b for b in self.model[i] if b[0] + b[1] > start]
         got = [(b.base_offset, b.count, b.payload) for b in res.batches]
         assert got == expected[: len(got)]
@@ -160,12 +170,19 @@ class StorageStateMachine(RuleBasedStateMachine):
 
     @rule()
     def flush(self) -> None:
-        self.client.flush()
+        try:
+            self.client.flush()
+        except S3StreamError as exc:
+            self._tolerate(exc)
 
     @rule()
     def restart(self) -> None:
-        """Clean shutdown and a new client."""
-        self.client.close()
+        """Clean shutdown (if it fails, what it could not upload stays in the WAL) and a new
+        client."""
+        try:
+            self.client.close()
+        except S3StreamError as exc:
+            self._tolerate(exc)
         self._reopen()
 
     @rule()
@@ -176,7 +193,10 @@ class StorageStateMachine(RuleBasedStateMachine):
 
     @rule()
     def compact(self) -> None:
-        self.client.compact()
+        try:
+            self.client.compact()
+        except S3StreamError as exc:
+            self._tolerate(exc)
 
     # -- invariants ------------------------------------------------------------------------
 
@@ -240,12 +260,13 @@ class FaultyStorageStateMachine(StorageStateMachine):
     store_ambiguous_rate = 0.1
     #: Share of appends starting a short WAL fault of their own, at any time.
     wal_error_rate = 0.02
+    #: The fault-injecting WAL around each client's `MemoryWal`.
+    wal_class: type[FaultyWal] = FaultyWal
     #: Longest `heal_and_progress` may take to append again once faults stop.
     progress_timeout_s = 20.0
 
     def __init__(self) -> None:
         self.rng = random.Random(0)
-        self.faulty_wals: list[FaultyWal] = []
         super().__init__()
         self._healthy: contextlib.ExitStack | None = None
         self.store_heals()
@@ -261,8 +282,9 @@ class FaultyStorageStateMachine(StorageStateMachine):
         )
 
     def open_client(self) -> StreamClient:
-        wal = FaultyWal(MemoryWal(self.medium), rng=self.rng, error_rate=self.wal_error_rate)
-        self.faulty_wals.append(wal)
+        wal = self.wal_class(MemoryWal(self.medium), rng=self.rng, error_rate=self.wal_error_rate)
+        #: The current client's WAL (each client gets a new one over the same medium).
+        self.faulty_wal = wal
         faulty = self._faulty_store()
         # A new client recovers with the store healthy: a recovery under faults is
         # `test_crash`'s and the failover tests' business; this machine is about one client.
@@ -284,10 +306,6 @@ class FaultyStorageStateMachine(StorageStateMachine):
         assert isinstance(self.store, FaultyObjectStore)
         return self.store
 
-    @property
-    def _wal(self) -> FaultyWal:
-        return self.faulty_wals[-1]
-
     @rule(seed=st.integers(0, 2**32 - 1))
     def store_fails(self, seed: int) -> None:
         self.rng.seed(seed)
@@ -303,11 +321,11 @@ class FaultyStorageStateMachine(StorageStateMachine):
 
     @rule()
     def wal_fails(self) -> None:
-        self._wal.failing = True
+        self.faulty_wal.failing = True
 
     @rule()
     def wal_heals(self) -> None:
-        self._wal.failing = False
+        self.faulty_wal.failing = False
 
     def _tolerate(self, exc: S3StreamError) -> None:
         """While faults come and go, a call may fail, but only retryably."""
@@ -318,28 +336,7 @@ class FaultyStorageStateMachine(StorageStateMachine):
         self.store_heals()
         self.wal_heals()
 
-    # -- rules that may fail while faults are on -------------------------------------------
-
-    @rule()
-    def create(self) -> None:
-        if len(self.streams) >= self.max_streams:
-            return
-        try:
-            stream = self.client.create_stream()
-        except S3StreamError as exc:
-            self._tolerate(exc)
-            return
-        self.streams.append(stream)
-        self.model.append([])
-        self.starts.append(0)
-
-    @precondition(lambda self: self.streams)
-    @rule(i=st.integers(0, 15), frac=st.floats(0, 1), max_bytes=st.integers(1, 3000))
-    def fetch(self, i: int, frac: float, max_bytes: int) -> None:
-        try:
-            super().fetch(i, frac, max_bytes)
-        except S3StreamError as exc:
-            self._tolerate(exc)
+    # -- rules that may fail while faults are on (the others tolerate it via `_tolerate`) --
 
     @precondition(lambda self: self.streams)
     @rule(i=st.integers(0, 15), frac=st.floats(0, 1))
@@ -354,30 +351,6 @@ class FaultyStorageStateMachine(StorageStateMachine):
             with self._faulty_store().healthy():
                 self.streams[i].trim(new_start)
         self.starts[i] = max(self.starts[i], new_start)
-
-    @rule()
-    def flush(self) -> None:
-        try:
-            self.client.flush()
-        except S3StreamError as exc:
-            self._tolerate(exc)
-
-    @rule()
-    def compact(self) -> None:
-        try:
-            self.client.compact()
-        except S3StreamError as exc:
-            self._tolerate(exc)
-
-    @rule()
-    def restart(self) -> None:
-        """Close (which may fail under faults: what it could not upload stays in the WAL),
-        then a new client, healthy while it recovers."""
-        try:
-            self.client.close()
-        except S3StreamError as exc:
-            self._tolerate(exc)
-        self._reopen()
 
     @rule()
     def heal_and_progress(self) -> None:

@@ -834,20 +834,19 @@ class WalTests:
             "with an S3StreamError whose retryable is true"
         )
 
-    def _reset_inside_fault(self, wal: WriteAheadLog) -> None:
-        """`reset()` while the cause persists: it may only fail retryably (or work)."""
+    @staticmethod
+    def _reset_after_fault(wal: WriteAheadLog, *, fault_over: bool = True) -> None:
+        """`reset()` once the fault is over must work; while it lasts it may also fail, but
+        only retryably (or the WAL could never be resumed)."""
         try:
             wal.reset()
         except S3StreamError as exc:
-            assert exc.retryable, (
-                f"reset() while the medium fails raised {type(exc).__name__}: {exc}, which is "
-                "not retryable: the WAL could never be resumed"
-            )
-
-    def _reset_after_fault(self, wal: WriteAheadLog) -> None:
-        try:
-            wal.reset()
-        except S3StreamError as exc:
+            if not fault_over:
+                assert exc.retryable, (
+                    f"reset() while the medium fails raised {type(exc).__name__}: {exc}, which "
+                    "is not retryable: the WAL could never be resumed"
+                )
+                return
             raise AssertionError(
                 f"reset() after a transient fault was over raised {type(exc).__name__}: {exc}; "
                 "it must make the WAL take appends again"
@@ -869,7 +868,7 @@ class WalTests:
                 + ("was acknowledged" if later is None else f"raised {later!r}")
                 + ": after one failure every later append must fail (no holes)"
             )
-            self._reset_inside_fault(wal)
+            self._reset_after_fault(wal, fault_over=False)
         self._reset_after_fault(wal)
         after = self._append_all(wal, self._payloads(12, seed=61, max_size=3000))
         assert after[0].position > before[-1].position, (
@@ -1226,10 +1225,7 @@ class WalStateMachine(RuleBasedStateMachine):
         with self.hooks.transient_fault(self.medium, self.wal):
             _, error = _try_append(self.wal, b"during a transient fault", self.timeout_s)
             WalTests._check_transient(error, "an append while the medium fails")
-        try:
-            self.wal.reset()
-        except S3StreamError as exc:
-            raise AssertionError(f"reset() after a transient fault raised {exc!r}") from exc
+        WalTests._reset_after_fault(self.wal)
         self.live = []
 
     @rule()

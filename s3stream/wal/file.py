@@ -57,6 +57,7 @@ from .framing import (
     frame_size,
 )
 from .holder import WalHolderLock
+from .os_errors import os_error
 
 __all__ = ["FileWal", "read_wal_header"]
 
@@ -125,21 +126,6 @@ def _no_header_error(
     return InvalidArgumentError(
         f"{path} is not an s3stream WAL (no header magic in either slot); refusing to overwrite it"
     )
-
-
-def _os_error(action: str, path: Path, exc: OSError) -> S3StreamError:
-    """Translate an OSError into the library's errors, naming the path."""
-    reason = exc.strerror or str(exc)
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return UnavailableError(f"{action} {path}: no space left on the device ({reason})")
-    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return InvalidArgumentError(f"{action} {path}: permission denied ({reason})")
-    if exc.errno in (errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ENOENT, errno.ENAMETOOLONG):
-        return InvalidArgumentError(f"{action} {path}: {reason}")
-    if exc.errno == errno.EFBIG:
-        # Larger than the file system allows: no retry can help.
-        return InvalidArgumentError(f"{action} {path}: {reason}")
-    return UnavailableError(f"{action} {path}: {reason}")
 
 
 class FileWal(WriteAheadLog):
@@ -324,12 +310,12 @@ class FileWal(WriteAheadLog):
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
-                raise _os_error("cannot create the directory of WAL", path, exc) from exc
+                raise os_error("cannot create the directory of WAL", path, exc) from exc
         flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
         try:
             self._fd = os.open(path, flags, 0o644)
         except OSError as exc:
-            raise _os_error("cannot open WAL", path, exc) from exc
+            raise os_error("cannot open WAL", path, exc) from exc
         self._wfd = self._fd
         try:
             self._open_fd(created=not existed)
@@ -358,7 +344,7 @@ class FileWal(WriteAheadLog):
                 # recovery reads next can no longer change under it.
                 self._persist_header(self._header.next(node_epoch=self._node_epoch))
         except OSError as exc:
-            raise _os_error("cannot open WAL", path, exc) from exc
+            raise os_error("cannot open WAL", path, exc) from exc
 
     @contextlib.contextmanager
     def _exclusive(self) -> Iterator[None]:
@@ -474,7 +460,7 @@ class FileWal(WriteAheadLog):
                     os.ftruncate(fd, DATA_START + capacity)
                 else:
                     self._undo_create(created)
-                    raise _os_error(
+                    raise os_error(
                         f"cannot preallocate {capacity} bytes for WAL", path, exc
                     ) from exc
         header = HeaderSlot(
@@ -563,7 +549,7 @@ class FileWal(WriteAheadLog):
             if length > first and len(data) == first:
                 data += _pread_all(self._fd, length - first, DATA_START)
         except OSError as exc:
-            raise _os_error(f"cannot read position {position} of WAL", self._path, exc) from exc
+            raise os_error(f"cannot read position {position} of WAL", self._path, exc) from exc
         return data
 
     def _write_ring(self, position: int, parts: Sequence[bytes | memoryview]) -> None:
@@ -692,7 +678,7 @@ class FileWal(WriteAheadLog):
             if self._wfd != self._fd:
                 self._tail_block = self._read_logical(align_down(tail), tail - align_down(tail))
         except OSError as exc:
-            raise _os_error("cannot write the header of WAL", self._path, exc) from exc
+            raise os_error("cannot write the header of WAL", self._path, exc) from exc
         self._session = new.session
         self._tail = tail
         self._requested_start = self._durable_start = start
@@ -913,22 +899,22 @@ class FileWal(WriteAheadLog):
                 if self._has_work() or self._closing or self._failed is not None:
                     self._cond.notify_all()
 
-    def _commit_and_complete(self, group: list[_Pending], start_target: int) -> bool:
-        """Commit `group` (committer role held), then complete its futures in order; False
-        if the WAL failed."""
+    def _commit_and_complete(self, group: list[_Pending], start_target: int) -> None:
+        """Commit `group` (committer role held), then complete its futures in order (or fail
+        the WAL, failing them)."""
         try:
             with self._exclusive():
                 self._verify_owner()
                 self._commit(group, start_target)
         except OSError as exc:
             self._fail(group, self._write_error(group, exc))
-            return False
+            return
         except FencedError as exc:
             self._fail(group, exc)
-            return False
+            return
         except Exception as exc:  # a bug must not leave futures hanging forever
             self._fail(group, S3StreamError(f"WAL {self._path}: writer failed: {exc!r}"))
-            return False
+            return
         with self._cond:
             self._durable_start = max(self._durable_start, start_target)
             if group:
@@ -936,7 +922,6 @@ class FileWal(WriteAheadLog):
             self._cond.notify_all()
         for rec in group:
             rec.future.set_result(rec.position)
-        return True
 
     def _commit(self, group: list[_Pending], start_target: int) -> None:
         """Make `group` and the trim point `start_target` durable with one fdatasync."""
@@ -1072,7 +1057,7 @@ class FileWal(WriteAheadLog):
             except FencedError as exc:
                 _log.info("%s; closed without a clean-shutdown header", exc)
             except OSError as exc:
-                self._close_error = _os_error(
+                self._close_error = os_error(
                     "cannot write the clean-shutdown header of WAL", self._path, exc
                 )
             finally:

@@ -38,7 +38,8 @@ import struct
 import threading
 from pathlib import Path
 
-from ..errors import InvalidArgumentError, NodeInUseError, S3StreamError, UnavailableError
+from ..errors import NodeInUseError, S3StreamError, UnavailableError
+from .os_errors import os_error
 
 __all__ = ["LOCK_SUFFIX", "WalHolderLock", "lock_path_for"]
 
@@ -69,9 +70,9 @@ def _busy(exc: OSError) -> bool:
 class WalHolderLock:
     """The liveness lock of one file WAL; see the module docstring.
 
-    Get one with `acquire`. `held` says whether this process holds it now (false only for a
-    take-over that found a live holder, until `seize` or `retry` succeeds). `release` is
-    idempotent. A `FileWal` given one (``FileWal(lock=...)``) owns it from then on.
+    Get one with `acquire`. A take-over that found a live holder gets one not held yet, until
+    `seize` or `retry` succeeds. `release` is idempotent. A `FileWal` given one
+    (``FileWal(lock=...)``) owns it from then on.
     """
 
     def __init__(
@@ -82,14 +83,12 @@ class WalHolderLock:
         device: bool,
         fd: int,
         held: bool,
-        holder_pid: int | None,
     ) -> None:
         self._wal_path = wal_path
         self._node_id = node_id
         self._device = device
         self._fd = fd
         self._held = held
-        self._holder_pid = holder_pid
         self._guard = threading.Lock()
 
     # ------------------------------------------------------------------ acquiring
@@ -110,7 +109,7 @@ class WalHolderLock:
         except FileNotFoundError:
             st = None
         except OSError as exc:
-            raise _os_error("cannot inspect WAL", path, exc) from exc
+            raise os_error("cannot inspect WAL", path, exc) from exc
         if st is not None and stat.S_ISBLK(st.st_mode):
             return cls._acquire_device(path, node_id, take_over=take_over)
         return cls._acquire_file(path, node_id, take_over=take_over)
@@ -121,21 +120,21 @@ class WalHolderLock:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise _os_error("cannot create the directory of WAL", path, exc) from exc
+            raise os_error("cannot create the directory of WAL", path, exc) from exc
         for _ in range(_ACQUIRE_ATTEMPTS):
             try:
                 fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             except OSError as exc:
-                raise _os_error("cannot open the lock file of WAL", path, exc) from exc
+                raise os_error("cannot open the lock file of WAL", path, exc) from exc
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
                 holder = _read_holder(fd)
                 os.close(fd)
                 if not _busy(exc):
-                    raise _os_error("cannot lock WAL", path, exc) from exc
+                    raise os_error("cannot lock WAL", path, exc) from exc
                 if take_over:
-                    return cls(path, node_id, device=False, fd=-1, held=False, holder_pid=holder[0])
+                    return cls(path, node_id, device=False, fd=-1, held=False)
                 raise _in_use(path, node_id, holder, lock_path) from None
             # A take-over may have replaced the file between our open and our flock: then we
             # locked an unlinked file, which guards nothing. Start over.
@@ -152,8 +151,8 @@ class WalHolderLock:
                 _write_holder(fd, node_id)
             except OSError as exc:
                 os.close(fd)
-                raise _os_error("cannot write the lock file of WAL", path, exc) from exc
-            return cls(path, node_id, device=False, fd=fd, held=True, holder_pid=os.getpid())
+                raise os_error("cannot write the lock file of WAL", path, exc) from exc
+            return cls(path, node_id, device=False, fd=fd, held=True)
         raise UnavailableError(
             f"cannot lock WAL {path}: its lock file {lock_path} kept being replaced "
             "(concurrent take-overs)"
@@ -164,8 +163,8 @@ class WalHolderLock:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         except OSError as exc:
-            raise _os_error("cannot open WAL", path, exc) from exc
-        lock = cls(path, node_id, device=True, fd=fd, held=False, holder_pid=None)
+            raise os_error("cannot open WAL", path, exc) from exc
+        lock = cls(path, node_id, device=True, fd=fd, held=False)
         try:
             got = lock._try_device()
         except BaseException:
@@ -195,9 +194,8 @@ class WalHolderLock:
         except OSError as exc:
             if _busy(exc):
                 return False
-            raise _os_error("cannot lock WAL", self._wal_path, exc) from exc
+            raise os_error("cannot lock WAL", self._wal_path, exc) from exc
         self._held = True
-        self._holder_pid = os.getpid()
         return True
 
     # ------------------------------------------------------------------ state
@@ -211,16 +209,6 @@ class WalHolderLock:
     def node_id(self) -> str:
         """The node it was taken for."""
         return self._node_id
-
-    @property
-    def held(self) -> bool:
-        """Whether this process holds the lock now."""
-        return self._held
-
-    @property
-    def holder_pid(self) -> int | None:
-        """Pid of the holder as last seen: this process once held, else the one found."""
-        return self._holder_pid
 
     def seize(self) -> None:
         """Take the lock from a live holder (a take-over, after the WAL was claimed).
@@ -249,7 +237,7 @@ class WalHolderLock:
             try:
                 fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
             except OSError as exc:
-                raise _os_error("cannot create a lock file for WAL", self._wal_path, exc) from exc
+                raise os_error("cannot create a lock file for WAL", self._wal_path, exc) from exc
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: nobody else has it
                 _write_holder(fd, self._node_id)
@@ -258,10 +246,9 @@ class WalHolderLock:
                 os.close(fd)
                 with contextlib.suppress(OSError):
                     temp.unlink()
-                raise _os_error("cannot replace the lock file of WAL", self._wal_path, exc) from exc
+                raise os_error("cannot replace the lock file of WAL", self._wal_path, exc) from exc
             self._fd = fd
             self._held = True
-            self._holder_pid = os.getpid()
 
     def retry(self) -> None:
         """Pick up a device's lock a take-over could not have at first, if it is free now.
@@ -328,14 +315,3 @@ def _in_use(
         node_id=node,
         pid=pid,
     )
-
-
-def _os_error(action: str, path: Path, exc: OSError) -> S3StreamError:
-    reason = exc.strerror or str(exc)
-    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return InvalidArgumentError(f"{action} {path}: permission denied ({reason})")
-    if exc.errno in (errno.ENOTDIR, errno.EISDIR, errno.ENOENT, errno.ENAMETOOLONG):
-        return InvalidArgumentError(f"{action} {path}: {reason}")
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return UnavailableError(f"{action} {path}: no space left on the device ({reason})")
-    return UnavailableError(f"{action} {path}: {reason}")

@@ -57,7 +57,7 @@ from ..errors import (
 )
 from ..objectstore.base import ObjectStore
 from ..objectstore.wrappers import RetryingObjectStore
-from ..settings import ObjectWalSettings
+from ..settings import MAX_OBJECT_WAL_UNFLUSHED_BYTES, ObjectWalSettings
 from ..validation import check_node_id
 from .base import WalCapabilities, WalPosition, WalRecord, WriteAheadLog
 from .framing import FRAME_HEADER, FrameScanner, body_crc, encode_frame_header, frame_size
@@ -86,8 +86,9 @@ KIND_SEAL = 2
 #: Positions a new owner skips past the end of the chain. An older writer can only ever have
 #: written below ``its trim point + max_unflushed_bytes`` (positions are contiguous in a
 #: session and its trim never passes what it had acknowledged, which ends at the seal), so
-#: with ``max_unflushed_bytes <= SESSION_GAP / 2`` the new owner's positions never meet its.
-SESSION_GAP = 1 << 40
+#: with ``max_unflushed_bytes <= SESSION_GAP / 2`` (what `ObjectWalSettings` allows) the new
+#: owner's positions never meet its.
+SESSION_GAP = 2 * MAX_OBJECT_WAL_UNFLUSHED_BYTES
 _MAX_POSITION = (1 << 64) - 1
 #: URL scheme prefix that opens an object WAL on any object-store URL (``object+file://``).
 OBJECT_WAL_PREFIX = "object+"
@@ -250,11 +251,6 @@ class ObjectWal(WriteAheadLog):
         settings = settings if settings is not None else ObjectWalSettings()
         if not isinstance(settings, ObjectWalSettings):
             raise InvalidArgumentError(f"settings must be ObjectWalSettings, got {settings!r}")
-        if settings.max_unflushed_bytes > SESSION_GAP // 2:
-            raise InvalidArgumentError(
-                f"ObjectWalSettings.max_unflushed_bytes must be <= {SESSION_GAP // 2}, "
-                f"got {settings.max_unflushed_bytes}"
-            )
         self._clock = clock if clock is not None else SystemClock()
         self._rng = rng if rng is not None else random.Random(f"s3stream-object-wal:{node_id}")
         self._raw_store = store
@@ -962,12 +958,16 @@ class ObjectWal(WriteAheadLog):
                 )
             with self._cond:
                 # Every data object below the seal, landed or not, goes with the next trim.
-                self._stale += [
-                    (first, key)
+                listed = {
+                    key: first
                     for first, (key, size) in listing.objects.items()
                     if size != HEADER.size
-                ]
-                self._stale += [(o.first, o.key) for o in self._objects if o.key and o.last >= 0]
+                }
+                # ... and those of ours the listing missed (a PUT that may land yet).
+                for o in self._objects:
+                    if o.key and o.last >= 0:
+                        listed.setdefault(o.key, o.first)
+                self._stale += [(first, key) for key, first in listed.items()]
                 seal = _Obj(end, end + SESSION_GAP, self.object_key(end), -1, True)
                 self._objects = deque([seal])
                 self._next = end + SESSION_GAP

@@ -21,6 +21,7 @@ fsspec's, by design.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -29,7 +30,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from .._registry import SchemeRegistry, split_scheme
 from ..clock import Clock
-from ..errors import InvalidArgumentError
+from ..errors import CorruptionError, InvalidArgumentError
 from ..settings import FileWalSettings, ObjectWalSettings
 from .base import WriteAheadLog
 from .file import FileWal
@@ -57,6 +58,8 @@ _registry: SchemeRegistry[WriteAheadLog] = SchemeRegistry(
         "s3a": "s3stream.wal.object:open_object_wal",
     },
 )
+
+_log = logging.getLogger(__name__)
 
 #: Scheme prefix that opens an object-store WAL on any object-store URL (``object+file://``).
 OBJECT_PREFIX = "object+"
@@ -144,6 +147,27 @@ def open_memory_wal(url: str, **_ignored: Any) -> WriteAheadLog:
     return MemoryWal()
 
 
+def _check_wal_present(path: Path, node_id: str, accept_loss: bool) -> None:
+    try:
+        size = path.stat().st_size if not path.is_block_device() else 1
+    except FileNotFoundError:
+        size = -1
+    if size > 0:
+        return
+    what = "missing" if size < 0 else "empty"
+    message = (
+        f"node {node_id!r} still has streams open (its last session did not close them), so "
+        f"its WAL may hold acknowledged appends not uploaded yet, but the WAL {path} is "
+        f"{what}: they are lost unless the file is restored"
+    )
+    if not accept_loss:
+        raise CorruptionError(
+            message + "; open with accept_wal_loss=True to go on without them",
+            location=str(path),
+        )
+    _log.warning("%s; going on without them (accept_wal_loss=True)", message)
+
+
 def open_file_wal(
     url: str,
     *,
@@ -155,13 +179,18 @@ def open_file_wal(
     create: bool = True,
     take_over: bool = False,
     lock: WalHolderLock | None = None,
+    must_exist: bool = False,
+    accept_wal_loss: bool = False,
     **_other_kinds: Any,
 ) -> WriteAheadLog:
     """Factory of ``file://`` URLs and plain paths: a `FileWal` (file or block device).
 
     `take_over` opens a WAL a live process holds (a take-over fences it); `lock` is its
-    holder lock taken beforehand (`lock_file_wal`)."""
+    holder lock taken beforehand (`lock_file_wal`). `must_exist`: the node still has streams
+    open, so a missing or empty WAL is damage (`CorruptionError`) unless `accept_wal_loss`."""
     path, query = _file_target(url)
+    if must_exist:
+        _check_wal_present(Path(path), node_id, accept_wal_loss)
     settings = file_settings if file_settings is not None else FileWalSettings()
     if query:
         settings = dataclasses.replace(settings, **_settings_from_query(query, url))
@@ -176,14 +205,6 @@ def open_file_wal(
         take_over=take_over,
         lock=lock,
     )
-
-
-def file_wal_path(url: str) -> Path | None:
-    """The file (or device) a built-in file WAL URL names; None for other kinds of WAL."""
-    scheme, _ = split_scheme(url)
-    if scheme != "file" or _registry.resolve("file") is not open_file_wal:
-        return None
-    return Path(_file_target(url)[0])
 
 
 def lock_file_wal(url: str, node_id: str) -> WalHolderLock | None:
