@@ -108,10 +108,13 @@ class Stream(Closeable):
         (`UnavailableError`) are retryable; `FencedError`, `CorruptionError` and
         `StreamClosedError` are permanent for this handle.
         """
-        check_instance("batch", batch, RecordBatch)
-        timeout = check_timeout("timeout_s", timeout_s)
+        # The checks cost a call only when they have something to say (the hot path).
+        if not isinstance(batch, RecordBatch):
+            check_instance("batch", batch, RecordBatch)
+        if timeout_s is not None:
+            check_timeout("timeout_s", timeout_s)
         self._check_open()
-        return self._storage.append_and_wait(self._w, batch, timeout)
+        return self._storage.append_and_wait(self._w, batch, timeout_s)
 
     def append_async(self, batch: RecordBatch) -> Future[AppendResult]:
         """Append a batch; the future resolves once it is durable. Futures of one stream

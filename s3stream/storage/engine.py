@@ -171,6 +171,8 @@ class Storage:
         #: it: later appends wait for room outside the append lock instead of each waiting
         #: the WAL's full_wait_ms in turn inside it.
         self._wal_full = False
+        #: The WAL's record limit (its capabilities do not change), checked per append.
+        self._max_record_bytes = wal.capabilities.max_record_bytes
         #: Acknowledged appends dropped because another owner took their stream: reported by
         #: the next `flush` (then cleared) and by `close` (all of them).
         self._dropped: list[str] = []
@@ -446,17 +448,21 @@ class Storage:
         Without `timeout_s` the wait is bounded by `call_timeout_ms`. On timeout the append
         may still become durable later: `UnavailableError` says so.
         """
-        call_deadline = self._deadline(timeout_s)
-        r = self._append(w, batch, call_deadline)
+        timeout = self._settings.call_timeout_ms / 1000 if timeout_s is None else timeout_s
+        r = self._append(w, batch, timeout)
         if not isinstance(r, tuple):
-            return r
-        result, wal_future = r
+            return r  # durable already (no clock read on this path)
+        result, wal_future, call_deadline = r
         if timeout_s is None:
             # The WAL may make the record durable in this thread (`WriteAheadLog.drive`); with
             # a timeout the wait must stay interruptible, so the WAL's own thread does it.
             self._wal.drive(wal_future)
         try:
-            return result.result(max(0.0, call_deadline - self._clock.monotonic()))
+            # What `_append` spent waiting for room counts (it set the call's deadline then).
+            return result.result(
+                timeout if call_deadline is None
+                else max(0.0, call_deadline - self._clock.monotonic())
+            )
         except TimeoutError as exc:
             raise UnavailableError(
                 f"append to stream {w.stream_id} was not acknowledged within "
@@ -465,30 +471,25 @@ class Storage:
             ) from exc
 
     def _append(
-        self, w: WriterState, batch: RecordBatch, call_deadline: float | None = None
-    ) -> AppendResult | tuple[Future[AppendResult], Future[WalPosition]]:
+        self, w: WriterState, batch: RecordBatch, call_timeout: float | None = None
+    ) -> AppendResult | tuple[Future[AppendResult], Future[WalPosition], float | None]:
+        """Append under the lock; the result, or (its future, the WAL's future, the call's
+        deadline if a wait made it compute one). `call_timeout`: of a synchronous call."""
         ts = batch.base_timestamp
         if ts is None:
             ts = self._clock.now_ms()
         payload = batch.payload
         # One deadline for everything this call may wait for (a WAL under repair, room in
-        # the upload backlog), never longer than the call's own: waits never add up.
+        # the upload backlog, the append lock), never longer than the call's own: waits
+        # never add up. It is computed only once a wait comes: the way through reads no clock.
         deadline: float | None = None
+        call_deadline: float | None = None
         while True:
-            if self._wal_error is not None:
-                if deadline is None:
-                    deadline = self._wait_deadline(call_deadline)
-                self._wait_for_wal(deadline)
-            if self._no_room():
-                if deadline is None:
-                    deadline = self._wait_deadline(call_deadline)
-                self._wait_for_room(deadline)  # no lock held: waiters wait side by side
-            # Uncontended, the lock is taken at once with no clock read. It may be held by an
-            # append the WAL keeps waiting for room (its own full_wait_ms): waiting for it
-            # counts against this call's deadline too.
             if not self._append_lock.acquire(blocking=False):
+                # Held, maybe by an append the WAL keeps waiting for room (its own
+                # full_wait_ms): waiting for the lock counts against the deadline too.
                 if deadline is None:
-                    deadline = self._wait_deadline(call_deadline)
+                    call_deadline, deadline = self._wait_deadlines(call_timeout)
                 if not self._append_lock.acquire(
                     timeout=max(0.0, deadline - self._clock.monotonic())
                 ):
@@ -503,30 +504,46 @@ class Storage:
                     raise StreamClosedError("the client is closed")
                 if self._failed is not None:
                     raise self._failed
-                if self._wal_error is not None or self._no_room():
-                    continue  # failed or filled up meanwhile: wait outside the lock
-                return self._append_locked(w, batch, ts, payload)
+                if self._wal_error is None and not self._no_room():
+                    return self._append_locked(w, batch, ts, payload, call_deadline)
             finally:
                 self._append_lock.release()
+            # A WAL under repair or no room: wait outside the lock, side by side with others.
+            if deadline is None:
+                call_deadline, deadline = self._wait_deadlines(call_timeout)
+            if self._wal_error is not None:
+                self._wait_for_wal(deadline)
+            if self._no_room():
+                self._wait_for_room(deadline)
 
     def _no_room(self) -> bool:
         """Whether an append must wait for an upload first: the WAL refused one for want of
         room, or the upload backlog is at `max_pending_bytes`."""
         return self._wal_full or self._cache.pending_bytes >= self._settings.max_pending_bytes
 
-    def _wait_deadline(self, call_deadline: float | None) -> float:
-        backpressure = self._deadline(self._settings.backpressure_timeout_ms / 1000)
-        return backpressure if call_deadline is None else min(backpressure, call_deadline)
+    def _wait_deadlines(self, call_timeout: float | None) -> tuple[float | None, float]:
+        """(the call's deadline, None for an async append; the deadline of its waits: the
+        backpressure timeout's, or the call's if sooner), from now."""
+        now = self._clock.monotonic()
+        waits = now + self._settings.backpressure_timeout_ms / 1000
+        if call_timeout is None:
+            return None, waits
+        return now + call_timeout, min(waits, now + call_timeout)
 
     def _append_locked(
-        self, w: WriterState, batch: RecordBatch, ts: int, payload: bytes
-    ) -> AppendResult | tuple[Future[AppendResult], Future[WalPosition]]:
+        self,
+        w: WriterState,
+        batch: RecordBatch,
+        ts: int,
+        payload: bytes,
+        call_deadline: float | None,
+    ) -> AppendResult | tuple[Future[AppendResult], Future[WalPosition], float | None]:
         base = w.next_offset
         record = encode_batch(
             w.stream_id, base, batch.count, batch.kind, ts, batch.properties, payload,
             prefix=w.wal_prefix,
         )  # fmt: skip
-        limit = self._wal.capabilities.max_record_bytes
+        limit = self._max_record_bytes
         if len(record) > limit:
             raise InvalidArgumentError(
                 f"a batch of {len(payload)} payload bytes makes a {len(record)}-byte WAL "
@@ -558,7 +575,7 @@ class Storage:
         wal_future.add_done_callback(
             lambda f: self._on_durable(f, w, batch, base, ts, record, result)
         )
-        return result, wal_future
+        return result, wal_future, call_deadline
 
     def _wait_for_wal(self, deadline: float) -> None:
         """Wait (no lock held) until the uploader has repaired the WAL, or raise."""
