@@ -26,7 +26,7 @@ from .errors import (
     OffsetOutOfRangeError,
     StreamClosedError,
 )
-from .metadata import MetadataManager
+from .metadata import MetadataManager, MetadataState
 from .objectstore.base import ObjectStore
 from .objectstore.registry import open_object_store
 from .objectstore.stack import store_stack
@@ -36,7 +36,13 @@ from .storage.reader import ObjectDataReader
 from .types import FetchResult, StreamInfo
 from .validation import check_instance, check_int, check_read_args, check_str_map, check_text
 
-__all__ = ["ObjectSummary", "StreamReader", "open_reader", "read_committed_range"]
+__all__ = [
+    "ObjectSummary",
+    "StreamReader",
+    "open_reader",
+    "open_reader_store",
+    "read_committed_range",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +106,16 @@ class StreamReader(Closeable):
         """Apply entries committed since the last look; True if there were any."""
         self._check_open()
         return self._meta.refresh()
+
+    def snapshot(self, *, refresh: bool = True) -> MetadataState:
+        """The committed metadata as one immutable `MetadataState` (its `seq` names the log
+        entry it reflects), after a `refresh` unless `refresh` is False. Planners that make
+        several decisions from one view (the Spark source) take it once instead of looking
+        at the reader call by call, which could move on between the calls."""
+        self._check_open()
+        if refresh:
+            self._meta.refresh()
+        return self._meta.state
 
     def list_streams(self, tags: Mapping[str, str] | None = None) -> list[StreamInfo]:
         """Streams (not deleted) whose tags include all of `tags`, by id."""
@@ -224,6 +240,29 @@ def open_reader(
     """A `StreamReader` for the store `url` names (a local directory, ``s3://bucket/prefix``,
     any fsspec URL). Needs read access only; a local directory that does not exist is an
     `InvalidArgumentError`, not created."""
+    clock = clock if clock is not None else SystemClock()
+    store = open_reader_store(
+        url, storage_options=storage_options, settings=settings, clock=clock, rng=rng
+    )
+    try:
+        return StreamReader(store, metadata_prefix=metadata_prefix, settings=settings, clock=clock)
+    except BaseException:
+        store.close()
+        raise
+
+
+def open_reader_store(
+    url: str | Path,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    settings: ClientSettings | None = None,
+    clock: Clock | None = None,
+    rng: random.Random | None = None,
+) -> ObjectStore:
+    """The object store `open_reader` reads through (retries and timeouts of `settings`),
+    without loading the metadata: for a reader of planned objects that builds a
+    `StreamReader` on it only when it needs the metadata (a Spark task). The same checks as
+    `open_reader`; the caller closes it."""
     if isinstance(url, Path):
         url = str(url)
     check_text("url", url, allow_empty=False)
@@ -231,19 +270,13 @@ def open_reader(
     check_instance("clock", clock, Clock, allow_none=True)
     check_instance("rng", rng, random.Random, allow_none=True)
     _require_existing_directory(url)
-    clock = clock if clock is not None else SystemClock()
-    store = store_stack(
+    return store_stack(
         open_object_store(url, storage_options),
-        clock=clock,
+        clock=clock if clock is not None else SystemClock(),
         rng=rng if rng is not None else random.Random("s3stream:reader"),
         timeout_s=(settings if settings is not None else ClientSettings()).store_timeout_ms
         / 1000,
     )
-    try:
-        return StreamReader(store, metadata_prefix=metadata_prefix, settings=settings, clock=clock)
-    except BaseException:
-        store.close()
-        raise
 
 
 def _require_existing_directory(url: str) -> None:

@@ -3,18 +3,32 @@
 A local store's default file WAL lives in ``<root>/wal/<node_id>.wal``; its URL is built from
 the path, so a directory name with ``%``, ``?``, ``#``, newlines or tabs must not change which
 file that URL names (``inner/%2e%2e%2fESCAPED`` once put the WAL in ``inner/../ESCAPED``, and
-``st%41`` and ``stA`` shared one WAL).
+``st%41`` and ``stA`` shared one WAL). Node ids become WAL file names and object-key segments,
+so only full matches of the documented pattern are accepted. Objects, metadata, compaction
+output and the orphan sweeper's deletions go through the local object store, which confines
+every key to its root.
 """
 
 from __future__ import annotations
 
+import re
+import tempfile
 from pathlib import Path
+from urllib.parse import unquote
 
-from hypothesis import given, settings
+import pytest
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import s3stream
-from s3stream import RecordBatch
+from s3stream import (
+    ClientSettings,
+    CompactionSettings,
+    InvalidArgumentError,
+    ManualClock,
+    RecordBatch,
+)
+from s3stream.settings import MIN_ORPHAN_GRACE_MS
 
 #: Pieces of directory names: the characters URLs and shells treat specially, escapes that
 #: decode to ``.``, ``/`` and ``A``, unicode, and plain letters.
@@ -29,28 +43,119 @@ names = (
 )
 
 
-def _files_under(root: Path) -> list[Path]:
-    return [p for p in root.rglob("*") if p.is_file()]
+#: Node ids as documented (`check_node_id`): 1 to 64 ASCII letters, digits or ``._-``,
+#: starting with a letter or digit. Written out rather than imported, so that a change of the
+#: library's pattern fails here.
+NODE_ID = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
+node_ids = st.from_regex(NODE_ID, fullmatch=True)
+#: Strings that are not node ids: near misses of valid ones (a trailing newline, which ``$``
+#: would accept; a leading ``._-``; a path separator; one character too many) and any text.
+bad_node_ids = st.one_of(
+    node_ids.map(lambda n: n + "\n"),
+    node_ids.map(lambda n: "\n" + n),
+    st.tuples(st.sampled_from([".", "-", "_", "..", "/", "a/", "a\\", " ", "ü"]), node_ids)
+    .map("".join),
+    node_ids.map(lambda n: (n * 65)[:65]),
+    st.text(max_size=70),
+).filter(lambda n: re.fullmatch(NODE_ID, n) is None)
 
 
-@settings(max_examples=30, deadline=None)
-@given(name=names)
-def test_every_file_stays_inside_the_store_root(
-    tmp_path_factory: object, name: str
+def _outside(top: Path, *roots: Path) -> dict[str, tuple[int, int] | None]:
+    """Every entry below `top` that is none of `roots` nor below one: a file's size and
+    mtime, None for a directory (whose mtime moves when a store is created in it)."""
+    out: dict[str, tuple[int, int] | None] = {}
+    for p in top.rglob("*"):
+        if any(p == r or r in p.parents for r in roots):
+            continue
+        st_ = p.lstat()
+        is_dir = p.is_dir() and not p.is_symlink()
+        out[str(p.relative_to(top))] = None if is_dir else (st_.st_size, st_.st_mtime_ns)
+    return out
+
+
+def _objects(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*.s3o")}
+
+
+@example(name="st%41", node_id="local")  # the twin "stA" once shared its WAL
+@example(name="%2e%2e%2fESCAPED", node_id="local")  # once put the WAL in ../ESCAPED
+@given(name=names, node_id=node_ids)
+def test_every_path_the_library_derives_stays_inside_the_store_root(
+    tmp_path_factory: pytest.TempPathFactory, name: str, node_id: str
 ) -> None:
-    import pytest
+    """WAL, objects, metadata, compaction output and the sweeper's deletions all stay inside
+    the store's directory, for any directory name and node id; the store whose name is this
+    one percent-decoded is another store, with a WAL of its own."""
+    with tempfile.TemporaryDirectory(dir=tmp_path_factory.getbasetemp()) as tmp:
+        top = Path(tmp)
+        # Nested as deep as a name has pieces, so that a name decoding to "../" once per
+        # piece would still land inside `top`, where the listing sees it.
+        home = top.joinpath(*["d"] * 6)
+        root = home / name
+        decoded = unquote(name)
+        twin = home / decoded if decoded not in (name, ".", "..") and "/" not in decoded else None
+        # Decoys where a store rooted one level too high would write or sweep.
+        decoy = home / "data" / node_id / "00000000" / "000000000000-m.s3o"
+        decoy.parent.mkdir(parents=True)
+        decoy.write_bytes(b"not the store's")
+        (home / "wal").mkdir()
+        before = _outside(top, root)
 
-    assert isinstance(tmp_path_factory, pytest.TempPathFactory)
-    root = tmp_path_factory.mktemp("root")
-    store = root / name
-    with s3stream.open(store) as client:
-        stream = client.create_stream()
-        stream.append(RecordBatch(b"acknowledged"))
-    outside = [p for p in _files_under(root) if store.resolve() not in p.resolve().parents]
-    assert not outside, f"files outside {store!r}: {outside}"
-    assert (store / "wal" / "local.wal").is_file()
-    with s3stream.open(store) as again:
-        assert [b.payload for b in again.read(stream.stream_id, 0).batches] == [b"acknowledged"]
+        clock = ManualClock()
+        settings = ClientSettings(
+            compaction=CompactionSettings(orphan_grace_ms=MIN_ORPHAN_GRACE_MS, deletion_delay_ms=0)
+        )
+        client = s3stream.open(root, node_id=node_id, clock=clock, settings=settings)
+        try:
+            stream = client.create_stream()
+            for payload in (b"first", b"second"):
+                stream.append(RecordBatch(payload))
+                client.flush()  # one stream-set object each: compaction merges them
+            uploaded = _objects(root)
+            # An uncommitted object of an earlier session of this node: the sweeper's target.
+            orphan = f"data/{node_id}/00000000/000000000000-m.s3o"
+            client.object_store.put(orphan, b"orphan")
+            assert client.compact(sweep_orphans=True).objects_replaced == 2
+            clock.advance(MIN_ORPHAN_GRACE_MS / 1000 + 1)
+            assert client.compact(sweep_orphans=True).orphans_deleted == 1
+            stream.append(RecordBatch(b"only in the WAL"))
+        finally:
+            # As a crash: the next open recovers the last append from the WAL. Also on a
+            # failure, so that no example leaves its 256 MiB WAL open while Hypothesis shrinks.
+            client.abandon()
+        assert _outside(top, root) == before, f"{name!r}: written or deleted outside"
+        assert len(uploaded) == 2
+        remaining = _objects(root)
+        assert len(remaining) == 1 and not remaining & (uploaded | {orphan})
+        wal = root / "wal" / f"{node_id}.wal"
+        assert wal.is_file() and (root / "meta").is_dir()
+
+        if twin is not None:
+            # Opened between the crash and the recovery: it must not recover that WAL.
+            with s3stream.open(twin, node_id=node_id, clock=clock) as other:
+                other.create_stream().append(RecordBatch(b"twin"))
+            assert not (twin / "wal" / f"{node_id}.wal").samefile(wal)
+        with s3stream.open(root, node_id=node_id, clock=clock) as again:
+            got = [b.payload for b in again.read(stream.stream_id, 0).batches]
+            assert got == [b"first", b"second", b"only in the WAL"]
+        stores = (root,) if twin is None else (root, twin)
+        assert _outside(top, *stores) == before, f"{name!r}: written or deleted outside"
+        assert decoy.read_bytes() == b"not the store's"
+
+
+@given(node_id=bad_node_ids)
+def test_invalid_node_ids_are_refused_before_anything_is_created(
+    tmp_path_factory: pytest.TempPathFactory, node_id: str
+) -> None:
+    with tempfile.TemporaryDirectory(dir=tmp_path_factory.getbasetemp()) as tmp:
+        root = Path(tmp) / "store"
+        with pytest.raises(InvalidArgumentError, match="node_id"):
+            s3stream.open(root, node_id=node_id)
+        assert not root.exists()
+        with s3stream.open("memory://") as client, pytest.raises(
+            InvalidArgumentError, match="node_id"
+        ):
+            client.take_over(node_id)
 
 
 def test_stores_whose_names_decode_alike_never_share_a_wal(tmp_path: Path) -> None:
@@ -99,3 +204,62 @@ def test_namespaces_in_one_store_are_isolated(tmp_path: Path) -> None:
             clock.advance(MIN_ORPHAN_GRACE_MS / 1000 + 1)
             assert c.compact(sweep_orphans=True).orphans_deleted == 0
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.s3o")) == keys
+
+
+#: Key segments: the dot names a file system resolves, lookalikes that it does not, and names
+#: that are just odd.
+_SEGMENTS = ["..", ".", "", "a", "b.s3o", "%2e%2e", "..a", "a..", "...", " ", "\n", "ü", "\\.."]
+keys = st.tuples(
+    st.sampled_from(["", "/", "//"]), st.lists(st.sampled_from(_SEGMENTS), min_size=1, max_size=5)
+).map(lambda t: t[0] + "/".join(t[1]))
+
+
+@given(key=keys)
+def test_the_local_object_store_keeps_every_key_inside_its_root(
+    tmp_path_factory: pytest.TempPathFactory, key: str
+) -> None:
+    """A key with a ``.``, ``..`` or empty segment, or a leading ``/``, is refused by every
+    operation; any other key names a file inside the root. Nothing outside is read, listed,
+    written or deleted."""
+    from s3stream.objectstore.local import LocalObjectStore
+
+    with tempfile.TemporaryDirectory(dir=tmp_path_factory.getbasetemp()) as tmp:
+        top = Path(tmp)
+        # Deep enough that up to five ".." segments still name files inside `top`.
+        root = top.joinpath(*["d"] * 5, "store")
+        root.mkdir(parents=True)
+        # What a key escaping by ".." or a leading "/" would read, list or delete.
+        for depth in range(6):
+            for name in ("b.s3o", "a"):
+                (root.parents[depth] / name).mkdir(exist_ok=True)
+                (root.parents[depth] / name / "outside").write_bytes(b"outside")
+                (root.parents[depth] / f"{name}.outside").write_bytes(b"outside")
+        store = LocalObjectStore(root, fsync=False)
+        before = _outside(top, root)
+        escaping = key.startswith("/") or any(s in ("", ".", "..") for s in key.split("/"))
+        writes = [
+            lambda: store.put(key, b"inside"),
+            lambda: store.put_if_absent(key, b"inside"),
+        ]
+        reads = [
+            lambda: store.get(key),
+            lambda: store.get_suffix(key, 3),
+            lambda: store.head(key),
+            lambda: store.delete_many([key]),
+        ]
+        for op in writes + reads:
+            if escaping:
+                with pytest.raises(InvalidArgumentError):
+                    op()
+        if not escaping:
+            for op in writes:
+                op()
+            assert (root / key).read_bytes() == b"inside"
+            assert store.get(key) == b"inside" and store.head(key) is not None
+        listed = [i.key for p in ("", key.rpartition("/")[0] + "/") for i in store.list(p)]
+        assert not any("outside" in k for k in listed)
+        if not escaping:
+            assert key in listed
+            store.delete_many([key])
+            assert not (root / key).exists()
+        assert _outside(top, root) == before

@@ -15,6 +15,7 @@ import pytest
 import s3stream
 from s3stream import ClientSettings, CompactionSettings, Record, RecordBatch
 from s3stream.cli import main as cli_main
+from s3stream.reader import open_reader_store
 from s3stream.testing import disk_faults
 
 
@@ -103,9 +104,39 @@ def test_read_only_tools_write_nothing_and_inspect_counts_objects_awaiting_delet
 def test_open_reader_refuses_what_is_not_a_store(tmp_path: Path) -> None:
     with pytest.raises(s3stream.InvalidArgumentError, match="not a directory"):
         s3stream.open_reader(tmp_path / "missing")
+    with pytest.raises(s3stream.InvalidArgumentError, match="not a directory"):
+        open_reader_store(tmp_path / "missing")
     assert not (tmp_path / "missing").exists()
     with pytest.raises(s3stream.InvalidArgumentError):
         s3stream.open_reader(tmp_path, settings="fast")  # type: ignore[arg-type]
+
+
+def test_a_snapshot_is_one_view_that_moves_on_only_when_refreshed(tmp_path: Path) -> None:
+    """`snapshot` gives planners one immutable view: later commits show in the next refreshed
+    snapshot, never in one already taken, nor with ``refresh=False``."""
+    root = tmp_path / "store"
+    with s3stream.open(root, wal="memory://") as client:
+        first = client.create_stream()
+        first.append(RecordBatch(b"one"))
+        client.flush()
+        with s3stream.open_reader(root) as reader:
+            before = reader.snapshot(refresh=False)
+            assert [m.stream_id for m in before.list_streams()] == [first.stream_id]
+            assert before.get_stream(first.stream_id).end_offset == 1
+            second = client.create_stream()
+            first.append(RecordBatch(b"two"))
+            client.flush()
+            assert reader.snapshot(refresh=False) is before
+            after = reader.snapshot()
+            assert after.seq > before.seq
+            assert [m.stream_id for m in after.list_streams()] == [
+                first.stream_id,
+                second.stream_id,
+            ]
+            assert after.get_stream(first.stream_id).end_offset == 2
+            assert before.get_stream(first.stream_id).end_offset == 1
+        with pytest.raises(s3stream.StreamClosedError):
+            reader.snapshot()
 
 
 def _verify_output(root: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:

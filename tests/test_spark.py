@@ -469,6 +469,56 @@ def test_tasks_follow_compaction_and_report_trimmed_data(tmp_path: Path) -> None
         client.close()
 
 
+def test_driver_and_tasks_read_a_read_only_mount_and_relocate_there(tmp_path: Path) -> None:
+    """Planning (batch and streaming) and tasks, relocation included, all read: on a store
+    bind-mounted read-only they give what the library reads back, while a writer compacts
+    the store underneath."""
+    from s3stream.testing import disk_faults
+
+    root = tmp_path / "store"
+    client = s3stream.open(str(root), wal="memory://", settings=SMALL)
+    try:
+        s = client.create_stream(tags={"topic": "solo"})
+        written = Dataset(str(root), client, streams={s.stream_id: s})
+        for b in range(8):
+            written.append_records(s, _records(40, 800 + b), zstd=b % 2 == 0)
+            if b % 2 == 1:
+                client.flush()  # several objects
+        with disk_faults.read_only_bind(root, tmp_path / "ro") as ro:
+            ds = Dataset(str(ro), client, streams=written.streams, ledger=written.ledger)
+            expected = no_headers(ds.expected(s.stream_id))
+            batch = _batch_reader(ds, minPartitions="3")
+            parts = batch.partitions()
+            stream = S3StreamStreamReader(
+                parse_options({"path": ds.url, "startingOffsets": "earliest"}, streaming=True)
+            )
+            try:
+                start = stream.initialOffset()
+                end = stream.latestOffset(start, ReadAllAvailable())
+                micro = stream.partitions(start, end)
+                # Every planned object is gone: the tasks open a reader on the mount to find
+                # the same records in the new object.
+                _compact(client, s.stream_id, 0)
+                assert _read_all(batch, parts) == expected
+                assert _read_all(stream, micro) == expected
+                assert _read_all(stream, stream.partitions(start, end)) == expected
+            finally:
+                stream.stop()
+    finally:
+        client.close()
+
+
+def test_a_missing_local_directory_is_refused_not_created(tmp_path: Path) -> None:
+    missing = tmp_path / "missing"
+    batch = S3StreamBatchReader(parse_options({"path": str(missing)}, streaming=False))
+    with pytest.raises(InvalidArgumentError, match="not a directory"):
+        batch.partitions()
+    stream = S3StreamStreamReader(parse_options({"path": str(missing)}, streaming=True))
+    with pytest.raises(InvalidArgumentError, match="not a directory"):
+        stream.initialOffset()
+    assert not missing.exists()
+
+
 # ---------------------------------------------------------------------------------------------
 # A real SparkSession
 

@@ -5,6 +5,10 @@
 opens its own object store from the options, so readers and partitions stay small and
 picklable and no client object crosses the wire.
 
+Both sides read through `s3stream.reader` (`open_reader`, `open_reader_store`), the one
+read-only view of a store: the source never writes, so it reads stores on read-only media or
+with read-only credentials.
+
 Streaming offsets are JSON objects ``{"seq": N, "streams": {"<stream id>": end_offset}}``:
 the end offset of every stream as committed in metadata-log entry ``N``. Committed data is
 immutable (objects are never rewritten; compaction replaces objects with ones holding the
@@ -44,7 +48,6 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from ..clock import SystemClock
 from ..errors import (
     CorruptionError,
     InvalidArgumentError,
@@ -52,11 +55,9 @@ from ..errors import (
     StreamNotFoundError,
 )
 from ..format.objects import read_blocks, read_index
-from ..metadata import MetadataManager, MetadataState, StreamState
+from ..metadata import MetadataState, StreamState
 from ..objectstore.base import ObjectStore
-from ..objectstore.registry import open_object_store
-from ..objectstore.stack import store_stack
-from ..settings import ClientSettings
+from ..reader import StreamReader, open_reader, open_reader_store
 from ..types import FetchedBatch
 from .arrow import arrow_batches, tuple_rows
 from .fetch import fetch_slices
@@ -79,8 +80,6 @@ __all__ = [
     "S3StreamStreamReader",
     "spark_schema",
 ]
-
-_READER_ID = "spark-reader"
 
 
 def spark_schema(include_headers: bool) -> StructType:
@@ -109,14 +108,9 @@ class S3StreamInputPartition(InputPartition):
         self.plan = plan
 
 
-def _open_store(opts: SourceOptions) -> ObjectStore:
-    store = open_object_store(opts.url, opts.storage_options)
-    return store_stack(
-        store,
-        clock=SystemClock(),
-        rng=random.Random(f"s3stream-spark:{opts.url}"),
-        timeout_s=ClientSettings().store_timeout_ms / 1000,
-    )
+def _retry_rng(opts: SourceOptions) -> random.Random:
+    # Seeded per store URL (the reader's default seed is one constant for every store).
+    return random.Random(f"s3stream-spark:{opts.url}")
 
 
 def _check_schema(schema: StructType, opts: SourceOptions) -> None:
@@ -131,26 +125,21 @@ def _check_schema(schema: StructType, opts: SourceOptions) -> None:
 class _Relocator:
     """Finds offsets in the live objects when a planned object is gone (see `fetch`).
 
-    Loads the metadata log on first use only: a task normally never needs it.
+    Opens its `StreamReader` (which loads the metadata log) on first use only: a task
+    normally never needs it.
     """
 
     def __init__(self, store: ObjectStore, opts: SourceOptions) -> None:
         self._store = store
         self._opts = opts
-        self._meta: MetadataManager | None = None
+        self._reader: StreamReader | None = None
 
     def __call__(self, stream_id: int, start: int, end: int) -> tuple[list[FetchedBatch], int]:
-        if self._meta is None:
-            self._meta = MetadataManager(
-                self._store,
-                clock=SystemClock(),
-                writer_id=_READER_ID,
-                prefix=self._opts.metadata_prefix,
-            )
-            self._meta.load()
+        if self._reader is None:
+            self._reader = StreamReader(self._store, metadata_prefix=self._opts.metadata_prefix)
+            state = self._reader.snapshot(refresh=False)  # just loaded
         else:
-            self._meta.refresh()
-        state = self._meta.state
+            state = self._reader.snapshot()
         try:
             first = max(start, state.get_stream(stream_id).start_offset)
         except StreamNotFoundError:
@@ -162,6 +151,11 @@ class _Relocator:
                 batches += read_blocks(self._store, obj.key, index.find(stream_id, first, end))
         return batches, min(first, end)
 
+    def close(self) -> None:
+        # The reader closes the task's store with it; the task closes it again, harmlessly.
+        if self._reader is not None:
+            self._reader.close()
+
 
 def _read(opts: SourceOptions, partition: InputPartition) -> Iterator[Any]:
     plan = partition.plan if isinstance(partition, S3StreamInputPartition) else partition.value
@@ -170,14 +164,15 @@ def _read(opts: SourceOptions, partition: InputPartition) -> Iterator[Any]:
         return
     if not isinstance(plan, PartitionPlan):
         raise InvalidArgumentError(f"not an s3stream partition: {partition!r}")
-    store = _open_store(opts)
+    store = open_reader_store(opts.url, storage_options=opts.storage_options, rng=_retry_rng(opts))
+    relocate = _Relocator(store, opts)
     try:
         fetched = fetch_slices(
             store,
             plan.slices,
             concurrency=opts.fetch_concurrency,
             fail_on_data_loss=opts.fail_on_data_loss,
-            relocate=_Relocator(store, opts),
+            relocate=relocate,
         )
         if opts.use_arrow:
             yield from arrow_batches(
@@ -186,31 +181,27 @@ def _read(opts: SourceOptions, partition: InputPartition) -> Iterator[Any]:
         else:
             yield from tuple_rows(fetched, include_headers=opts.include_headers)
     finally:
+        relocate.close()
         store.close()
 
 
 class _Driver:
-    """Driver-side handles: the store, the metadata log and cached object indexes."""
+    """Driver-side handles: a `StreamReader` (store and metadata log) and cached object
+    indexes."""
 
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
-        self.store = _open_store(opts)
-        try:
-            self.meta = MetadataManager(
-                self.store,
-                clock=SystemClock(),
-                writer_id=_READER_ID,
-                prefix=opts.metadata_prefix,
-            )
-            self.meta.load()
-        except BaseException:
-            self.store.close()
-            raise
+        self.reader = open_reader(
+            opts.url,
+            storage_options=opts.storage_options,
+            metadata_prefix=opts.metadata_prefix,
+            rng=_retry_rng(opts),
+        )
+        self.store = self.reader.object_store
         self.indexes = IndexReader(self.store)
 
     def refresh(self) -> MetadataState:
-        self.meta.refresh()
-        return self.meta.state
+        return self.reader.snapshot()
 
     def plan(self, state: MetadataState, targets: list[StreamTarget]) -> list[InputPartition]:
         plans = plan_partitions(
@@ -223,7 +214,7 @@ class _Driver:
         return [S3StreamInputPartition(p) for p in plans]
 
     def close(self) -> None:
-        self.store.close()
+        self.reader.close()
 
 
 class S3StreamBatchReader(DataSourceReader):
@@ -236,7 +227,7 @@ class S3StreamBatchReader(DataSourceReader):
         """Partitions over the selected streams between starting and ending offsets."""
         driver = _Driver(self._opts)
         try:
-            state = driver.meta.state
+            state = driver.reader.snapshot(refresh=False)  # just loaded
             streams = select_streams(state, self._opts)
             targets = resolve_offsets(
                 state, driver.store, driver.indexes, streams, self._opts, with_ending=True
