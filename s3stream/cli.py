@@ -174,6 +174,7 @@ def _verify(args: argparse.Namespace) -> int:
             f"metadata: {audit.entries} entries and {audit.checkpoints} checkpoints checked"
             + ("" if audit.ok else f", {len(audit.problems)} problems")
         )
+        bad += _verify_wals(client, args)
         for info in client.list_streams():
             offset, batches = info.start_offset, 0
             try:
@@ -188,6 +189,57 @@ def _verify(args: argparse.Namespace) -> int:
     finally:
         client.close()
     return 1 if bad else 0
+
+
+def _verify_wals(client: StreamReader, args: argparse.Namespace) -> int:
+    """Check the WAL files a store's nodes use, read-only: those at a local store's default
+    place, and any named with ``--wal``. The number of problems found."""
+    from .failover import has_open_streams
+    from .opening import default_wal_path
+    from .wal.file_scan import check_file_wal
+
+    url = str(args.url)
+    paths = list(dict.fromkeys(Path(w).resolve() for w in args.wal))
+    default_dir = default_wal_path(url, "x")
+    if default_dir is not None and default_dir.parent.is_dir():
+        paths += sorted(p for p in default_dir.parent.glob("*.wal") if p not in paths)
+    bad, checked = 0, set()
+    for path in paths:
+        try:
+            check = check_file_wal(path)
+        except S3StreamError as exc:
+            bad += 1
+            print(f"wal {path}: FAILED: {exc}")
+            continue
+        checked.add(check.node_id)
+        if not check.formatted:
+            print(f"wal {path}: empty (never formatted)")
+            continue
+        how = "closed cleanly" if check.clean else "not closed (replayed on the next open)"
+        if check.ok:
+            print(
+                f"wal {path} (node {check.node_id!r}): {check.records} records, "
+                f"{check.record_bytes} bytes OK, {how}"
+            )
+        else:
+            bad += 1
+            print(f"wal {path} (node {check.node_id!r}): DAMAGED: {check.damage}")
+    state = client.metadata.state
+    for node_id in sorted(state.nodes):
+        if node_id in checked or not has_open_streams(state, node_id):
+            continue
+        where = default_wal_path(url, node_id)
+        if where is None:
+            print(f"wal of node {node_id!r}: not checked (not a file WAL of this store)")
+            continue
+        bad += 1
+        print(
+            f"wal of node {node_id!r}: MISSING: the node still has streams open, so its WAL "
+            f"may hold acknowledged appends, but {where} "
+            f"{'is empty' if where.exists() else 'does not exist'} (name the WAL with --wal "
+            "if it lives elsewhere)"
+        )
+    return bad
 
 
 def _progress_bar() -> tuple[Any, Callable[[int, int, str], None] | None]:
@@ -313,6 +365,14 @@ def _parser() -> argparse.ArgumentParser:
         c = sub.add_parser(name, help=help_)
         c.add_argument("url")
         c.add_argument("--node-id", default="inspector")
+        if name == "verify":
+            c.add_argument(
+                "--wal",
+                action="append",
+                default=[],
+                metavar="PATH",
+                help="also check this WAL file (repeatable); a local store's own are found",
+            )
         if name == "dump":
             c.add_argument("stream", type=int)
             c.add_argument("--start", type=int, default=0)

@@ -32,16 +32,24 @@ OBJECT_WAL_DIR = "wal"
 DEFAULT_LOCAL_WAL_CAPACITY = "256MiB"
 
 
+def default_wal_path(url: str, node_id: str) -> Path | None:
+    """The file of a local store's default WAL for `node_id`; None for other stores."""
+    scheme, rest = split_scheme(url)
+    if scheme != "file":
+        return None
+    return Path(rest).resolve() / OBJECT_WAL_DIR / f"{node_id}.wal"
+
+
 def default_wal_url(url: str, node_id: str) -> str | None:
     """The WAL a client uses when none is given: a file WAL inside a local directory,
     memory for ``memory://``, and for a remote store the object WAL under ``wal/`` of the
     same store (durable and shared, so another client can take the node over; appends wait
     about `wal_batch_interval_ms` plus one PUT). None where no default exists."""
-    scheme, rest = split_scheme(url)
+    scheme, _ = split_scheme(url)
     if scheme == "memory":
         return "memory://"
-    if scheme == "file":
-        path = Path(rest).resolve() / "wal" / f"{node_id}.wal"
+    path = default_wal_path(url, node_id)
+    if path is not None:
         # as_uri() percent-encodes the path, so the WAL URL names exactly this file for any
         # directory name (``%``, ``?``, ``#``, newlines, tabs, ``..``-lookalikes included).
         return f"{path.as_uri()}?capacity={DEFAULT_LOCAL_WAL_CAPACITY}"

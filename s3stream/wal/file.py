@@ -39,10 +39,13 @@ from ..errors import (
 from ..settings import FileWalSettings
 from ..validation import check_text
 from .base import WalCapabilities, WalPosition, WalRecord, WriteAheadLog
+from .file_scan import choose_header, damage, ring_reader, scan_bound
 from .framing import (
     BLOCK_BYTES,
     DATA_START,
+    FRAME_ALIGN,
     FRAME_HEADER,
+    HEADER_MAGIC,
     MAX_NODE_ID_BYTES,
     SLOT_BYTES,
     FrameScanner,
@@ -51,12 +54,13 @@ from .framing import (
     align_down,
     align_up,
     body_crc,
-    choose_slot,
     decode_slot,
     encode_frame_header,
+    encode_group_mark,
     frame_size,
 )
 from .holder import WalHolderLock
+from .loss import check_wal_loss
 from .os_errors import os_error
 
 __all__ = ["FileWal", "read_wal_header"]
@@ -94,21 +98,10 @@ def read_wal_header(path: str | Path) -> HeaderSlot:
     except OSError as exc:
         raise InvalidArgumentError(f"cannot read WAL {p}: {exc.strerror or exc}") from exc
     slots = [decode_slot(raw[i * SLOT_BYTES : (i + 1) * SLOT_BYTES]) for i in range(2)]
-    header = _choose(slots)
+    header = choose_header(slots)
     if header is None:
         raise _no_header_error(p, slots)
     return header
-
-
-def _choose(slots: list[tuple[SlotStatus, HeaderSlot | None]]) -> HeaderSlot | None:
-    # A slot whose generation parity does not match its place was not written by us there.
-    checked: list[tuple[SlotStatus, HeaderSlot | None]] = []
-    for index, (status, header) in enumerate(slots):
-        if header is not None and header.slot_index != index:
-            checked.append((SlotStatus.CORRUPT, None))
-        else:
-            checked.append((status, header))
-    return choose_slot(checked)
 
 
 def _no_header_error(
@@ -148,6 +141,11 @@ class FileWal(WriteAheadLog):
     header since this writer's last one, so an older owner (process or instance) that was taken
     over fails its next write with `FencedError` instead of ever writing again.
 
+    `recover()` tells a crash's torn tail from damage: records the scan cannot read that were
+    followed by later writes raise `CorruptionError` naming the file offset (docs/file-wal.md,
+    "What recovery detects"); `accept_loss` logs a warning instead and goes on from the last
+    valid record, dropping everything after it.
+
     A failed write or sync (a full disk, EIO) fails the appends in flight and every later one
     with `UnavailableError`; `reset()`, once their futures are done, resumes the WAL (see
     `reset`).
@@ -165,6 +163,7 @@ class FileWal(WriteAheadLog):
         create: bool = True,
         take_over: bool = False,
         lock: WalHolderLock | None = None,
+        accept_loss: bool = False,
     ) -> None:
         check_text("node_id", node_id, max_bytes=MAX_NODE_ID_BYTES)
         if isinstance(node_epoch, bool) or not isinstance(node_epoch, int) or node_epoch < 0:
@@ -186,6 +185,7 @@ class FileWal(WriteAheadLog):
         self._settings = settings if settings is not None else FileWalSettings()
         self._clock = clock if clock is not None else SystemClock()
         self._on_full = on_full
+        self._accept_loss = accept_loss
 
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
@@ -386,13 +386,24 @@ class FileWal(WriteAheadLog):
 
     def _load_header(self, size: int, *, created: bool) -> None:
         path = self._path
-        raw = os.pread(self._fd, DATA_START, 0) if size >= DATA_START else b""
+        raw = os.pread(self._fd, DATA_START, 0)
         if len(raw) < DATA_START:
+            # Our magic, or the start of it, where a header was: a WAL cut short.
+            if HEADER_MAGIC in raw or (raw and HEADER_MAGIC.startswith(raw[:8])):
+                check_wal_loss(
+                    f"WAL {path} was truncated to {size} bytes: its header slots are cut off "
+                    "and every record is lost",
+                    location=str(path),
+                    accept_loss=self._accept_loss,
+                )
+                os.ftruncate(self._fd, 0)
+                self._format(0, created=created)
+                return
             raise InvalidArgumentError(
                 f"{path} is not an s3stream WAL: {size} bytes, too small to hold the headers"
             )
         slots = [decode_slot(raw[i * SLOT_BYTES : (i + 1) * SLOT_BYTES]) for i in range(2)]
-        header = _choose(slots)
+        header = choose_header(slots)
         if header is None:
             empty = all(status is SlotStatus.EMPTY for status, _ in slots)
             # A zero header area is an unformatted device, or a file whose creation crashed
@@ -420,11 +431,23 @@ class FileWal(WriteAheadLog):
                 location=str(path),
             )
         expected = header.data_start + header.capacity
-        if (self._is_device and size < expected) or (not self._is_device and size != expected):
-            raise InvalidArgumentError(
+        if (self._is_device and size < expected) or (not self._is_device and size > expected):
+            raise CorruptionError(
                 f"WAL {path} is {size} bytes but its header says {expected} "
-                f"(capacity {header.capacity}): the file was truncated or resized"
+                f"(capacity {header.capacity}): the {'device' if self._is_device else 'file'} "
+                "was resized",
+                location=str(path),
             )
+        if not self._is_device and size < expected:
+            check_wal_loss(
+                f"WAL {path} was truncated to {size} bytes (its header says {expected}): the "
+                "records past the cut are lost",
+                location=str(path),
+                position=size,
+                accept_loss=self._accept_loss,
+            )
+            # Put the ring back to its size; recovery then reads up to the cut (zeros past it).
+            os.ftruncate(self._fd, expected)
         if header.node_id != self._node_id:
             raise InvalidArgumentError(
                 f"WAL {path} belongs to node {header.node_id!r}, not node_id={self._node_id!r}"
@@ -542,15 +565,7 @@ class FileWal(WriteAheadLog):
 
     def _read_logical(self, position: int, length: int) -> bytes:
         """Bytes of the logical range ``[position, position + length)``, across the ring end."""
-        phys = position % self._capacity
-        first = min(length, self._capacity - phys)
-        try:
-            data = _pread_all(self._fd, first, DATA_START + phys)
-            if length > first and len(data) == first:
-                data += _pread_all(self._fd, length - first, DATA_START)
-        except OSError as exc:
-            raise os_error(f"cannot read position {position} of WAL", self._path, exc) from exc
-        return data
+        return ring_reader(self._fd, self._capacity, self._path)(position, length)
 
     def _write_ring(self, position: int, parts: Sequence[bytes | memoryview]) -> None:
         total = sum(len(p) for p in parts)
@@ -566,12 +581,15 @@ class FileWal(WriteAheadLog):
     def _write_frames(self, group: list[_Pending]) -> None:
         lo = group[0].position
         hi = group[-1].position + group[-1].size
+        # The mark goes out in the same write: present after a crash only if the write got
+        # that far, so it witnesses a whole group; the next group overwrites it.
+        mark = encode_group_mark(hi, self._session, self._seed)
         if self._wfd == self._fd:
-            self._write_ring(lo, [part for rec in group for part in rec.parts])
+            self._write_ring(lo, [part for rec in group for part in rec.parts] + [mark])
             return
         # O_DIRECT: whole aligned blocks from an aligned buffer, re-writing the bytes of the
         # partial first block exactly as they already are on disk.
-        a_lo, a_hi = align_down(lo), align_up(hi)
+        a_lo, a_hi = align_down(lo), align_up(hi + len(mark))
         buf = self._aligned_buffer(a_hi - a_lo)
         buf[: lo - a_lo] = self._tail_block
         off = lo - a_lo
@@ -579,6 +597,8 @@ class FileWal(WriteAheadLog):
             for part in rec.parts:
                 buf[off : off + len(part)] = part
                 off += len(part)
+        buf[off : off + len(mark)] = mark
+        off += len(mark)
         buf[off : a_hi - a_lo] = _ZEROS[: a_hi - a_lo - off]
         self._tail_block = buf[align_down(hi) - a_lo : hi - a_lo]
         view = memoryview(buf)
@@ -612,10 +632,7 @@ class FileWal(WriteAheadLog):
             for pos, data in self._scan_frames(start, bound, header, session):
                 yield WalRecord(pos, data)
             return
-        if header.clean:
-            bound, strict = header.tail, True
-        else:
-            bound, strict = self._unclean_bound(header), False
+        bound, strict = scan_bound(header)
         positions: array[int] = array("q")
         scanner = self._scan_frames(header.start, bound, header, header.session)
         for pos, data in scanner:
@@ -628,9 +645,22 @@ class FileWal(WriteAheadLog):
                 location=str(self._path),
                 position=self.physical_offset(scanner.end),
             )
-        if scanner.problem is not None:
+        verdict = damage(
+            header, scanner, bound, self._read_logical, self._settings.recovery_read_bytes
+        )
+        if verdict is not None:
+            check_wal_loss(
+                f"WAL {self._path}: {verdict}; records from position {scanner.end} (file "
+                f"offset {self.physical_offset(scanner.end)}) on were acknowledged and cannot "
+                "be read",
+                location=str(self._path),
+                position=self.physical_offset(scanner.end),
+                accept_loss=self._accept_loss,
+            )
+        elif scanner.problem is not None:
             _log.info(
-                "WAL %s: recovery stopped at position %d: %s",
+                "WAL %s: recovery stopped at position %d (the torn tail of the last, "
+                "unacknowledged group): %s",
                 self._path,
                 scanner.end,
                 scanner.problem,
@@ -652,11 +682,6 @@ class FileWal(WriteAheadLog):
             max_length=self._max_record,
             chunk_bytes=self._settings.recovery_read_bytes,
         )
-
-    def _unclean_bound(self, header: HeaderSlot) -> int:
-        # Nothing was ever written at or past window_end (the header promising it is made
-        # durable first), and nothing at or past start + capacity (that would overwrite start).
-        return max(header.start, min(header.window_end, header.start + self._capacity))
 
     def _become_ready(self, *, start: int, tail: int, positions: array[int]) -> None:
         h = self._header
@@ -716,7 +741,7 @@ class FileWal(WriteAheadLog):
                 h = self._header
                 # Without a scan the tail is unknown; the window end is past every frame ever
                 # written, so positions from there on are above every earlier one.
-                tail = h.tail if h.clean else self._unclean_bound(h)
+                tail = scan_bound(h)[0]
                 self._become_ready(start=tail, tail=tail, positions=array("q"))
                 return
             self._positions = array("q")
@@ -776,7 +801,9 @@ class FileWal(WriteAheadLog):
     def _fits(self, size: int) -> bool:
         # Whole blocks are written (O_DIRECT) or written back (page cache), so the block holding
         # the oldest live byte is never reused until all of it is trimmed.
-        return align_up(self._tail + size) <= align_down(self._durable_start) + self._capacity
+        # The group mark after the frame needs room too (it must not overwrite live bytes).
+        end = self._tail + size + FRAME_ALIGN
+        return align_up(end) <= align_down(self._durable_start) + self._capacity
 
     def _full_message(self, size: int, waited: float) -> str:
         used = self._tail - self._durable_start
@@ -928,16 +955,19 @@ class FileWal(WriteAheadLog):
         if group:
             lo = group[0].position
             hi = group[-1].position + group[-1].size
-            if hi > self._window_end:
-                # The promise must be durable before any byte past the old window is written.
-                window_end = hi + self._settings.recovery_window_bytes
+            if hi + FRAME_ALIGN > self._window_end:
+                # The promise must be durable before any byte past the old window is written
+                # (the group mark after `hi` included).
+                window_end = hi + FRAME_ALIGN + self._settings.recovery_window_bytes
                 self._persist_header(
                     self._header.next(start=start_target, tail=lo, window_end=window_end)
                 )
                 self._window_end = window_end
             self._write_frames(group)
         if start_target > self._header.start:
-            tail = group[-1].position + group[-1].size if group else self._header.tail
+            # `tail` of a dirty header is a floor of what is durable: this header may reach
+            # the disk before the group it is synced with, so it names the group's start.
+            tail = group[0].position if group else self._header.tail
             self._write_header(self._header.next(start=start_target, tail=tail))
         os.fdatasync(self._wfd)
 
@@ -1143,18 +1173,6 @@ def _pwrite_all(fd: int, parts: Sequence[bytes | memoryview], offset: int) -> No
             else:
                 views[i] = views[i][written:]
                 written = 0
-
-
-def _pread_all(fd: int, length: int, offset: int) -> bytes:
-    chunks: list[bytes] = []
-    while length > 0:
-        chunk = os.pread(fd, length, offset)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        length -= len(chunk)
-        offset += len(chunk)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def _fsync_dir(directory: Path) -> None:

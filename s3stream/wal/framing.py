@@ -6,13 +6,18 @@ A *frame* is one record: a 32-byte header, the record bytes, then zero padding t
 `FRAME_ALIGN` bytes::
 
     0   4s   magic          b"S3WF"
-    4   u16  kind           1 = record
+    4   u16  kind           1 = record, 2 = group mark (length 0, no record)
     6   u16  flags          0 (reserved)
     8   u32  length         record bytes (header and padding excluded)
     12  u32  body_crc       crc32c(seed, record bytes)
     16  u64  position       logical position of this frame (its own address)
     24  u32  session        which open of the WAL wrote it (non-decreasing along the log)
     28  u32  header_crc     crc32c(seed, bytes 0..27)
+
+Every group commit is written with a *group mark* after its last frame: a frame header of kind 2
+at the position where the group ends, which the next group overwrites. A valid mark where a scan
+stops says the group before it was written whole; any valid frame found *past* a damaged one
+says the damaged bytes were followed by later writes (see `find_frame`).
 
 A *header slot* (two of them, at file offsets 0 and 4096) describes the ring; the valid slot
 with the higher generation wins::
@@ -50,6 +55,7 @@ __all__ = [
     "DATA_START",
     "FRAME_ALIGN",
     "FRAME_HEADER",
+    "HEADER_MAGIC",
     "HEADER_SLOT",
     "MAX_NODE_ID_BYTES",
     "SLOT_BYTES",
@@ -64,6 +70,8 @@ __all__ = [
     "decode_frame_header",
     "decode_slot",
     "encode_frame_header",
+    "encode_group_mark",
+    "find_frame",
     "frame_size",
     "seed_for",
 ]
@@ -81,6 +89,7 @@ MAX_NODE_ID_BYTES = 64
 FRAME_MAGIC = b"S3WF"
 FRAME_HEADER = struct.Struct("<4sHHIIQII")
 KIND_RECORD = 1
+KIND_MARK = 2
 
 HEADER_MAGIC = b"S3SWALHD"
 HEADER_VERSION = 1
@@ -117,10 +126,17 @@ def body_crc(data: bytes | memoryview, seed: int) -> int:
     return int(crc32c.crc32c(data, seed))
 
 
-def encode_frame_header(position: int, session: int, length: int, crc: int, seed: int) -> bytes:
+def encode_frame_header(
+    position: int, session: int, length: int, crc: int, seed: int, kind: int = KIND_RECORD
+) -> bytes:
     """The 32-byte header of the frame at `position` holding `length` bytes with checksum `crc`."""
-    head = FRAME_HEADER.pack(FRAME_MAGIC, KIND_RECORD, 0, length, crc, position, session, 0)
+    head = FRAME_HEADER.pack(FRAME_MAGIC, kind, 0, length, crc, position, session, 0)
     return head[:28] + _SLOT_CRC.pack(crc32c.crc32c(memoryview(head)[:28], seed))
+
+
+def encode_group_mark(position: int, session: int, seed: int) -> bytes:
+    """The group mark written after a group that ends at `position` (`FRAME_ALIGN` bytes)."""
+    return encode_frame_header(position, session, 0, 0, seed, kind=KIND_MARK)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +146,12 @@ class FrameHeader:
     length: int
     body_crc: int
     session: int
+    kind: int = KIND_RECORD
+
+    @property
+    def is_mark(self) -> bool:
+        """A group mark (no record): the group before it was written whole."""
+        return self.kind == KIND_MARK
 
 
 def decode_frame_header(
@@ -145,11 +167,13 @@ def decode_frame_header(
     if len(view) < FRAME_HEADER.size:
         return None
     magic, kind, flags, length, crc, position, session, header_crc = FRAME_HEADER.unpack(view)
-    if magic != FRAME_MAGIC or kind != KIND_RECORD or flags != 0:
+    if magic != FRAME_MAGIC or kind not in (KIND_RECORD, KIND_MARK) or flags != 0:
         return None
     if crc32c.crc32c(view[:28], seed) != header_crc or position != expected_position:
         return None
-    return FrameHeader(length, crc, session)
+    if kind == KIND_MARK and (length or crc):
+        return None
+    return FrameHeader(length, crc, session, kind)
 
 
 class SlotStatus(Enum):
@@ -275,8 +299,10 @@ class FrameScanner:
     Iterating yields ``(position, record bytes)`` for each valid frame and stops at the first
     frame that is not valid: bad magic, header or body checksum, a position other than the
     expected one, a session above `max_session` or below the previous frame's session, or a
-    frame that would cross `bound`. Afterwards `end` is where the valid prefix ends and
-    `problem` says why the scan stopped there (None when it stopped exactly at `bound`).
+    frame that would cross `bound`. A valid group mark ends the scan too (`marked`). Afterwards
+    `end` is where the valid prefix ends, `problem` says why the scan stopped there (None when
+    it stopped exactly at `bound` or at a mark), and `overrun` is the valid header found at `end`
+    whose frame would cross `bound`.
 
     `read(position, length)` returns the bytes of the logical range (shorter at end of medium);
     reads go in chunks of `chunk_bytes`, so the work is proportional to the live bytes.
@@ -302,8 +328,12 @@ class FrameScanner:
         self._chunk = max(chunk_bytes, FRAME_ALIGN)
         #: Position just past the last valid frame seen so far.
         self.end = start
-        #: Why the scan stopped before `bound` (None if it reached `bound`).
+        #: Why the scan stopped before `bound` (None if it reached `bound` or a mark).
         self.problem: str | None = None
+        #: Whether the scan ended at a valid group mark.
+        self.marked = False
+        #: The valid header at `end` whose frame would cross `bound`, if the scan stopped so.
+        self.overrun: FrameHeader | None = None
 
     def __iter__(self) -> Iterator[tuple[int, bytes]]:
         pos = self._start
@@ -327,9 +357,14 @@ class FrameScanner:
                     f"(newest {self._max_session}): left over from an earlier session"
                 )
                 return
+            if header.is_mark:
+                self.marked = True
+                return
             size = frame_size(header.length)
             if header.length > self._max_length or pos + size > self._bound:
                 self.problem = f"frame length {header.length} runs past the end of the window"
+                if header.length <= self._max_length:
+                    self.overrun = header
                 return
             if pos + size > buf_lo + len(buf):
                 buf, buf_lo = self._fill(pos, size), pos
@@ -345,3 +380,38 @@ class FrameScanner:
 
     def _fill(self, pos: int, need: int) -> bytes:
         return self._read(pos, min(self._bound - pos, max(need, self._chunk)))
+
+
+def find_frame(
+    read: Callable[[int, int], bytes],
+    *,
+    start: int,
+    stop: int,
+    seed: int,
+    min_session: int,
+    chunk_bytes: int,
+) -> tuple[int, FrameHeader] | None:
+    """The first valid frame header (record or mark) at a position in ``[start, stop)`` whose
+    session is at least `min_session`, with its position; None if there is none.
+
+    Used past the point where a scan stopped: such a frame was written *after* the bytes at
+    that point (positions only grow within a session), so those bytes are damage, not a torn
+    tail. Frame headers are `FRAME_ALIGN`-aligned and carry their own position, so a leftover
+    of an earlier lap of the ring never matches; the search looks for the magic in chunks
+    (`start` must be aligned), so its cost is a read of the range.
+    """
+    chunk = max(align_down(chunk_bytes, FRAME_ALIGN), FRAME_ALIGN)
+    lo = start
+    while lo < stop:
+        buf = read(lo, min(chunk, stop - lo))
+        if not buf:
+            return None
+        at = buf.find(FRAME_MAGIC)
+        while at >= 0:
+            if at % FRAME_ALIGN == 0:
+                header = decode_frame_header(buf, at, lo + at, seed)
+                if header is not None and header.session >= min_session:
+                    return lo + at, header
+            at = buf.find(FRAME_MAGIC, at + 1)
+        lo += len(buf)
+    return None

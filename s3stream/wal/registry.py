@@ -187,7 +187,8 @@ def open_file_wal(
 
     `take_over` opens a WAL a live process holds (a take-over fences it); `lock` is its
     holder lock taken beforehand (`lock_file_wal`). `must_exist`: the node still has streams
-    open, so a missing or empty WAL is damage (`CorruptionError`) unless `accept_wal_loss`."""
+    open, so a missing or empty WAL is damage (`CorruptionError`) unless `accept_wal_loss`,
+    which also lets recovery go on past damaged records (`FileWal`'s `accept_loss`)."""
     path, query = _file_target(url)
     if must_exist:
         _check_wal_present(Path(path), node_id, accept_wal_loss)
@@ -204,6 +205,7 @@ def open_file_wal(
         create=create,
         take_over=take_over,
         lock=lock,
+        accept_loss=accept_wal_loss,
     )
 
 
