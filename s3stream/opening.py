@@ -72,7 +72,8 @@ def _wal_factory(
     """`held`: the holder lock of the client's own file WAL, taken already; handed to the
     WAL the first time the factory opens that node's WAL. `must_exist` (a node whose streams
     are still open, so its WAL may hold acknowledged appends): a file WAL that is missing or
-    empty is damage, `CorruptionError`, unless `accept_wal_loss`."""
+    empty, or an object WAL prefix without objects, is damage, `CorruptionError`, unless
+    `accept_wal_loss`."""
     from .wal.registry import open_wal
 
     unused = [held] if held is not None else []
@@ -107,13 +108,24 @@ def _wal_factory(
 
 
 def _shared_object_wal(
-    store: ObjectStore, *, clock: Clock, settings: ObjectWalSettings | None
+    store: ObjectStore,
+    *,
+    clock: Clock,
+    settings: ObjectWalSettings | None,
+    accept_wal_loss: bool = False,
 ) -> WalFactory:
     """The default WAL of a remote store: an object WAL under ``wal/`` of the client's own
-    store stack (the same keys `default_wal_url` names), retried by that stack alone."""
+    store stack (the same keys `default_wal_url` names), retried by that stack alone.
+    `must_exist` and `accept_wal_loss` as for `_wal_factory`: an empty WAL prefix, or a
+    damaged chain (docs/s3-wal.md), is `CorruptionError` unless the loss is accepted."""
 
     def factory(
-        node_id: str, node_epoch: int, on_full: Callable[[], None], *, take_over: bool = False
+        node_id: str,
+        node_epoch: int,
+        on_full: Callable[[], None],
+        *,
+        take_over: bool = False,
+        must_exist: bool = False,
     ) -> WriteAheadLog:
         # A take-over needs nothing special here: opening the chain seals the old holder out.
         del take_over
@@ -126,6 +138,8 @@ def _shared_object_wal(
             clock=clock,
             on_full=on_full,
             retry=False,
+            must_exist=must_exist,
+            accept_loss=accept_wal_loss,
         )
 
     return factory
@@ -180,9 +194,11 @@ def open(
     ``wal/`` prefix (see `default_wal_url` and ``docs/s3-wal.md``).
 
     A node whose streams are still open (its last session did not close them) may hold
-    acknowledged appends in its file WAL; if that file is missing or empty, opening the node
-    raises `CorruptionError` naming it. ``accept_wal_loss=True`` goes on without them (logged
-    as a warning): for an operator who knows the WAL is gone for good.
+    acknowledged appends in its WAL; if that WAL is gone (a file WAL missing or empty, an
+    object WAL's prefix holding no object), opening the node raises `CorruptionError` naming
+    it, and so does an object WAL chain missing an object that had landed (docs/s3-wal.md,
+    "What recovery detects"). ``accept_wal_loss=True`` goes on without them (logged as a
+    warning): for an operator who knows the lost part of the WAL is gone for good.
     """
     _check_open_args(
         url, wal, node_id, storage_options, settings, file_wal_settings, object_wal_settings
@@ -210,7 +226,9 @@ def open(
         wal_arg = wal
     elif wal is None and scheme not in ("memory", "file"):
         # A remote store's default: the object WAL in it, on this client's store stack.
-        wal_arg = _shared_object_wal(store, clock=clock, settings=object_wal_settings)
+        wal_arg = _shared_object_wal(
+            store, clock=clock, settings=object_wal_settings, accept_wal_loss=accept_wal_loss
+        )
     elif split_scheme(wal if wal is not None else url)[0] == "memory":
         wal_arg = MemoryWal()
     else:

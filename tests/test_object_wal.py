@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import random
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
@@ -15,8 +18,9 @@ import pytest
 
 import s3stream
 from s3stream.clock import SystemClock
-from s3stream.errors import FencedError, InvalidArgumentError, UnavailableError
+from s3stream.errors import CorruptionError, FencedError, InvalidArgumentError, UnavailableError
 from s3stream.objectstore.base import ObjectInfo, ObjectStore
+from s3stream.objectstore.local import LocalObjectStore
 from s3stream.objectstore.memory import MemoryObjectStore
 from s3stream.objectstore.s3 import S3ObjectStore
 from s3stream.objectstore.wrappers import (
@@ -27,9 +31,16 @@ from s3stream.objectstore.wrappers import (
 from s3stream.settings import ClientSettings, ObjectWalSettings
 from s3stream.testing.faults import FaultRule, FaultyObjectStore
 from s3stream.types import RecordBatch
+from s3stream.wal import object as object_wal
 from s3stream.wal.base import WalPosition, WalRecord
 from s3stream.wal.memory import MemoryWal
-from s3stream.wal.object import HEADER, SESSION_GAP, ObjectWal, decode_object_header
+from s3stream.wal.object import (
+    HEADER,
+    KIND_DATA,
+    SESSION_GAP,
+    ObjectWal,
+    decode_object_header,
+)
 from s3stream.wal.registry import open_wal
 
 FAST = ObjectWalSettings(wal_batch_interval_ms=1, wal_batch_max_bytes=64 << 10)
@@ -826,3 +837,361 @@ def test_client_on_s3_defaults_to_the_object_wal_and_recovers(seaweedfs: Any) ->
     with s3stream.open(url, node_id="n1", storage_options=opts) as again:
         assert again.recovery.uploaded_batches == 50
         assert _read_all(again, stream.stream_id) == payloads
+
+
+# -- a crash's torn tail or damage ----------------------------------------------------------------
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
+def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ObjectStore]:
+    """A local directory store, and a fresh prefix on the session's SeaweedFS server."""
+    if request.param == "local":
+        yield LocalObjectStore(tmp_path / "store", fsync=False)
+        return
+    server = request.getfixturevalue("seaweedfs")
+    store = S3ObjectStore(server.bucket, f"damage-{uuid.uuid4().hex}", **server.storage_options())
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def _one_per_object(wal: ObjectWal, n: int, tag: bytes) -> list[WalRecord]:
+    """`n` acknowledged records, one WAL object each (every append waits for its ack)."""
+    out = []
+    for i in range(n):
+        data = b"%s %d" % (tag, i)
+        out.append(WalRecord(wal.append(data).result(10), data))
+    return out
+
+
+def _recovery_error(store: ObjectStore, epoch: int) -> CorruptionError:
+    wal = _wal(store, epoch)
+    try:
+        with pytest.raises(CorruptionError) as err:
+            list(wal.recover())
+    finally:
+        wal.close()
+    assert "accept_wal_loss" in str(err.value) and not err.value.retryable
+    return err.value
+
+
+def test_a_deleted_object_inside_the_acknowledged_chain_is_damage(
+    any_store: ObjectStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    wal, _ = _ready(any_store)
+    acked = _one_per_object(wal, 10, b"acked")
+    wal.close()
+    missing, proof = (wal.object_key(r.position) for r in acked[3:5])
+    any_store.delete_many([missing])
+
+    err = _recovery_error(any_store, epoch=2)
+    assert err.location == missing
+    assert missing in str(err) and proof in str(err), "names the hole and what proves it"
+    assert any_store.head(missing) is None, "a refused recovery seals nothing over the hole"
+
+    # Accepting the loss recovers what lies before the hole and seals it there, once.
+    with caplog.at_level(logging.WARNING, logger="s3stream.wal"):
+        again, got = _ready(any_store, epoch=3, accept_loss=True)
+    assert got == acked[:3]
+    assert missing in caplog.text and "accept_wal_loss=True" in caplog.text
+    after = WalRecord(again.append(b"after").result(10), b"after")
+    again.close()
+    last, got = _ready(any_store, epoch=4)
+    assert got == [*acked[:3], after]
+    last.close()
+
+
+def test_a_crash_with_puts_in_flight_leaves_a_torn_tail_not_damage(
+    any_store: ObjectStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Objects past a gap whose headers say the gap had not landed: the last, never
+    acknowledged objects of a crash, skipped (logged at INFO), the prefix recovered."""
+    gate = AttemptGate(any_store, frozenset({0}), fail=frozenset({0}), armed=False)
+    wal, _ = _ready(gate, settings=HELD_PUT_SETTINGS, retry=False)
+    acked = _one_per_object(wal, 3, b"acked")
+    gate.armed = True
+    doomed = [wal.append(b"its PUT never lands")]
+    gate.wait_for(lambda: gate.calls == 1, "the held PUT")
+    for i in range(2):  # later objects land while the first is still in flight
+        doomed.append(wal.append(b"lands, never acknowledged %d" % i))
+        gate.wait_for(lambda n=4 + i: len(_data_objects(any_store)) == n, "a later object")
+    gate.events[0].set()  # the held PUT fails: it never reaches the store, as after a crash
+    for fut in doomed:
+        with pytest.raises(UnavailableError):
+            fut.result(10)
+    wal._abandon()
+    assert gate.target is not None
+    gap = int(gate.target.rsplit("/", 1)[1])
+    past = [i for i in _data_objects(any_store) if int(i.key.rsplit("/", 1)[1]) > gap]
+    assert len(past) == 2 and any_store.head(gate.target) is None
+    for info in past:
+        header = decode_object_header(any_store.get(info.key), node_id="n1", key=info.key)
+        assert header.acked_through == gap, "its writer knew the gap had not landed"
+
+    with caplog.at_level(logging.INFO, logger="s3stream.wal"):
+        again, got = _ready(any_store, epoch=2)
+    assert got == acked
+    assert "torn tail" in caplog.text and all(i.key in caplog.text for i in past)
+    again.close()
+
+
+def test_a_seal_past_a_missing_object_is_damage(any_store: ObjectStore) -> None:
+    first, _ = _ready(any_store, epoch=1)
+    session1 = _one_per_object(first, 3, b"session 1")
+    first.close()
+    second, got = _ready(any_store, epoch=2)  # walks past session 1's objects, seals after
+    assert got == session1
+    session2 = _one_per_object(second, 2, b"session 2")
+    second._abandon()
+    # Session 1's last object: only session 2's seal and objects lie past it.
+    missing = first.object_key(session1[-1].position)
+    seal = next(
+        i.key for i in _chain_objects(any_store) if i.size == HEADER.size and i.key > missing
+    )
+    any_store.delete_many([missing])
+
+    err = _recovery_error(any_store, epoch=3)
+    assert err.location == missing and seal in str(err) and "seal of epoch 2" in str(err)
+
+    # With the loss accepted, recovery goes on at that seal: later sessions are kept.
+    again, got = _ready(any_store, epoch=4, accept_loss=True)
+    assert got == [*session1[:2], *session2]
+    again.reset()  # what a client does once it uploaded the records: the anchor passes the hole
+    again.close()
+    last, got = _ready(any_store, epoch=5)
+    assert got == []
+    last.close()
+
+
+def test_a_listing_that_missed_a_landed_object_is_not_taken_for_damage() -> None:
+    """A paginated LIST may read the page of an object before it landed and a later page
+    after the next object landed: the proof is checked on a new LIST before it counts."""
+
+    class FirstListingMisses(ForwardingObjectStore):
+        def __init__(self, inner: ObjectStore, key: str) -> None:
+            super().__init__(inner)
+            self.key = key
+            self.lists = 0
+
+        def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+            self.lists += 1
+            found = self.inner.list(prefix)
+            return found if self.lists > 1 else (i for i in found if i.key != self.key)
+
+    store = MemoryObjectStore()
+    wal, _ = _ready(store)
+    acked = _one_per_object(wal, 5, b"acked")
+    wal.close()
+    racy = FirstListingMisses(store, wal.object_key(acked[2].position))
+    again, got = _ready(racy, epoch=2)
+    assert got == acked and racy.lists == 2
+    again.close()
+
+
+def test_a_fenced_writers_late_objects_are_never_taken_for_damage() -> None:
+    """The objects an older writer lands after a taker's seal lie past the chain end at the
+    take-over (their headers say the sealed position had not landed), and below the seal's
+    jump for every later owner."""
+    gated = GatedStore(MemoryObjectStore())
+    zombie, _ = _ready(gated, epoch=1, settings=HELD_PUT_SETTINGS, retry=False)
+    acked = _one_per_object(zombie, 3, b"acked")
+    gated.hold_next_data = 1
+    late = [zombie.append(b"in flight at the take-over")]
+    deadline = time.monotonic() + 5
+    while not gated.gates and time.monotonic() < deadline:
+        time.sleep(0.005)
+    (held_key,) = gated.gates
+    for i in range(2):
+        late.append(zombie.append(b"lands after %d" % i))
+        deadline = time.monotonic() + 5
+        while len(_data_objects(gated.inner)) < 4 + i and time.monotonic() < deadline:
+            time.sleep(0.005)
+    assert len(_data_objects(gated.inner)) == 5
+
+    taker, got = _ready(gated.inner, epoch=2)  # seals at the held object's position
+    assert got == acked
+    gated.release_all()
+    for fut in late:
+        with pytest.raises(FencedError):
+            fut.result(5)
+    seal_at = int(held_key.rsplit("/", 1)[1])
+    for info in _data_objects(gated.inner)[3:]:
+        header = decode_object_header(gated.inner.get(info.key), node_id="n1", key=info.key)
+        assert header.epoch == 1 and header.acked_through == seal_at
+    taker._abandon()  # the taker crashes before writing anything: its chain ends at its jump
+    third, got = _ready(gated.inner, epoch=3)
+    assert got == acked
+    third.close()
+    zombie.close()
+
+
+@pytest.mark.parametrize("markers", ["kept", "deleted"])
+def test_a_wal_prefix_without_objects_is_damage_when_streams_are_open(
+    any_store: ObjectStore, markers: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every open leaves a seal that is never deleted: a prefix without WAL objects was wiped.
+    That loses acknowledged appends when the node still has streams open (`must_exist`)."""
+    wal, _ = _ready(any_store)
+    acked = _one_per_object(wal, 3, b"acked")
+    wal.trim(acked[0].position)
+    wal._abandon()
+    doomed = [i.key for i in any_store.list("wal/n1/")]
+    if markers == "kept":
+        doomed = [k for k in doomed if "/trim/" not in k]
+    any_store.delete_many(doomed)
+    assert [i.key for i in any_store.list("wal/n1/") if "/trim/" not in i.key] == []
+
+    wiped = _wal(any_store, epoch=2, must_exist=True)
+    with pytest.raises(CorruptionError, match="holds no WAL object") as err:
+        list(wiped.recover())
+    wiped.close()
+    assert err.value.location == "wal/n1/" and "accept_wal_loss" in str(err.value)
+    with caplog.at_level(logging.WARNING, logger="s3stream.wal"):
+        accepted, got = _ready(any_store, epoch=3, must_exist=True, accept_loss=True)
+    assert got == [] and "wal/n1/" in caplog.text
+    accepted.close()
+    # Without open streams nothing acknowledged can be missing: no check.
+    any_store.delete_many([i.key for i in any_store.list("wal/n1/") if "/trim/" not in i.key])
+    plain, got = _ready(any_store, epoch=4)
+    assert got == []
+    plain.close()
+
+
+def test_headers_of_version_2_say_what_had_landed() -> None:
+    store = MemoryObjectStore()
+    wal, _ = _ready(store)
+    acked = _one_per_object(wal, 3, b"acked")
+    wal.close()
+    for info in _data_objects(store):
+        head = store.get(info.key, 0, HEADER.size)
+        header = decode_object_header(head, node_id="n1", key=info.key, size=info.size)
+        assert HEADER.unpack(head)[1] == 2 and header.kind == KIND_DATA
+        assert header.next == header.first + info.size - HEADER.size  # from the size alone
+        assert header.acked_through == header.first  # every earlier object had landed
+    assert [int(i.key[-20:]) for i in _data_objects(store)] == [r.position for r in acked]
+    seal = _chain_objects(store)[0]
+    header = decode_object_header(store.get(seal.key), node_id="n1", key=seal.key)
+    assert (header.first, header.next, header.acked_through) == (0, SESSION_GAP, 0)
+
+    # An object cannot have landed before it was cut: a header saying so is damaged.
+    key = _data_objects(store)[0].key
+    raw = store.get(key)
+    header = decode_object_header(raw, node_id="n1", key=key)
+    claims_itself = header._replace(acked_through=header.first + 64)
+    raw = object_wal._encode_header(claims_itself, object_wal._node_seed("n1")) + raw[HEADER.size :]
+    with pytest.raises(CorruptionError, match="acked_through"):
+        decode_object_header(raw, node_id="n1", key=key)
+
+
+def _load_golden(version: int, store: ObjectStore) -> tuple[list[str], list[WalRecord]]:
+    """Put the golden history written by a header-`version` writer into `store`: its keys
+    (seal, three objects, seal, three objects, marker) and the records it must recover to."""
+    meta = json.loads((GOLDEN / f"object_wal_v{version}.json").read_text())
+    assert meta["version"] == version
+    for obj in meta["objects"]:
+        store.put(obj["key"], bytes.fromhex(obj["hex"]))
+    chain = [o["key"] for o in meta["objects"] if "/trim/" not in o["key"]]
+    for key in chain:
+        assert HEADER.unpack(store.get(key, 0, HEADER.size))[1] == version
+    records = [WalRecord(r["position"], bytes.fromhex(r["data_hex"])) for r in meta["recovered"]]
+    return chain, records
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_golden_wal_objects_of_every_version_recover(any_store: ObjectStore, version: int) -> None:
+    _, expected = _load_golden(version, any_store)
+    wal, got = _ready(any_store, epoch=3)
+    assert got == expected
+    wal.append(b"on top").result(10)
+    wal.close()
+    again, got = _ready(any_store, epoch=4)
+    assert got[: len(expected)] == expected and got[-1].data == b"on top"
+    again.close()
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_golden_hole_before_a_later_session_is_damage_in_every_version(
+    any_store: ObjectStore, version: int
+) -> None:
+    chain, _ = _load_golden(version, any_store)
+    any_store.delete_many([chain[2]])  # session 1's middle object
+    err = _recovery_error(any_store, epoch=3)
+    # Version 2: the next object's acked_through proves it; version 1: only the next seal.
+    proof = chain[3] if version == 2 else chain[4]
+    assert err.location == chain[2] and proof in str(err)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_golden_hole_in_the_last_session(any_store: ObjectStore, version: int) -> None:
+    """Version 2 proves the hole; a version-1 object past it says nothing, so it reads as a
+    torn tail (the limit of old objects, in docs/s3-wal.md)."""
+    chain, expected = _load_golden(version, any_store)
+    any_store.delete_many([chain[6]])  # session 2's middle object
+    if version == 2:
+        err = _recovery_error(any_store, epoch=3)
+        assert err.location == chain[6] and chain[7] in str(err)
+        return
+    wal, got = _ready(any_store, epoch=3)
+    assert got == expected[:-2]
+    wal.close()
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("loss", ["wiped", "hole"])
+def test_client_on_s3_refuses_a_lost_object_wal_unless_the_loss_is_accepted(
+    seaweedfs: Any, loss: str
+) -> None:
+    """A node that crashed with open streams: its WAL prefix wiped, or one acknowledged
+    object deleted. Opening the node and taking it over raise `CorruptionError` naming it;
+    `accept_wal_loss=True` goes on with what is left."""
+    prefix = f"lost-{uuid.uuid4().hex}"
+    url = f"s3://{seaweedfs.bucket}/{prefix}"
+    opts = seaweedfs.storage_options()
+    wal_settings = ObjectWalSettings(wal_batch_interval_ms=1)
+    client = s3stream.open(
+        url, node_id="n1", storage_options=opts, object_wal_settings=wal_settings
+    )
+    stream = client.create_stream()
+    payloads = [b"payload %d" % i for i in range(6)]
+    for p in payloads:
+        stream.append(RecordBatch(p, count=1))  # acknowledged: one WAL object each
+    client._storage.abandon()  # crash before any upload
+    client._wal._abandon()  # type: ignore[attr-defined]
+    raw = S3ObjectStore(seaweedfs.bucket, prefix, **opts)
+    data = sorted(i.key for i in raw.list("wal/n1/") if "/trim/" not in i.key and i.size > 40)
+    assert len(data) == len(payloads)
+    if loss == "wiped":
+        raw.delete_many([i.key for i in raw.list("wal/n1/")])
+        where, left = "wal/n1/", []
+    else:
+        raw.delete_many([data[2]])
+        where, left = data[2], payloads[:2]
+    raw.close()
+    with pytest.raises(CorruptionError, match=where) as err:
+        s3stream.open(url, node_id="n1", storage_options=opts)
+    assert err.value.location == where and "accept_wal_loss" in str(err.value)
+    with (
+        s3stream.open(url, node_id="other", storage_options=opts) as other,
+        pytest.raises(CorruptionError, match=where),
+    ):
+        other.take_over("n1")
+    with s3stream.open(url, node_id="n1", storage_options=opts, accept_wal_loss=True) as again:
+        assert _read_all(again, stream.stream_id) == left
+
+
+@pytest.mark.s3
+def test_a_wiped_object_wal_of_a_cleanly_closed_node_is_no_damage(seaweedfs: Any) -> None:
+    prefix = f"closed-{uuid.uuid4().hex}"
+    url = f"s3://{seaweedfs.bucket}/{prefix}"
+    opts = seaweedfs.storage_options()
+    with s3stream.open(url, node_id="n1", storage_options=opts) as client:
+        stream = client.create_stream()
+        stream.append(RecordBatch(b"uploaded at close", count=1))
+    raw = S3ObjectStore(seaweedfs.bucket, prefix, **opts)
+    raw.delete_many([i.key for i in raw.list("wal/n1/")])
+    raw.close()
+    with s3stream.open(url, node_id="n1", storage_options=opts) as again:
+        assert _read_all(again, stream.stream_id) == [b"uploaded at close"]

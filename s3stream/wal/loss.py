@@ -10,7 +10,7 @@ import logging
 
 from ..errors import CorruptionError
 
-__all__ = ["check_wal_loss"]
+__all__ = ["check_open_node_wal", "check_wal_loss"]
 
 _log = logging.getLogger("s3stream.wal")
 
@@ -28,3 +28,14 @@ def check_wal_loss(
             position=position,
         )
     _log.warning("%s; going on without them (accept_wal_loss=True)", message)
+
+
+def check_open_node_wal(node_id: str, problem: str, *, location: str, accept_loss: bool) -> None:
+    """The WAL of `node_id`, which still has streams open (its last session did not close
+    them), is gone (`problem` says how): `check_wal_loss`."""
+    check_wal_loss(
+        f"node {node_id!r} still has streams open (its last session did not close them), so "
+        f"its WAL may hold acknowledged appends not uploaded yet, but {problem}",
+        location=location,
+        accept_loss=accept_loss,
+    )

@@ -8,16 +8,21 @@ Layout, fencing and the recovery argument are in ``docs/s3-wal.md``. In short, u
   (framed and checksummed exactly as in the file WAL, `s3stream.wal.framing`), so ``next =
   first + size - 40`` follows from the size a LIST reports; a SEAL object (40 bytes, header
   only) is written by a new owner at the end of the chain and makes the chain jump to
-  ``first + SESSION_GAP``, where that owner's objects start.
+  ``first + SESSION_GAP``, where that owner's objects start. The header (version 2) of each
+  carries `acked_through`: every position of its writer's chain below it was on an object
+  that had landed when the object was cut.
 - ``trim/{trim:020d}.{anchor:020d}.{epoch:012d}`` — a *trim marker*: records at positions
   <= `trim` are gone and the live chain starts at `anchor`.
 
 Recovery is one LIST: the newest marker gives the anchor, the chain is followed from there by
 key and size (``next`` of each object is the key of the following one), data objects are
-read, and a SEAL is created where the chain ends. Because every WAL position can be claimed by
-one object only, the seal makes an older writer's next PUT fail (`FencedError`), and whatever
-it manages to write after the seal lies off the chain, where nobody ever reads it. Trims
-delete whole data objects below the anchor; seals are kept, so their positions stay claimed.
+read, and a SEAL is created where the chain ends. Objects listed past the chain end are a
+crash's torn tail (never acknowledged) unless one of them proves the missing object had landed
+(a SEAL, or an `acked_through` past it): that is damage, `CorruptionError`. Because every WAL
+position can be claimed by one object only, the seal makes an older writer's next PUT fail
+(`FencedError`), and whatever it manages to write after the seal lies off the chain, where
+nobody ever reads it. Trims delete whole data objects below the anchor; seals are kept, so
+their positions stay claimed.
 
 A WAL object PUT that is slow gets *hedged*: an identical PUT of the same key, sent from a
 pool of its own; the first attempt that lands acknowledges the batch, and an attempt told
@@ -58,9 +63,10 @@ from ..errors import (
 from ..objectstore.base import ObjectStore
 from ..objectstore.wrappers import RetryingObjectStore
 from ..settings import MAX_OBJECT_WAL_UNFLUSHED_BYTES, ObjectWalSettings
-from ..validation import check_node_id
+from ..validation import check_bool, check_node_id
 from .base import WalCapabilities, WalPosition, WalRecord, WriteAheadLog
 from .framing import FRAME_HEADER, FrameScanner, body_crc, encode_frame_header, frame_size
+from .loss import check_open_node_wal, check_wal_loss
 
 __all__ = [
     "HEADER",
@@ -76,11 +82,14 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-#: Object header: magic, version, kind, node epoch, first position, next position, record
-#: count, crc32c (seeded per node) of the 36 bytes before it.
+#: Object header: magic, version, kind, node epoch, first position, then in version 1 the next
+#: position, in version 2 `acked_through`; record count, crc32c (seeded per node) of the 36
+#: bytes before it. Version 2 keeps the size, so the chain still follows from key and size.
 HEADER = struct.Struct("<4sHHQQQII")
 _MAGIC = b"S3WO"
-_VERSION = 1
+_VERSION = 2
+#: Headers of version 1 hold `next` (redundant with key and size) instead of `acked_through`.
+_VERSION_NEXT = 1
 KIND_DATA = 1
 KIND_SEAL = 2
 #: Positions a new owner skips past the end of the chain. An older writer can only ever have
@@ -119,8 +128,14 @@ class WalObjectHeader(NamedTuple):
     kind: int
     epoch: int
     first: int
+    #: Where the object's positions end (a SEAL's: where its owner's start). Version 2
+    #: derives it from the object's size.
     next: int
     records: int
+    #: Version 2: the end of the writer's unbroken run of landed objects when this one was cut
+    #: (a SEAL's: its own position, as its owner walked the chain up to it); every chain
+    #: object below it had landed. None in version 1, which does not say.
+    acked_through: int | None = None
 
 
 def _node_seed(node_id: str) -> int:
@@ -129,15 +144,21 @@ def _node_seed(node_id: str) -> int:
 
 
 def _encode_header(h: WalObjectHeader, seed: int) -> bytes:
-    head = HEADER.pack(_MAGIC, _VERSION, h.kind, h.epoch, h.first, h.next, h.records, 0)
+    assert h.acked_through is not None
+    head = HEADER.pack(_MAGIC, _VERSION, h.kind, h.epoch, h.first, h.acked_through, h.records, 0)
     return head[:36] + struct.pack("<I", crc32c.crc32c(head[:36], seed))
 
 
-def decode_object_header(data: bytes, *, node_id: str, key: str) -> WalObjectHeader:
-    """The validated header of WAL object `key` of `node_id`; `CorruptionError` if invalid."""
+def decode_object_header(
+    data: bytes, *, node_id: str, key: str, size: int | None = None
+) -> WalObjectHeader:
+    """The validated header of WAL object `key` of `node_id`; `CorruptionError` if invalid.
+
+    `data` is the object, or its first `HEADER.size` bytes with `size` the object's size
+    (from which a version 2 header's `next` follows)."""
     if len(data) < HEADER.size:
         raise CorruptionError(f"WAL object {key!r} is shorter than its header", location=key)
-    magic, version, kind, epoch, first, nxt, records, crc = HEADER.unpack_from(data)
+    magic, version, kind, epoch, first, field5, records, crc = HEADER.unpack_from(data)
     if magic != _MAGIC:
         raise CorruptionError(f"WAL object {key!r} has no WAL object magic", location=key)
     if version > _VERSION:
@@ -146,7 +167,17 @@ def decode_object_header(data: bytes, *, node_id: str, key: str) -> WalObjectHea
         raise CorruptionError(f"WAL object {key!r}: header checksum mismatch", location=key)
     if kind not in (KIND_DATA, KIND_SEAL):
         raise CorruptionError(f"WAL object {key!r} has unknown kind {kind}", location=key)
-    return WalObjectHeader(kind, epoch, first, nxt, records)
+    if version <= _VERSION_NEXT:
+        return WalObjectHeader(kind, epoch, first, field5, records)
+    if field5 > first:
+        # An object cannot have landed before it was cut: a writer never claims its own.
+        raise CorruptionError(
+            f"WAL object {key!r}: acked_through {field5} is past its first position {first}",
+            location=key,
+        )
+    size = len(data) if size is None else size
+    nxt = first + SESSION_GAP if kind == KIND_SEAL else first + size - HEADER.size
+    return WalObjectHeader(kind, epoch, first, nxt, records, field5)
 
 
 @dataclass(slots=True)
@@ -177,6 +208,9 @@ class _Batch:
     #: Resolved: acknowledged (`error` None) or failed; later attempts change nothing.
     done: bool = False
     error: S3StreamError | None = None
+    #: The writer's `_durable` when the batch was cut: its header's `acked_through`, fixed
+    #: here so that every attempt builds the same bytes.
+    acked_through: int = 0
     #: The object's bytes, built by the first attempt that runs; every attempt sends these.
     blob: bytes | None = None
     #: PUT attempts started (the first one plus hedges) and those not yet returned.
@@ -214,6 +248,19 @@ class _PlanStep(NamedTuple):
     seal: bool
 
 
+class _PastEnd(NamedTuple):
+    """An object listed past the end of the chain."""
+
+    first: int
+    key: str
+    #: Why it proves that the missing object at the chain end had landed; "" if it does not.
+    proof: str
+
+    @property
+    def proves(self) -> bool:
+        return bool(self.proof)
+
+
 class ObjectWal(WriteAheadLog):
     """A write-ahead log kept as objects in an object store (see the module docstring).
 
@@ -225,6 +272,12 @@ class ObjectWal(WriteAheadLog):
     With `close_store`, `close()` also closes the store. PUTs slower than the hedge delay
     (`ObjectWalSettings.hedge_after_ms`, adaptive by default) are hedged; `hedged_puts` and
     `hedges_won` count that.
+
+    `recover()` tells a crash's torn tail from damage (see ``docs/s3-wal.md``, "What recovery
+    detects"): a missing chain object followed by one proving it had landed raises
+    `CorruptionError` naming both; with `must_exist` (the node still has streams open), so
+    does a prefix holding no object at all. `accept_loss` logs a warning instead and goes on
+    without what is lost.
     """
 
     def __init__(
@@ -240,6 +293,8 @@ class ObjectWal(WriteAheadLog):
         on_full: Callable[[], None] | None = None,
         retry: bool = True,
         close_store: bool = False,
+        must_exist: bool = False,
+        accept_loss: bool = False,
     ) -> None:
         if not isinstance(store, ObjectStore):
             raise InvalidArgumentError(f"store must be an ObjectStore, got {store!r}")
@@ -251,6 +306,8 @@ class ObjectWal(WriteAheadLog):
         settings = settings if settings is not None else ObjectWalSettings()
         if not isinstance(settings, ObjectWalSettings):
             raise InvalidArgumentError(f"settings must be ObjectWalSettings, got {settings!r}")
+        self._must_exist = check_bool("must_exist", must_exist)
+        self._accept_loss = check_bool("accept_loss", accept_loss)
         self._clock = clock if clock is not None else SystemClock()
         self._rng = rng if rng is not None else random.Random(f"s3stream-object-wal:{node_id}")
         self._raw_store = store
@@ -296,6 +353,9 @@ class ObjectWal(WriteAheadLog):
         self._ack_failure: S3StreamError | None = None
         self._next = 0
         self._acked = -1
+        #: Where the unbroken run of this writer's chain objects known to have landed ends
+        #: (exclusive): what the next object cut records as `acked_through`.
+        self._durable = 0
         self._trim = -1
         self._anchor = 0
         self._pending: deque[_Rec] = deque()
@@ -388,6 +448,16 @@ class ObjectWal(WriteAheadLog):
 
     def _recover(self, *, read_records: bool) -> Iterator[WalRecord]:
         listing = self._list()
+        if self._must_exist and not listing.objects:
+            # Every open writes a seal, and seals are never deleted: the prefix was wiped.
+            markers = " (only trim markers)" if listing.markers else " and no trim marker"
+            check_open_node_wal(
+                self._node_id,
+                f"its WAL prefix {self._dir}/ in {self._raw_store.describe()} holds no WAL "
+                f"object{markers}: they are lost unless the objects are restored",
+                location=f"{self._dir}/",
+                accept_loss=self._accept_loss,
+            )
         trim, start = listing.trim, listing.anchor
         chain: list[_Obj] = []
         live: list[tuple[int, int]] = []
@@ -426,6 +496,7 @@ class ObjectWal(WriteAheadLog):
                     pos = step.next
                 for f in reads.values():
                     f.cancel()
+                past = [] if vanished else self._past_end(listing, end, pool)
             if vanished:
                 # A WAL object disappears only when a trim covers it: the marker says so.
                 listing = self._list()
@@ -438,6 +509,31 @@ class ObjectWal(WriteAheadLog):
                 trim, pos = max(trim, listing.trim), listing.anchor
                 chain = [o for o in chain if o.first >= pos]
                 continue
+            proof = next((p for p in past if p.proves), None)
+            if proof is not None:
+                # Confirmed on a new LIST first: a paginated LIST can miss an object that landed
+                # while it ran and still show a later one.
+                listing = self._list()
+                trim = max(trim, listing.trim)
+                if listing.anchor > end:  # trimmed meanwhile: read on from the new anchor
+                    pos = listing.anchor
+                    chain = [o for o in chain if o.first >= pos]
+                    continue
+                if end in listing.objects:  # the chain grew meanwhile: read on
+                    continue
+                resume = self._lost(end, proof, listing)
+                if resume is not None:
+                    pos = resume
+                    continue
+            elif past:
+                _log.info(
+                    "%s: the chain ends at position %d; %d WAL object(s) past it are a "
+                    "crash's torn tail (never acknowledged), skipped: %s",
+                    self.describe(),
+                    end,
+                    len(past),
+                    ", ".join(p.key for p in past),
+                )
             if self._claim(end, KIND_SEAL):
                 self._become_ready(listing, chain, end, trim, live, last_record)
                 return
@@ -447,6 +543,68 @@ class ObjectWal(WriteAheadLog):
         raise UnavailableError(
             f"{self.describe()}: could not seal the WAL: another writer kept extending it"
         )
+
+    def _past_end(self, listing: _Listing, end: int, pool: ThreadPoolExecutor) -> list[_PastEnd]:
+        """The objects `listing` shows past the chain end `end`, in position order, each with
+        what its header proves (headers read in parallel: normally a torn tail of fewer than
+        `max_inflight_puts` objects). Objects of an older, fenced writer never show here:
+        they lie below the jump of the seal that fenced it, and the chain goes on past it."""
+        found = sorted((first, entry) for first, entry in listing.objects.items() if first > end)
+        proofs = [pool.submit(self._proof_of_landing, key, size, end) for _, (key, size) in found]
+        return [
+            _PastEnd(first, key, proof.result())
+            for (first, (key, _)), proof in zip(found, proofs, strict=True)
+        ]
+
+    def _proof_of_landing(self, key: str, size: int, end: int) -> str:
+        """Why object `key` (listed with `size`), past the chain end `end`, proves that the
+        chain object at `end` had landed; "" if it does not (a torn tail)."""
+        try:
+            head = self._store.get(key, 0, HEADER.size)
+        except ObjectNotFoundError:
+            return ""  # deleted since the LIST: nothing to go by
+        try:
+            header = decode_object_header(head, node_id=self._node_id, key=key, size=size)
+            if (header.kind == KIND_SEAL) != (size == HEADER.size):
+                raise CorruptionError(f"WAL object {key!r}: its kind does not match its size")
+        except CorruptionError as exc:
+            # Objects land whole: a crash never leaves one unreadable, so this is damage too.
+            return f"it is damaged too, so nothing says the tail was never acknowledged: {exc}"
+        if header.kind == KIND_SEAL:
+            # Seals are written at the end of a walked chain, so the chain once went on past
+            # `end`; a seal is never deleted, and a data object only below a trim's anchor.
+            return f"it is a seal of epoch {header.epoch}: its owner walked the chain past {end}"
+        if header.acked_through is not None and header.acked_through > end:
+            return (
+                f"when its writer (epoch {header.epoch}) cut it, every chain object below "
+                f"position {header.acked_through} had landed"
+            )
+        return ""
+
+    def _lost(self, end: int, proof: _PastEnd, listing: _Listing) -> int | None:
+        """The chain object at `end` is missing though `proof` shows it had landed: raise
+        `CorruptionError`, or with `accept_loss` warn and say where recovery goes on: at the
+        first seal past it, where later owners' chain goes on (sealing at `end` instead could
+        make this owner's positions run into theirs), or None, the chain ending at `end`."""
+        key = self.object_key(end)
+        check_wal_loss(
+            f"{self.describe()}: WAL object {key!r} (position {end}) is missing, but "
+            f"{proof.key!r} past it shows that it had landed ({proof.proof}): acknowledged "
+            f"records from position {end} on cannot be recovered unless it is restored",
+            location=key,
+            accept_loss=self._accept_loss,
+        )
+        seals = [f for f, (_, size) in listing.objects.items() if f > end and size == HEADER.size]
+        if not seals:
+            return None
+        _log.warning(
+            "%s: recovery goes on at the seal at position %d; the WAL objects between %d and "
+            "it are dropped",
+            self.describe(),
+            min(seals),
+            end,
+        )
+        return min(seals)
 
     def _list(self) -> _Listing:
         listing = _Listing()
@@ -539,13 +697,17 @@ class ObjectWal(WriteAheadLog):
         return records
 
     def _claim(self, first: int, kind: int) -> bool:
-        """Create the chain object at `first` (a seal); False if the position is taken."""
-        return self._store.put_if_absent(self.object_key(first), self._object_bytes(first, kind))
+        """Create the chain object at `first` (a seal, whose owner walked the chain up to it);
+        False if the position is taken."""
+        blob = self._object_bytes(first, kind, acked_through=first)
+        return self._store.put_if_absent(self.object_key(first), blob)
 
-    def _object_bytes(self, first: int, kind: int, body: bytes = b"", records: int = 0) -> bytes:
+    def _object_bytes(
+        self, first: int, kind: int, body: bytes = b"", records: int = 0, *, acked_through: int
+    ) -> bytes:
         nxt = first + SESSION_GAP if kind == KIND_SEAL else first + len(body)
-        header = _encode_header(WalObjectHeader(kind, self._epoch, first, nxt, records), self._seed)
-        return header + body
+        header = WalObjectHeader(kind, self._epoch, first, nxt, records, acked_through)
+        return _encode_header(header, self._seed) + body
 
     def _become_ready(
         self,
@@ -571,7 +733,7 @@ class ObjectWal(WriteAheadLog):
             self._acked = max(last_record, trim)
             self._live = deque(live)
             self._live_bytes = sum(size for _, size in live)
-            self._next = end + SESSION_GAP
+            self._next = self._durable = end + SESSION_GAP
             self._start_workers()
 
     def _start_workers(self) -> None:
@@ -714,7 +876,14 @@ class ObjectWal(WriteAheadLog):
         obj = _Obj(first, first + total, self.object_key(first), records[-1].position, False)
         self._objects.append(obj)
         size_class = bisect.bisect(_HEDGE_CLASS_BYTES, HEADER.size + total)
-        batch = _Batch(obj, records, attempts=1, running=1, size_class=size_class)
+        batch = _Batch(
+            obj,
+            records,
+            attempts=1,
+            running=1,
+            size_class=size_class,
+            acked_through=self._durable,
+        )
         if self._hedge_pool is not None:
             batch.hedge_due = self._last_cut + self._hedge_delays_s[size_class]
         self._queue.append(batch)
@@ -764,7 +933,13 @@ class ObjectWal(WriteAheadLog):
         parts: list[bytes] = []
         for r in batch.records:
             parts += (r.header, r.data, _ZEROS[: r.size - FRAME_HEADER.size - len(r.data)])
-        return self._object_bytes(batch.obj.first, KIND_DATA, b"".join(parts), len(batch.records))
+        return self._object_bytes(
+            batch.obj.first,
+            KIND_DATA,
+            b"".join(parts),
+            len(batch.records),
+            acked_through=batch.acked_through,
+        )
 
     def _holds(self, key: str, blob: bytes) -> bool:
         """Whether `key` holds exactly `blob`: an object of another writer (a taker's seal)
@@ -844,6 +1019,7 @@ class ObjectWal(WriteAheadLog):
                     else:
                         batch.obj.landed = True
                         self._acked = batch.obj.last
+                        self._durable = batch.obj.next
                     self._cond.notify_all()
                 for r in batch.records:
                     if error is None:
@@ -970,7 +1146,7 @@ class ObjectWal(WriteAheadLog):
                 self._stale += [(first, key) for key, first in listed.items()]
                 seal = _Obj(end, end + SESSION_GAP, self.object_key(end), -1, True)
                 self._objects = deque([seal])
-                self._next = end + SESSION_GAP
+                self._next = self._durable = end + SESSION_GAP
                 self._acked = max(self._acked, end)
             self._trim_to(end)
             with self._cond:
@@ -1070,10 +1246,13 @@ def open_object_wal(
     object_settings: ObjectWalSettings | None = None,
     storage_options: Mapping[str, Any] | None = None,
     rng: random.Random | None = None,
+    must_exist: bool = False,
+    accept_wal_loss: bool = False,
     **_other_kinds: Any,
 ) -> WriteAheadLog:
     """Factory of ``s3://bucket/prefix/wal`` and ``object+URL`` (any object-store URL, e.g.
-    ``object+file:///var/wal``): an `ObjectWal` whose objects go under the URL.
+    ``object+file:///var/wal``): an `ObjectWal` whose objects go under the URL. `must_exist`
+    and `accept_wal_loss` are its `must_exist` and `accept_loss`.
 
     The query may override settings: ``batch_interval_ms``, ``batch_max_bytes``,
     ``max_inflight_puts``, ``max_unflushed_bytes``, ``full_wait_ms``, ``hedge_after_ms``,
@@ -1109,6 +1288,8 @@ def open_object_wal(
             rng=rng,
             on_full=on_full,
             close_store=True,
+            must_exist=must_exist,
+            accept_loss=accept_wal_loss,
         )
     except BaseException:
         with contextlib.suppress(S3StreamError):

@@ -21,7 +21,6 @@ fsspec's, by design.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -30,14 +29,21 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from .._registry import SchemeRegistry, split_scheme
 from ..clock import Clock
-from ..errors import CorruptionError, InvalidArgumentError
+from ..errors import InvalidArgumentError
 from ..settings import FileWalSettings, ObjectWalSettings
 from .base import WriteAheadLog
 from .file import FileWal
 from .holder import WalHolderLock
+from .loss import check_open_node_wal
 from .memory import MemoryWal
 
-__all__ = ["ENTRY_POINT_GROUP", "lock_file_wal", "open_wal", "parse_size", "register_wal"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "lock_file_wal",
+    "open_wal",
+    "parse_size",
+    "register_wal",
+]
 
 #: Entry-point group through which installed packages add WAL schemes.
 ENTRY_POINT_GROUP = "s3stream.wals"
@@ -58,8 +64,6 @@ _registry: SchemeRegistry[WriteAheadLog] = SchemeRegistry(
         "s3a": "s3stream.wal.object:open_object_wal",
     },
 )
-
-_log = logging.getLogger(__name__)
 
 #: Scheme prefix that opens an object-store WAL on any object-store URL (``object+file://``).
 OBJECT_PREFIX = "object+"
@@ -155,17 +159,12 @@ def _check_wal_present(path: Path, node_id: str, accept_loss: bool) -> None:
     if size > 0:
         return
     what = "missing" if size < 0 else "empty"
-    message = (
-        f"node {node_id!r} still has streams open (its last session did not close them), so "
-        f"its WAL may hold acknowledged appends not uploaded yet, but the WAL {path} is "
-        f"{what}: they are lost unless the file is restored"
+    check_open_node_wal(
+        node_id,
+        f"the WAL {path} is {what}: they are lost unless the file is restored",
+        location=str(path),
+        accept_loss=accept_loss,
     )
-    if not accept_loss:
-        raise CorruptionError(
-            message + "; open with accept_wal_loss=True to go on without them",
-            location=str(path),
-        )
-    _log.warning("%s; going on without them (accept_wal_loss=True)", message)
 
 
 def open_file_wal(
