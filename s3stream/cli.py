@@ -226,12 +226,14 @@ def _verify_wals(client: StreamReader, args: argparse.Namespace) -> int:
             print(f"wal {path} (node {check.node_id!r}): DAMAGED: {check.damage}")
     state = client.metadata.state
     for node_id in sorted(state.nodes):
-        if node_id in checked or not has_open_streams(state, node_id):
+        if node_id in checked:
             continue
-        where = default_wal_path(url, node_id)
-        if where is None:
-            print(f"wal of node {node_id!r}: not checked (not a file WAL of this store)")
+        if default_dir is None:
+            bad += _verify_object_wal(client, node_id, has_open_streams(state, node_id))
             continue
+        if not has_open_streams(state, node_id):
+            continue
+        where = default_dir.parent / f"{node_id}.wal"
         bad += 1
         print(
             f"wal of node {node_id!r}: MISSING: the node still has streams open, so its WAL "
@@ -240,6 +242,37 @@ def _verify_wals(client: StreamReader, args: argparse.Namespace) -> int:
             "if it lives elsewhere)"
         )
     return bad
+
+
+def _verify_object_wal(client: StreamReader, node_id: str, open_streams: bool) -> int:
+    """Check `node_id`'s object WAL at a remote store's default place (``wal/NODE/``),
+    read-only; 1 if it is damaged."""
+    from .opening import OBJECT_WAL_DIR
+    from .wal.object import check_object_wal
+
+    try:
+        check = check_object_wal(client.object_store, node_id, prefix=OBJECT_WAL_DIR)
+    except S3StreamError as exc:
+        print(f"wal of node {node_id!r}: FAILED: {exc}")
+        return 1
+    where = f"object WAL {check.prefix}"
+    if check.objects == 0:
+        # The node may use a file WAL on its own disk, which a store's reader cannot reach.
+        if open_streams:
+            print(
+                f"{where} (node {node_id!r}): none; the node still has streams open: if its "
+                "WAL is a file, check it with --wal"
+            )
+        return 0
+    if not check.ok:
+        print(f"{where} (node {node_id!r}): DAMAGED: {check.damage}")
+        return 1
+    torn = f", {check.torn_tail} unacknowledged object(s) past its end" if check.torn_tail else ""
+    print(
+        f"{where} (node {node_id!r}): {check.objects} objects, {check.records} records, "
+        f"{check.record_bytes} bytes OK{torn}"
+    )
+    return 0
 
 
 def _progress_bar() -> tuple[Any, Callable[[int, int, str], None] | None]:

@@ -39,6 +39,7 @@ from s3stream.wal.object import (
     KIND_DATA,
     SESSION_GAP,
     ObjectWal,
+    check_object_wal,
     decode_object_header,
 )
 from s3stream.wal.registry import open_wal
@@ -1163,12 +1164,19 @@ def test_client_on_s3_refuses_a_lost_object_wal_unless_the_loss_is_accepted(
     raw = S3ObjectStore(seaweedfs.bucket, prefix, **opts)
     data = sorted(i.key for i in raw.list("wal/n1/") if "/trim/" not in i.key and i.size > 40)
     assert len(data) == len(payloads)
+    keys = sorted((i.key, i.size) for i in raw.list(""))
+    healthy = check_object_wal(raw, "n1", prefix="wal")  # what `s3stream verify` runs
+    assert healthy.ok and healthy.records == len(payloads), healthy
     if loss == "wiped":
         raw.delete_many([i.key for i in raw.list("wal/n1/")])
         where, left = "wal/n1/", []
     else:
         raw.delete_many([data[2]])
         where, left = data[2], payloads[:2]
+        damaged = check_object_wal(raw, "n1", prefix="wal")
+        assert not damaged.ok and data[2] in str(damaged.damage), damaged
+        keys = [k for k in keys if k[0] != data[2]]
+        assert sorted((i.key, i.size) for i in raw.list("")) == keys, "the check wrote"
     raw.close()
     with pytest.raises(CorruptionError, match=where) as err:
         s3stream.open(url, node_id="n1", storage_options=opts)

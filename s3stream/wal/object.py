@@ -75,12 +75,16 @@ __all__ = [
     "OBJECT_WAL_PREFIX",
     "SESSION_GAP",
     "ObjectWal",
+    "ObjectWalCheck",
     "WalObjectHeader",
+    "check_object_wal",
     "decode_object_header",
     "open_object_wal",
 ]
 
 _log = logging.getLogger(__name__)
+#: The epoch `check_object_wal` reads with: above any writer's, so nothing reads as fenced.
+_CHECKER_EPOCH = (1 << 63) - 1
 
 #: Object header: magic, version, kind, node epoch, first position, then in version 1 the next
 #: position, in version 2 `acked_through`; record count, crc32c (seeded per node) of the 36
@@ -259,6 +263,27 @@ class _PastEnd(NamedTuple):
     @property
     def proves(self) -> bool:
         return bool(self.proof)
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectWalCheck:
+    """What `ObjectWal.check` found in one node's WAL prefix."""
+
+    prefix: str
+    node_id: str
+    #: WAL objects listed (data and seals), live records above the trim point and their bytes.
+    objects: int
+    records: int
+    record_bytes: int
+    #: Objects past the chain end that are a crash's torn tail (never acknowledged).
+    torn_tail: int
+    #: Why recovery would refuse this WAL with `CorruptionError`; None if healthy.
+    damage: str | None
+
+    @property
+    def ok(self) -> bool:
+        """No damage: recovery would return every acknowledged record."""
+        return self.damage is None
 
 
 class ObjectWal(WriteAheadLog):
@@ -542,6 +567,51 @@ class ObjectWal(WriteAheadLog):
             trim = max(trim, listing.trim)
         raise UnavailableError(
             f"{self.describe()}: could not seal the WAL: another writer kept extending it"
+        )
+
+    def check(self) -> ObjectWalCheck:
+        """Walk the chain as recovery reads it, without writing anything (no seal, no trim):
+        for ``s3stream verify``. Damage is reported in the result, not raised; an epoch check
+        is not made (a checker is no writer). One pass: a writer at work may extend the chain
+        meanwhile, which then shows as a torn tail."""
+        self._check_open()
+        listing = self._list()
+        records = record_bytes = 0
+        damage: str | None = None
+        plan, end = self._plan(listing, listing.anchor)
+        with ThreadPoolExecutor(_RECOVERY_READ_AHEAD, "s3stream-wal-check") as pool:
+            for step in plan:
+                if not self._must_read(step, listing.trim, read_records=True):
+                    continue
+                try:
+                    data = self._store.get(step.key)
+                    header = self._check_object(step, data)
+                    if not step.seal:
+                        for pos, rec in self._records(step, header, data):
+                            if pos > listing.trim:
+                                records += 1
+                                record_bytes += len(rec)
+                except ObjectNotFoundError:
+                    damage = f"WAL object {step.key!r} vanished while it was read"
+                    break
+                except CorruptionError as exc:
+                    damage = str(exc)
+                    break
+            past = self._past_end(listing, end, pool) if damage is None else []
+        proof = next((p for p in past if p.proves), None)
+        if proof is not None:
+            damage = (
+                f"WAL object {self.object_key(end)!r} (position {end}) is missing, but "
+                f"{proof.key!r} past it shows that it had landed ({proof.proof})"
+            )
+        return ObjectWalCheck(
+            prefix=f"{self._dir}/",
+            node_id=self._node_id,
+            objects=len(listing.objects),
+            records=records,
+            record_bytes=record_bytes,
+            torn_tail=len(past) if proof is None else 0,
+            damage=damage,
         )
 
     def _past_end(self, listing: _Listing, end: int, pool: ThreadPoolExecutor) -> list[_PastEnd]:
@@ -1234,6 +1304,16 @@ _QUERY_FIELDS = {
     "hedge_min_ms": "hedge_min_ms",
     "max_hedged_puts": "max_hedged_puts",
 }
+
+
+def check_object_wal(store: ObjectStore, node_id: str, *, prefix: str = "") -> ObjectWalCheck:
+    """`ObjectWal.check` of `node_id`'s WAL under `prefix` of `store`: read-only, whatever
+    epoch owns it (a checker never writes, so it cannot be fenced)."""
+    wal = ObjectWal(store, node_id=node_id, node_epoch=_CHECKER_EPOCH, prefix=prefix, retry=False)
+    try:
+        return wal.check()
+    finally:
+        wal.close()
 
 
 def open_object_wal(
