@@ -440,6 +440,7 @@ class StreamClient(Closeable):
         *,
         wal: str | WalFactory | None = None,
         storage_options: Mapping[str, Any] | None = None,
+        accept_wal_loss: bool = False,
     ) -> TakeOverReport:
         """Take over failed node `node_id`: fence it, recover its WAL, upload and commit what
         it had acknowledged, and close its streams so that they can be opened anywhere.
@@ -450,8 +451,14 @@ class StreamClient(Closeable):
         ``s3://bucket/prefix/wal``; `storage_options` as for `s3stream.open`), or a factory
         ``(node_id, node_epoch, on_full) -> WriteAheadLog``. After it returns, the old holder
         of the node can neither acknowledge (object WAL) nor commit anything.
+
+        A WAL of the node that is missing or damaged (docs/file-wal.md, docs/s3-wal.md, "What
+        recovery detects") raises `CorruptionError`; ``accept_wal_loss=True`` goes on without
+        what is lost, for a `wal` URL (the default WAL goes by the ``accept_wal_loss`` this
+        client was opened with).
         """
         check_node_id(node_id)
+        check_bool("accept_wal_loss", accept_wal_loss)
         if wal is not None and not isinstance(wal, str) and not callable(wal):
             raise InvalidArgumentError(
                 f"wal must be None, a WAL URL or a WAL factory, not {type(wal).__name__}"
@@ -462,7 +469,7 @@ class StreamClient(Closeable):
             raise InvalidArgumentError(f"a client cannot take over its own node {node_id!r}")
         factory: WalFactory
         if isinstance(wal, str):
-            factory = _wal_url_factory(wal, self._clock, storage_options)
+            factory = _wal_url_factory(wal, self._clock, storage_options, accept_wal_loss)
         elif wal is not None:
             factory = wal
         elif self._wal_factory is not None:
@@ -609,7 +616,10 @@ def _info(m: StreamMeta) -> StreamInfo:
 
 
 def _wal_url_factory(
-    url: str, clock: Clock, storage_options: Mapping[str, Any] | None
+    url: str,
+    clock: Clock,
+    storage_options: Mapping[str, Any] | None,
+    accept_wal_loss: bool = False,
 ) -> WalFactory:
     from .wal.registry import open_wal
 
@@ -621,7 +631,11 @@ def _wal_url_factory(
         take_over: bool = False,
         must_exist: bool = False,
     ) -> WriteAheadLog:
-        extra: dict[str, Any] = {"take_over": take_over, "must_exist": must_exist}
+        extra: dict[str, Any] = {
+            "take_over": take_over,
+            "must_exist": must_exist,
+            "accept_wal_loss": accept_wal_loss,
+        }
         return open_wal(
             url,
             node_id=node_id,

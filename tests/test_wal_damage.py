@@ -153,3 +153,17 @@ def test_damage_is_refused_and_verify_names_it(
     # What is still readable comes back (a truncated WAL keeps the records before the cut).
     kept = read_all(root, accept_wal_loss=True)
     assert (0 < kept < BATCHES) if kind == "truncated" else kept == 0
+
+
+def test_take_over_of_a_damaged_wal_is_refused_unless_the_loss_is_accepted(
+    crashed: Path, tmp_path: Path
+) -> None:
+    root, wal = copy_of(crashed, tmp_path)
+    flip_first_record(wal)
+    with s3stream.open(root, node_id="other") as other:
+        with pytest.raises(CorruptionError, match="accept_wal_loss"):
+            other.take_over("local", wal=wal.as_uri())
+        report = other.take_over("local", wal=wal.as_uri(), accept_wal_loss=True)
+        assert report.node_id == "local"
+        (info,) = other.list_streams()
+        assert info.end_offset == 0  # the damaged records are gone, by the caller's choice
