@@ -1156,3 +1156,70 @@ def test_parse_size() -> None:
     for bad in ("", "1.5G", "-1", "10 parsecs"):
         with pytest.raises(InvalidArgumentError):
             parse_size(bad)
+
+
+def test_a_failed_header_write_is_retryable_with_direct_io_too(
+    wal_path: Path, direct: bool
+) -> None:
+    """A header write that fails (here: one extending the window, then reset's own) fails the
+    appends retryably and `reset()` resumes once writes work again. With O_DIRECT the header
+    goes through an mmap buffer, which once turned the error into a fatal BufferError."""
+    settings = small(256 * KiB, direct_io=direct, recovery_window_bytes=4096)
+    wal = FileWal(wal_path, settings=settings)
+    recover_all(wal)
+    with failing_writes(wal):
+        fut = wal.append(b"x" * 5000)  # crosses the 4 KiB window: a header write comes first
+        with pytest.raises(UnavailableError) as info:
+            fut.result(timeout=30)
+        assert info.value.retryable
+        with pytest.raises(UnavailableError):
+            wal.reset()  # its header write fails too: retryable, may be called again
+    wal.reset()
+    assert wal.append(b"y").result(timeout=30) >= 0
+    wal.close()
+
+
+def test_an_older_copy_of_a_block_is_corruption(wal_path: Path) -> None:
+    """A block put back as it was earlier (its old group mark included): the frames written
+    after that mark are found, so the records there are not taken for a torn tail."""
+    wal = FileWal(wal_path, settings=small(64 * KiB))
+    recover_all(wal)
+    first = append_all(wal, [data_for(i, 700) for i in range(3)])
+    end = first[-1].position + frame_size(700)
+    block = DATA_START + end - end % 4096
+    with open(wal_path, "rb") as f:
+        f.seek(block)
+        old = f.read(4096)
+    append_all(wal, [data_for(10 + i, 700) for i in range(8)])
+    wal._abandon()
+    with open(wal_path, "r+b") as f:
+        f.seek(block)
+        f.write(old)
+    with pytest.raises(CorruptionError, match="written after it"):
+        reopen(wal_path)
+
+
+def test_headers_rolled_back_behind_a_lap_of_the_ring_are_corruption(wal_path: Path) -> None:
+    """Both header slots put back as they were before the ring wrapped: their start now holds
+    frames of a later lap, so the header is older than the data."""
+    wal = FileWal(wal_path, settings=small(64 * KiB))
+    recover_all(wal)
+    old_headers = wal_path.read_bytes()[:DATA_START]
+    acked: list[WalRecord] = []
+    for i in range(30):  # about 1.9 laps of 4 KiB frames, trimmed as it goes
+        acked += append_all(wal, [data_for(i, 4096 - 32)])
+        if len(acked) > 4:
+            wal.trim(acked[-5].position)
+    wal._abandon()
+    with open(wal_path, "r+b") as f:
+        f.write(old_headers)
+    with pytest.raises(CorruptionError, match="later lap"):
+        reopen(wal_path)
+
+
+def test_check_of_a_preallocated_wal_without_a_header(tmp_path: Path) -> None:
+    """A creation that crashed after preallocating: not a WAL yet, not damage."""
+    path = tmp_path / "n.wal"
+    path.write_bytes(bytes(DATA_START + 64 * KiB))
+    check = check_file_wal(path)
+    assert check.ok and not check.formatted

@@ -215,6 +215,7 @@ class FileWal(WriteAheadLog):
         #: Direct I/O rewrites whole blocks: the bytes of the last partial block already on disk.
         self._tail_block = b""
         self._group_buf: mmap.mmap | None = None
+        self._header_buf: mmap.mmap | None = None
 
         self._fd = -1
         self._wfd = -1
@@ -532,8 +533,11 @@ class FileWal(WriteAheadLog):
                     os.close(fd)
         self._fd = self._wfd = -1
         if self._group_buf is not None:
-            self._group_buf.close()
+            _close_mmap(self._group_buf)
             self._group_buf = None
+        if self._header_buf is not None:
+            _close_mmap(self._header_buf)
+            self._header_buf = None
         # Last: the WAL is not in use any more only once nothing of it can write.
         self._holder.release()
 
@@ -549,12 +553,12 @@ class FileWal(WriteAheadLog):
         # Until the write returns, the slot may end up holding this image, whole or in part.
         self._failed_image = image[:_SLOT_PROBE_BYTES]
         if self._wfd != self._fd:
-            buf = mmap.mmap(-1, SLOT_BYTES)
-            try:
-                buf[:] = image
-                _pwrite_all(self._wfd, [memoryview(buf)], offset)
-            finally:
-                buf.close()
+            # O_DIRECT needs an aligned buffer: one for the WAL's life, never closed while a
+            # failed write's traceback may still hold views of it (that raised BufferError).
+            if self._header_buf is None:
+                self._header_buf = mmap.mmap(-1, SLOT_BYTES)
+            self._header_buf[:] = image
+            _pwrite_all(self._wfd, [memoryview(self._header_buf)], offset)
         else:
             _pwrite_all(self._wfd, [image], offset)
         self._header = header
@@ -610,7 +614,7 @@ class FileWal(WriteAheadLog):
     def _aligned_buffer(self, size: int) -> mmap.mmap:
         if self._group_buf is None or len(self._group_buf) < size:
             if self._group_buf is not None:
-                self._group_buf.close()
+                _close_mmap(self._group_buf)
             usual = min(align_up(self._settings.max_group_bytes), self._capacity)
             want = max(size, usual + 2 * BLOCK_BYTES)
             self._group_buf = mmap.mmap(-1, want)
@@ -1173,6 +1177,13 @@ def _pwrite_all(fd: int, parts: Sequence[bytes | memoryview], offset: int) -> No
             else:
                 views[i] = views[i][written:]
                 written = 0
+
+
+def _close_mmap(buf: mmap.mmap) -> None:
+    # A failed write's exception (kept as the WAL's failure) holds views of the buffer; it
+    # is then freed with the last of them instead.
+    with contextlib.suppress(BufferError):
+        buf.close()
 
 
 def _fsync_dir(directory: Path) -> None:

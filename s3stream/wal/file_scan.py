@@ -16,12 +16,14 @@ from ..errors import InvalidArgumentError
 from .framing import (
     DATA_START,
     FRAME_ALIGN,
+    FRAME_HEADER,
     SLOT_BYTES,
     FrameHeader,
     FrameScanner,
     HeaderSlot,
     SlotStatus,
     choose_slot,
+    decode_frame_header_anywhere,
     decode_slot,
     find_frame,
 )
@@ -117,25 +119,34 @@ def damage(
             f"the newest header is damaged: a frame of session {found[1].session} lies at "
             f"position {found[0]}, past the clean tail of session {session}"
         )
+    ahead = decode_frame_header_anywhere(read(end, FRAME_HEADER.size), 0, header.seed)
+    if ahead is not None and ahead[0] > end and (ahead[0] - end) % header.capacity == 0:
+        # A later lap wrote where the scan stopped: this header is older than the ring (both
+        # slots rolled back), and its start no longer holds what it names.
+        return (
+            f"a frame of position {ahead[0]} (a later lap of the ring) lies where position "
+            f"{end} should be: the header is older than the data (rolled back?)"
+        )
     if end < header.tail:
         return (
             f"{scanner.problem or 'the frames end'} at position {end}, below position "
             f"{header.tail}, up to which the header says every frame was durable"
         )
-    if scanner.marked:
-        return None
     if scanner.overrun is not None and scanner.overrun.session >= session:
         # Frames are written only below a window end made durable first.
         return (
             f"a frame of session {scanner.overrun.session} at position {end} runs past "
             f"the window end {bound} its header promised: a newer header is lost"
         )
-    # Past a damaged frame, or the frame at `bound` when the scan reached it.
-    first = end + FRAME_ALIGN if scanner.problem is not None else end
+    # Past a damaged frame or the newest group's mark (the group after it would have written
+    # over the mark), or the frame at `bound` when the scan reached it.
+    first = end + FRAME_ALIGN if scanner.problem is not None or scanner.marked else end
     found = found_after(first, bound + FRAME_ALIGN, session)
     if found is None:
         return None
-    what = scanner.problem or f"the window end {bound} of the header"
+    what = scanner.problem or (
+        "the newest group's mark" if scanner.marked else f"the window end {bound} of the header"
+    )
     return (
         f"{what} at position {end}, but a frame of session {found[1].session} was "
         f"written after it at position {found[0]}"
@@ -237,8 +248,9 @@ def check_file_wal(path: str | Path) -> FileWalCheck:
 def _unreadable(
     path: Path, size: int, slots: list[tuple[SlotStatus, HeaderSlot | None]]
 ) -> FileWalCheck:
-    if size == 0:
-        # Not a WAL yet (an opening formats it); damage only if its node needed one.
+    if size == 0 or all(status is SlotStatus.EMPTY for status, _ in slots):
+        # Not a WAL yet: empty, or preallocated by a creation that crashed before its first
+        # header (an opening formats it); damage only if its node needed one.
         return _damaged(path, None, None, formatted=False)
     if size < DATA_START:
         return _damaged(path, None, f"truncated to {size} bytes: its header slots are cut off")

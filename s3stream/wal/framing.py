@@ -68,6 +68,7 @@ __all__ = [
     "body_crc",
     "choose_slot",
     "decode_frame_header",
+    "decode_frame_header_anywhere",
     "decode_slot",
     "encode_frame_header",
     "encode_group_mark",
@@ -163,17 +164,28 @@ def decode_frame_header(
     own position equals the position the reader expects there (a frame left from an earlier lap
     of the ring carries a smaller position).
     """
+    found = decode_frame_header_anywhere(buf, offset, seed)
+    if found is None or found[0] != expected_position:
+        return None
+    return found[1]
+
+
+def decode_frame_header_anywhere(
+    buf: bytes | memoryview, offset: int, seed: int
+) -> tuple[int, FrameHeader] | None:
+    """The position a valid frame header at `buf[offset:]` says it has, and the header, or
+    None; whether that position belongs there is the caller's question."""
     view = memoryview(buf)[offset : offset + FRAME_HEADER.size]
     if len(view) < FRAME_HEADER.size:
         return None
     magic, kind, flags, length, crc, position, session, header_crc = FRAME_HEADER.unpack(view)
     if magic != FRAME_MAGIC or kind not in (KIND_RECORD, KIND_MARK) or flags != 0:
         return None
-    if crc32c.crc32c(view[:28], seed) != header_crc or position != expected_position:
+    if crc32c.crc32c(view[:28], seed) != header_crc:
         return None
     if kind == KIND_MARK and (length or crc):
         return None
-    return FrameHeader(length, crc, session, kind)
+    return position, FrameHeader(length, crc, session, kind)
 
 
 class SlotStatus(Enum):
