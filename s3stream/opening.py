@@ -40,7 +40,9 @@ def default_wal_path(url: str, node_id: str) -> Path | None:
     return Path(rest).resolve() / OBJECT_WAL_DIR / f"{node_id}.wal"
 
 
-def default_wal_url(url: str, node_id: str) -> str | None:
+def default_wal_url(
+    url: str, node_id: str, *, capacity: str | None = DEFAULT_LOCAL_WAL_CAPACITY
+) -> str | None:
     """The WAL a client uses when none is given: a file WAL inside a local directory,
     memory for ``memory://``, and for a remote store the object WAL under ``wal/`` of the
     same store (durable and shared, so another client can take the node over; appends wait
@@ -52,7 +54,8 @@ def default_wal_url(url: str, node_id: str) -> str | None:
     if path is not None:
         # as_uri() percent-encodes the path, so the WAL URL names exactly this file for any
         # directory name (``%``, ``?``, ``#``, newlines, tabs, ``..``-lookalikes included).
-        return f"{path.as_uri()}?capacity={DEFAULT_LOCAL_WAL_CAPACITY}"
+        # A capacity in the URL would override `file_wal_settings`: None leaves it to them.
+        return path.as_uri() + (f"?capacity={capacity}" if capacity is not None else "")
     base = url.split("?", 1)[0].rstrip("/")
     if scheme in ("s3", "s3a"):
         return f"{base}/{OBJECT_WAL_DIR}"
@@ -236,8 +239,10 @@ def open(
         if wal is None:
             # The default file WAL of each node inside the directory (so that `take_over`
             # finds another node's beside this one's).
+            capacity = None if file_wal_settings is not None else DEFAULT_LOCAL_WAL_CAPACITY
+
             def target(node: str) -> str:
-                return default_wal_url(str(url), node) or ""
+                return default_wal_url(str(url), node, capacity=capacity) or ""
         else:
             target = wal
         # A file WAL of this node that a live process holds must fail the open here, before

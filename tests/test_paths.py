@@ -263,3 +263,15 @@ def test_the_local_object_store_keeps_every_key_inside_its_root(
             store.delete_many([key])
             assert not (root / key).exists()
         assert _outside(top, root) == before
+
+
+def test_file_wal_settings_size_the_default_wal(tmp_path: Path) -> None:
+    """`file_wal_settings` sizes a local store's default WAL (a capacity in its URL used to
+    win, so every store got 256 MiB whatever the settings said)."""
+    settings = s3stream.FileWalSettings(capacity_bytes=1 << 20)
+    with s3stream.open(tmp_path / "small", file_wal_settings=settings):
+        pass
+    assert (tmp_path / "small" / "wal" / "local.wal").stat().st_size == 8192 + (1 << 20)
+    with s3stream.open(tmp_path / "default"):
+        pass
+    assert (tmp_path / "default" / "wal" / "local.wal").stat().st_size == 8192 + (256 << 20)
