@@ -1,24 +1,41 @@
 # One command each, from a fresh clone (Python 3.11 and Java 17 on the machine):
-#   make demo   install into .venv and run the demo on a local directory
-#   make test   install into .venv and run ruff, mypy (strict on s3stream/) and the whole suite
+#   make demo   install the library alone into .venv and run the demo on a local directory
+#   make test   install the dev extra into .venv and run ruff, mypy (strict on s3stream/) and
+#               the whole suite
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-stamp
-DEMO_DIR ?= $(CURDIR)/demo-data
+DEMO_DEFAULT := $(CURDIR)/demo-data
+DEMO_DIR ?= $(DEMO_DEFAULT)
 
-.PHONY: install demo test test-core test-long lint bench clean
+.PHONY: install install-lib demo test test-core test-long lint bench clean
 
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
+
+# One stamp per install, redone when pyproject.toml changes: the demo needs the library only,
+# the tests the dev extra (Spark, S3 servers, linters), the benchmarks also the bench extra.
+$(VENV)/.installed-lib: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -e .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -e '.[dev]'
+	touch $@
+
+$(VENV)/.installed-bench: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -e '.[dev,bench]'
-	touch $(STAMP)
+	touch $@
 
-install: $(STAMP)
+install-lib: $(VENV)/.installed-lib
 
-demo: install
-	rm -rf $(DEMO_DIR)
+install: $(VENV)/.installed-dev
+
+# The default directory is the demo's own, made afresh by each run (and ignored by git); one
+# named with DEMO_DIR=... is never deleted (the demo refuses it unless it is empty).
+demo: install-lib
+	$(if $(filter $(DEMO_DEFAULT),$(DEMO_DIR)),rm -rf $(DEMO_DEFAULT))
 	$(BIN)/s3stream demo $(DEMO_DIR)
 
 lint: install
@@ -35,8 +52,8 @@ test-core: lint
 test-long: install
 	S3STREAM_HYPOTHESIS_PROFILE=s3stream-long $(BIN)/python -m pytest -q -ra
 
-bench: install
+bench: $(VENV)/.installed-bench
 	$(BIN)/python bench/foundation_bench.py
 
 clean:
-	rm -rf $(VENV) $(DEMO_DIR) build *.egg-info .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(DEMO_DEFAULT) build *.egg-info .mypy_cache .ruff_cache

@@ -1,7 +1,9 @@
 """Write order events with s3stream, then aggregate them with Spark.
 
-Run: ``.venv/bin/python examples/spark_etl.py [--dir /tmp/s3stream-etl] [--orders 200000]``
-(needs Java 17 and ``pip install 's3stream[spark]'``).
+Run: ``.venv/bin/python examples/spark_etl.py [--dir DIR] [--orders 200000]`` from any
+directory (needs Java 17 and ``pip install 's3stream[spark]'``). The store goes to a new
+temporary directory, removed at the end; ``--dir DIR`` keeps it in DIR instead, which must not
+exist yet (the example creates it, and never deletes a directory it did not create).
 
 1. An application appends JSON order events as records (key = customer id) to one stream per
    region, tagged ``topic=orders`` and ``partition=<n>``, and flushes: Spark only sees what is
@@ -15,14 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import shutil
 import sys
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 
 import s3stream
+import s3stream.spark  # before the SparkSession: Spark's Python workers then run this Python
 from s3stream import Record
 
 REGIONS = ["eu", "us", "apac"]
@@ -71,20 +73,28 @@ def write_orders(url: str, orders: int, seed: int) -> dict[tuple[str, str], floa
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--dir", default="/tmp/s3stream-etl")
+    ap.add_argument("--dir", help="keep the store in this new directory (must not exist)")
     ap.add_argument("--orders", type=int, default=200_000)
     args = ap.parse_args()
+    if args.dir is None:
+        with tempfile.TemporaryDirectory(prefix="s3stream-etl-") as tmp:
+            run(Path(tmp) / "store", args.orders)
+        return
     root = Path(args.dir)
-    if root.exists():
-        shutil.rmtree(root)
-    expected = write_orders(str(root), args.orders, seed=7)
+    if root.exists() or root.is_symlink():
+        sys.exit(f"{root} exists: give --dir a path that does not exist yet")
+    run(root, args.orders)
+    print(f"the store is in {root}")
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+def run(root: Path, orders_count: int) -> None:
+    """Write `orders_count` orders to a new store at `root`, aggregate them with Spark and
+    check the result against the library's own read-back."""
+    expected = write_orders(str(root), orders_count, seed=7)
+
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
     from pyspark.sql.types import DoubleType, StringType, StructField, StructType
-
-    from s3stream.spark import S3StreamDataSource
 
     spark = (
         SparkSession.builder.master("local[2]")
@@ -93,7 +103,6 @@ def main() -> None:
         .getOrCreate()
     )
     try:
-        spark.dataSource.register(S3StreamDataSource)
         event = StructType(
             [
                 StructField("product", StringType()),
@@ -122,7 +131,7 @@ def main() -> None:
         assert got.keys() == expected.keys()
         for k, v in expected.items():
             assert abs(got[k] - v) < 0.01, (k, got[k], v)
-        print(f"{args.orders} orders: Spark's revenue per region and product matches read_records")
+        print(f"{orders_count} orders: Spark's revenue per region and product matches read_records")
     finally:
         spark.stop()
 

@@ -8,6 +8,8 @@ Third parties plug in through an entry-point group, or at run time with `registe
 from __future__ import annotations
 
 import importlib
+import os
+import re
 import threading
 from collections.abc import Callable
 from importlib.metadata import entry_points
@@ -19,15 +21,47 @@ __all__ = ["SchemeRegistry", "split_scheme"]
 
 T = TypeVar("T")
 
+#: A plain path starting like a URL whose ``//`` is missing (``s3:/bucket``, ``memory:``).
+#: One letter is a Windows drive (``C:\data``), not a scheme.
+_SCHEME_WITHOUT_SLASHES = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):")
+
 
 def split_scheme(url: str) -> tuple[str, str]:
-    """Split ``"scheme://rest"`` into ``("scheme", "rest")``; a plain path has scheme ``"file"``."""
+    """Split ``"scheme://rest"`` into ``("scheme", "rest")``; a plain path has scheme ``"file"``.
+
+    A local path (plain or ``file://``) starting with ``~`` is expanded to the home
+    directory here, so that everything derived from the URL (the objects' directory, the
+    default WAL inside it) agrees on where it is. A plain path that starts like a URL with
+    its ``//`` missing (``s3:/bucket``, ``memory:``) is an `InvalidArgumentError` naming the
+    URL meant, not a directory of that name (``./s3:/bucket`` is one, if wanted).
+    """
     if not isinstance(url, str) or not url:
         raise InvalidArgumentError(f"a URL must be a non-empty str, got {url!r}")
     if "://" in url:
         scheme, rest = url.split("://", 1)
-        return scheme.lower(), rest
-    return "file", url
+        scheme = scheme.lower()
+        return scheme, _expand_home(rest, url) if scheme == "file" else rest
+    typo = _SCHEME_WITHOUT_SLASHES.match(url)
+    if typo is not None:
+        scheme = typo.group(1).lower()
+        path = url[typo.end() :].lstrip("/")
+        meant = f"file:///{path}" if scheme == "file" else f"{scheme}://{path}"
+        raise InvalidArgumentError(
+            f"{url!r} looks like a URL without the '//' after '{typo.group(1)}:' (did you "
+            f"mean {meant!r}?); for a local directory of that name write './{url}'"
+        )
+    return "file", _expand_home(url, url)
+
+
+def _expand_home(path: str, url: str) -> str:
+    """`path` with a leading ``~`` or ``~user`` replaced by that home directory."""
+    if not path.startswith("~"):
+        return path
+    expanded = os.path.expanduser(path)
+    if expanded.startswith("~"):
+        user = path[1:].split("/", 1)[0]
+        raise InvalidArgumentError(f"cannot expand {url!r}: no home directory for user {user!r}")
+    return expanded
 
 
 class SchemeRegistry(Generic[T]):

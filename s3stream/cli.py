@@ -1,26 +1,278 @@
 """The ``s3stream`` command: demo, inspect, dump, verify, compact, take-over.
 
-Each subcommand is one small function.
+Each subcommand is one small function returning its exit status. `main` turns what goes
+wrong into one line on stderr and a status (docs/cli.md): 2 for a mistake in the command
+line, 1 for a failure (a store out of reach, damage found), 130 for Ctrl-C; a reader that
+goes away (``| head``) ends the command quietly.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import json
+import os
+import re
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
+from contextlib import contextmanager, redirect_stdout, suppress
+from dataclasses import asdict
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from . import open as open_client
-from .errors import CorruptionError, S3StreamError
-from .reader import StreamReader, open_reader
-from .types import AppendResult, RecordBatch
+from ._registry import split_scheme
+from .client import StreamClient
+from .errors import CorruptionError, InvalidArgumentError, S3StreamError, StreamNotFoundError
+from .metadata import ObjectMeta
+from .reader import StreamReader, _require_existing_directory, open_reader
+from .settings import ClientSettings, CompactionSettings
+from .types import AppendResult, RecordBatch, StreamState
 
 __all__ = ["main"]
+
+#: Exit statuses (docs/cli.md); the last two as a shell reports a command killed by SIGINT
+#: or SIGPIPE (128 + the signal's number).
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 0, 1, 2, 130, 141
+
+#: The store URL of a command given none.
+ENV_URL = "S3STREAM_URL"
+#: Options of ``s3://`` and ``s3a://`` stores taken from the environment when no ``-o`` sets
+#: them, the first variable set winning. boto3 reads the other AWS_* variables (credentials,
+#: profile, config files) itself. The endpoint is passed on rather than left to boto3 so
+#: that the store knows it talks to an S3-compatible service (path-style addressing); the
+#: region too, as the store would otherwise pick us-east-1 for such an endpoint.
+ENV_OPTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("endpoint_url", ("S3STREAM_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")),
+    ("region_name", ("S3STREAM_REGION", "AWS_REGION", "AWS_DEFAULT_REGION")),
+)
+#: ``-o`` options whose values stay text even when they look like a number or a boolean.
+_TEXT_OPTIONS = frozenset(
+    {
+        "endpoint_url", "endpoint", "region_name", "region", "profile_name", "profile",
+        "aws_access_key_id", "aws_secret_access_key", "aws_session_token", "key", "secret",
+        "token", "addressing_style",
+    }
+)  # fmt: skip
+_INT = re.compile(r"[+-]?[0-9]+")
+_FLOAT = re.compile(r"[+-]?([0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)([eE][+-]?[0-9]+)?")
+_TRUE, _FALSE = frozenset({"true", "yes", "on"}), frozenset({"false", "no", "off"})
+
+
+def _option_value(key: str, text: str) -> Any:
+    """A ``-o`` value as the store's option wants it: a bool, an int, a float or text."""
+    if key in _TEXT_OPTIONS:
+        return text
+    if text.lower() in _TRUE:
+        return True
+    if text.lower() in _FALSE:
+        return False
+    if _INT.fullmatch(text):
+        return int(text)
+    if _FLOAT.fullmatch(text):
+        return float(text)
+    return text
+
+
+def _storage_options(args: argparse.Namespace, url: str) -> dict[str, Any]:
+    """The store options of a command: the environment's (`ENV_OPTIONS`), then ``-o``."""
+    options: dict[str, Any] = {}
+    if split_scheme(url)[0] in ("s3", "s3a"):
+        for key, names in ENV_OPTIONS:
+            value = next((os.environ[n] for n in names if os.environ.get(n)), None)
+            if value is not None:
+                options[key] = value
+    for item in args.storage_option:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise InvalidArgumentError(f"-o needs KEY=VALUE, got {item!r}")
+        options[key] = _option_value(key, value)
+    return options
+
+
+def _settings(args: argparse.Namespace, **fields: Any) -> ClientSettings:
+    """Client settings with `fields` and the command's ``--store-timeout``."""
+    if args.store_timeout is not None:
+        fields["store_timeout_ms"] = max(1, round(args.store_timeout * 1000))
+    return ClientSettings(**fields)
+
+
+def _store_url(args: argparse.Namespace) -> str:
+    """The store URL given, or the environment's; a typo (``s3:/bucket``) is reported here,
+    before anything is opened."""
+    url: str = args.url or os.environ.get(ENV_URL, "")
+    if not url:
+        # Said in full: with the URL left out, argparse gave the next word to the argument
+        # after it (`take-over ./store` reads as the node ./store of no store).
+        raise InvalidArgumentError(f"no store URL: write '{args.synopsis}', or set {ENV_URL}")
+    split_scheme(url)
+    return url
+
+
+# ---------------------------------------------------------------------------------------------
+# Output: progress bars, tables, sizes
+
+
+class _Progress:
+    """A bar on stderr, drawn by tqdm when it is installed, stderr is a terminal and
+    ``--no-progress`` is not given; otherwise nothing is drawn (tqdm is optional)."""
+
+    def __init__(self, bar: Any = None) -> None:
+        self._bar = bar
+
+    @classmethod
+    def start(
+        cls, args: argparse.Namespace, what: str, total: int | None, unit: str = "B"
+    ) -> _Progress:
+        if getattr(args, "no_progress", False) or not sys.stderr.isatty():
+            return cls()
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            return cls()
+        binary = unit == "B"
+        return cls(
+            tqdm(
+                total=total,
+                desc=what,
+                unit=unit,
+                unit_scale=binary,
+                unit_divisor=1024 if binary else 1000,
+                leave=False,
+                dynamic_ncols=True,
+                file=sys.stderr,
+            )
+        )
+
+    @property
+    def active(self) -> bool:
+        return self._bar is not None
+
+    def add(self, n: int) -> None:
+        """`n` more done (drawn at most ten times a second)."""
+        if self._bar is not None:
+            self._bar.update(n)
+
+    def set(self, done: int, total: int | None = None, what: str | None = None) -> None:
+        """`done` of `total` (unchanged if None) done, drawn now."""
+        bar = self._bar
+        if bar is None:
+            return
+        if what is not None and what != bar.desc:
+            bar.set_description(what, refresh=False)
+        if total is not None:
+            bar.total = total
+        bar.n = done
+        bar.refresh()
+
+    def progress(self, done: int, total: int, what: str) -> None:
+        """The compactor's `Progress` callback."""
+        if total:  # a phase with nothing to do leaves the last one's bar standing
+            self.set(done, total, what)
+
+    def write(self, line: str) -> None:
+        """Print `line` to stdout without tearing the bar."""
+        if self._bar is None:
+            print(line)
+        else:
+            self._bar.write(line, file=sys.stdout)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+@contextmanager
+def _watching(bar: _Progress, moved: Callable[[], int], total: int | None = None) -> Iterator[None]:
+    """Move `bar` by `moved()` (bytes so far), polled from a thread while the block runs:
+    for work inside one library call that reports no progress of its own."""
+    if not bar.active:
+        yield
+        return
+    stop = threading.Event()
+    start = moved()
+
+    def poll() -> None:
+        while not stop.wait(0.2):
+            try:
+                bar.set(moved() - start, total)
+            except Exception:  # a bar is not worth a traceback from a thread; stop moving it
+                return
+
+    thread = threading.Thread(target=poll, name="s3stream-cli-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _store_traffic(client: StreamClient) -> Callable[[], int]:
+    """Bytes a client's object store has read and written so far."""
+
+    def moved() -> int:
+        m = client.metrics.object_store
+        return int(m.get_bytes + m.put_bytes + m.conditional_put_bytes)
+
+    return moved
+
+
+def _size(n: int | None) -> str:
+    """Bytes for people: 512 B, 1.5 KiB, 3.2 GiB; "?" when unknown."""
+    if n is None:
+        return "?"
+    if n < 1024:
+        return f"{n} B"
+    units = ("KiB", "MiB", "GiB", "TiB", "PiB")
+    value, i = n / 1024, 0
+    while value >= 1024 and i < len(units) - 1:
+        value, i = value / 1024, i + 1
+    return f"{value:.1f} {units[i]}"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[object]], right: Iterable[int]) -> None:
+    """Print `rows` in columns under `header`; the columns numbered in `right` (numbers,
+    sizes) aligned to the right."""
+    cells = [list(header), *([str(c) for c in row] for row in rows)]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(header))]
+    right = set(right)
+    for line in cells:
+        padded = (
+            c.rjust(w) if i in right else c.ljust(w)
+            for i, (c, w) in enumerate(zip(line, widths, strict=True))
+        )
+        print("  ".join(padded).rstrip())
+
+
+def _count(n: int, thing: str) -> str:
+    """``1 stream``, ``2 streams``, ``1,000 batches``."""
+    if n == 1:
+        return f"1 {thing}"
+    return f"{n:,} {thing}{'es' if thing.endswith(('s', 'ch')) else 's'}"
+
+
+def _rate(amount: float, seconds: float) -> float:
+    # A fast machine can finish a phase within the clock's resolution.
+    return amount / max(seconds, 1e-9)
+
+
+def _utc(ms: int) -> str:
+    try:
+        return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    except (OverflowError, OSError, ValueError):
+        return str(ms)  # not a time a calendar can show: the raw milliseconds
+
+
+# ---------------------------------------------------------------------------------------------
+# Commands
 
 
 def _payload(stream_index: int, seq: int, size: int) -> bytes:
@@ -29,83 +281,155 @@ def _payload(stream_index: int, seq: int, size: int) -> bytes:
     return (seed * (size // len(seed) + 1))[:size]
 
 
-def _demo(args: argparse.Namespace) -> int:
-    root = Path(args.dir)
-    if root.exists() and any(root.iterdir()) and not args.reuse:
-        print(f"{root} is not empty; pass --reuse to add to it, or choose another directory")
-        return 2
-    n_streams, n_batches, size = args.streams, args.batches, args.batch_bytes
-    print(f"s3stream demo: {n_streams} streams, {n_batches} batches of {size} B, in {root}")
-    t0 = time.perf_counter()
-    with open_client(str(root)) as client:
-        streams = [
-            client.create_stream(tags={"topic": "demo", "partition": str(i)})
-            for i in range(n_streams)
-        ]
-        window: list[Future[AppendResult]] = []
-        for seq in range(n_batches):
-            i = seq % n_streams
-            batch = RecordBatch(
-                _payload(i, seq, size), count=1 + seq % 5, properties={"seq": str(seq)}
-            )
-            window.append(streams[i].append_async(batch))
-            if len(window) >= 256:
-                for f in window:
-                    f.result()
-                window.clear()
-        for f in window:
-            f.result()
-        t_append = time.perf_counter() - t0
-        ids = [s.stream_id for s in streams]
-        records = sum(s.confirm_offset for s in streams)
-        print(
-            f"  appended {n_batches} batches ({records} records, {n_batches * size / 1e6:.1f} MB)"
-            f" durably in {t_append:.2f} s: {n_batches / t_append:,.0f} batches/s, "
-            f"{n_batches * size / 1e6 / t_append:.1f} MB/s"
+def _check_demo_target(
+    url: str, reuse: bool, options: dict[str, Any], settings: ClientSettings
+) -> None:
+    """The demo's store must outlive its first client and start empty unless `reuse`."""
+    scheme, path = split_scheme(url)
+    if scheme == "memory":
+        raise InvalidArgumentError(
+            "the demo reopens its store with a second client, and a memory:// store lives "
+            "only as long as one: give a directory or a durable URL"
         )
-        t1 = time.perf_counter()
-    t_close = time.perf_counter() - t1
-    m = client.metrics
-    print(
-        f"  closed (uploaded everything) in {t_close:.2f} s: {m.storage.objects_uploaded} objects,"
-        f" {m.object_store.puts} PUTs"
-    )
-    t2 = time.perf_counter()
-    with open_client(str(root)) as reader:
-        seen = 0
-        for i, sid in enumerate(ids):
-            stream = reader.open_stream(sid)
-            offset, k = stream.start_offset, 0
-            while offset < stream.confirm_offset:
-                res = stream.fetch(offset, max_bytes=4 << 20)
-                for b in res.batches:
-                    seq = int(b.properties["seq"])
-                    if seq % n_streams != i or b.payload != _payload(i, seq, size):
-                        print(f"  MISMATCH in stream {sid} at offset {b.base_offset}")
-                        return 1
-                    k += 1
-                offset = res.next_offset
-            seen += k
-    t_read = time.perf_counter() - t2
+    if scheme == "file":
+        root = Path(path)
+        if root.exists() and not root.is_dir():
+            raise InvalidArgumentError(f"{url!r} is not a directory")
+        if not reuse and root.is_dir() and any(root.iterdir()):
+            raise InvalidArgumentError(
+                f"{url!r} is not empty: pass --reuse to add to it, or choose another directory"
+            )
+    elif not reuse:
+        with open_reader(url, storage_options=options or None, settings=settings) as reader:
+            if reader.list_streams():
+                raise InvalidArgumentError(
+                    f"{url!r} holds streams already: pass --reuse to add to them, or choose "
+                    "another URL"
+                )
+
+
+def _demo(args: argparse.Namespace) -> int:
+    url = args.dir
+    options = _storage_options(args, url)
+    settings = _settings(args)
+    _check_demo_target(url, args.reuse, options, settings)
+    n_streams, n_batches, size = args.streams, args.batches, args.batch_bytes
+    total, mb = n_batches * size, n_batches * size / 1e6
+    _say(f"s3stream demo: {n_streams} streams, {n_batches:,} batches of {size:,} B, in {url}")
+    bar = _Progress.start(args, "appending", total)
+    try:
+        t0 = time.perf_counter()
+        with open_client(url, storage_options=options or None, settings=settings) as client:
+            streams = [
+                client.create_stream(tags={"topic": "demo", "partition": str(i)})
+                for i in range(n_streams)
+            ]
+            window: list[Future[AppendResult]] = []
+            for seq in range(n_batches):
+                i = seq % n_streams
+                batch = RecordBatch(
+                    _payload(i, seq, size), count=1 + seq % 5, properties={"seq": str(seq)}
+                )
+                window.append(streams[i].append_async(batch))
+                if len(window) >= 256 or seq == n_batches - 1:
+                    for f in window:
+                        f.result()
+                    bar.add(len(window) * size)
+                    window.clear()
+            t_append = time.perf_counter() - t0
+            ids = [s.stream_id for s in streams]
+            records = sum(s.confirm_offset for s in streams)
+            _say(
+                f"  appended {n_batches:,} batches ({records:,} records, {mb:.1f} MB) durably "
+                f"in {t_append:.2f} s: {_rate(n_batches, t_append):,.0f} batches/s, "
+                f"{_rate(mb, t_append):.1f} MB/s"
+            )
+            bar.set(0, total, "uploading")
+            t1 = time.perf_counter()
+            with _watching(bar, _store_traffic(client), total):
+                client.close()
+        t_close = time.perf_counter() - t1
+        m = client.metrics
+        _say(
+            f"  closed (uploaded everything) in {t_close:.2f} s: "
+            f"{m.storage.objects_uploaded} objects, {m.object_store.puts} PUTs"
+        )
+        bar.set(0, total, "reading back")
+        t2 = time.perf_counter()
+        with open_client(url, storage_options=options or None, settings=settings) as reader:
+            seen = 0
+            for i, sid in enumerate(ids):
+                stream = reader.open_stream(sid)
+                offset = stream.start_offset
+                while offset < stream.confirm_offset:
+                    res = stream.fetch(offset, max_bytes=4 << 20)
+                    for b in res.batches:
+                        seq = int(b.properties["seq"])
+                        if seq % n_streams != i or b.payload != _payload(i, seq, size):
+                            _say(f"  MISMATCH in stream {sid} at offset {b.base_offset}")
+                            return EXIT_FAILED
+                        seen += 1
+                        bar.add(b.size)
+                    offset = res.next_offset
+        t_read = time.perf_counter() - t2
+    finally:
+        bar.close()
     if seen != n_batches:
-        print(f"  read back {seen} batches, expected {n_batches}")
-        return 1
-    print(
-        f"  reopened a new client and read back all {seen} batches byte-identical in "
-        f"{t_read:.2f} s: {n_batches * size / 1e6 / t_read:.1f} MB/s"
+        _say(f"  read back {seen:,} batches, expected {n_batches:,}")
+        return EXIT_FAILED
+    _say(
+        f"  reopened a new client and read back all {seen:,} batches byte-identical in "
+        f"{t_read:.2f} s: {_rate(mb, t_read):.1f} MB/s"
     )
-    print("demo OK")
-    return 0
+    _say("demo OK")
+    return EXIT_OK
+
+
+def _say(line: str) -> None:
+    # Flushed line by line: a long run shows where it is even when stdout is a log file.
+    print(line, flush=True)
+
+
+def _stream_sizes(reader: StreamReader, live: Iterable[ObjectMeta]) -> dict[int, int | None]:
+    """Stored bytes of each stream in the live objects; None where an index is unreadable.
+    An object of one stream counts whole; a shared one is split by its index (one read)."""
+    from .format.objects import read_index
+
+    sizes: dict[int, int | None] = {}
+
+    def add(stream_id: int, n: int | None) -> None:
+        had = sizes.get(stream_id, 0)
+        sizes[stream_id] = None if had is None or n is None else had + n
+
+    for obj in live:
+        if len(obj.ranges) == 1:
+            add(obj.ranges[0].stream_id, obj.size)
+            continue
+        try:
+            index = read_index(reader.object_store, obj.key, object_size=obj.size)
+        except S3StreamError:
+            for r in obj.ranges:
+                add(r.stream_id, None)  # `verify` names the damage; here it is just unknown
+            continue
+        for r in obj.ranges:
+            add(r.stream_id, index.stream_bytes(r.stream_id))
+    return sizes
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    client = _open_ro(args)
-    try:
-        objects = client.objects()  # refreshes; everything below is of that one snapshot
+    with _open_ro(args) as reader:
+        # One snapshot: every figure below describes the same moment of the store.
+        state = reader.snapshot()
+        streams = state.list_streams()
+        objects = sorted(state.objects.values(), key=lambda o: o.key)
         live = [o for o in objects if o.live]
+        # Replaced by compaction or retention; deleted after the deletion delay.
         doomed = [o for o in objects if not o.live]
-        out = {
-            "metadata_seq": client.metadata.seq,
+        sizes = _stream_sizes(reader, live)
+    if args.json:
+        out: dict[str, Any] = {
+            "url": args.url,
+            "metadata_seq": state.seq,
             "streams": [
                 {
                     "id": s.stream_id,
@@ -113,82 +437,233 @@ def _inspect(args: argparse.Namespace) -> int:
                     "start": s.start_offset,
                     "end": s.end_offset,
                     "state": s.state.value,
+                    "owner": s.owner,
+                    "bytes": sizes.get(s.stream_id, 0),
                     "tags": dict(s.tags),
                 }
-                for s in client.metadata.list_streams()
+                for s in streams
             ],
             "objects": len(live),
             "object_bytes": sum(o.size for o in live),
-            # Replaced by compaction or retention; deleted after the deletion delay.
             "objects_awaiting_deletion": len(doomed),
             "bytes_awaiting_deletion": sum(o.size for o in doomed),
         }
+        if args.objects:
+            out["object_list"] = [_object_facts(o) for o in objects]
         print(json.dumps(out, indent=2))
-    finally:
-        client.close()
-    return 0
+        return EXIT_OK
+    open_ = sum(1 for s in streams if s.state is StreamState.OPEN)
+    print(
+        f"{args.url}: {_count(len(streams), 'stream')} ({open_} open), "
+        f"{_count(len(live), 'live object')}, metadata log entry {state.seq}"
+    )
+    if streams:
+        print()
+        _table(
+            ("STREAM", "STATE", "OWNER", "EPOCH", "START", "END", "SIZE", "TAGS"),
+            [
+                (
+                    s.stream_id,
+                    s.state.value,
+                    s.owner or "-",
+                    s.epoch,
+                    s.start_offset,
+                    s.end_offset,
+                    _size(sizes.get(s.stream_id, 0)),
+                    ", ".join(f"{k}={v}" for k, v in sorted(s.tags.items())) or "-",
+                )
+                for s in streams
+            ],
+            right=(0, 3, 4, 5, 6),
+        )
+    print()
+    _table(
+        ("OBJECTS", "COUNT", "SIZE"),
+        [
+            ("live", len(live), _size(sum(o.size for o in live))),
+            ("awaiting deletion", len(doomed), _size(sum(o.size for o in doomed))),
+        ],
+        right=(1, 2),
+    )
+    if doomed:
+        print("(replaced by compaction or retention; deleted after the deletion delay)")
+    if args.objects and objects:
+        print()
+        _table(
+            ("OBJECT", "KIND", "LEVEL", "NODE", "SIZE", "STREAMS", "STATE"),
+            [
+                (
+                    o.key,
+                    o.kind.value,
+                    o.level,
+                    o.node_id,
+                    _size(o.size),
+                    len(o.ranges),
+                    "live" if o.live else "awaiting deletion",
+                )
+                for o in objects
+            ],
+            right=(2, 4, 5),
+        )
+    return EXIT_OK
+
+
+def _object_facts(o: ObjectMeta) -> dict[str, Any]:
+    return {
+        "key": o.key,
+        "kind": o.kind.value,
+        "level": o.level,
+        "node": o.node_id,
+        "bytes": o.size,
+        "live": o.live,
+        "ranges": [[r.stream_id, r.start_offset, r.end_offset] for r in o.ranges],
+    }
 
 
 def _dump(args: argparse.Namespace) -> int:
-    client = _open_ro(args)
-    try:
-        info = client.stream_info(args.stream)
+    limit = args.limit or None  # 0: every batch
+    with _open_ro(args) as reader:
+        info = reader.stream_info(args.stream)
+        if args.start > info.end_offset:
+            raise InvalidArgumentError(
+                f"--start {args.start} is past the end of stream {args.stream}, which holds "
+                f"offsets [{info.start_offset}, {info.end_offset})"
+            )
         offset = max(args.start, info.start_offset)
+        if not args.json:
+            header = f"{'OFFSET':>12}  {'RECORDS':>7}  {'TIMESTAMP (UTC)':<23}  {'BYTES':>9}"
+            print(f"{header}  PROPERTIES")
         shown = 0
-        while offset < info.end_offset and shown < args.limit:
-            res = client.read(args.stream, offset)
-            for b in res.batches:
-                print(
-                    json.dumps(
-                        {
-                            "base_offset": b.base_offset,
-                            "count": b.count,
-                            "timestamp": b.base_timestamp,
-                            "bytes": len(b.payload),
-                            "properties": dict(b.properties),
-                        }
+        while offset < info.end_offset and (limit is None or shown < limit):
+            res = reader.read(args.stream, offset)
+            batches = res.batches if limit is None else res.batches[: limit - shown]
+            for b in batches:
+                if args.json:
+                    facts = {
+                        "base_offset": b.base_offset,
+                        "count": b.count,
+                        "timestamp": b.base_timestamp,
+                        "bytes": b.size,
+                        "properties": dict(b.properties),
+                    }
+                    print(json.dumps(facts))
+                else:
+                    props = " ".join(f"{k}={v}" for k, v in sorted(b.properties.items()))
+                    print(
+                        f"{b.base_offset:>12}  {b.count:>7}  {_utc(b.base_timestamp):<23}  "
+                        f"{b.size:>9}  {props}".rstrip()
                     )
-                )
-                shown += 1
-            offset = res.next_offset
-    finally:
-        client.close()
-    return 0
+            shown += len(batches)
+            offset = batches[-1].next_offset if batches else res.next_offset
+    if not args.json and offset < info.end_offset:
+        print(f"(first {shown} batches; the stream goes on to offset {info.end_offset}: "
+              f"--start {offset} for the next, --limit 0 for all)")  # fmt: skip
+    return EXIT_OK
+
+
+class _Findings:
+    """What `verify` finds: printed line by line as it goes, or gathered into one JSON
+    object printed at the end (``--json``)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.as_json = bool(args.json)
+        self.bar = _Progress()
+        self.facts: dict[str, Any] = {
+            "url": args.url,
+            "ok": True,
+            "problems": 0,
+            "metadata": None,
+            "wals": [],
+            "wal_problems": 0,
+            "streams": [],
+        }
+
+    def say(self, line: str) -> None:
+        if not self.as_json:
+            self.bar.write(line)
+
+    def stream(self, fact: dict[str, Any], line: str) -> None:
+        self.facts["streams"].append(fact)
+        self.say(line)
+
+    def finish(self, problems: int) -> int:
+        self.facts["problems"], self.facts["ok"] = problems, not problems
+        if self.as_json:
+            print(json.dumps(self.facts, indent=2))
+        elif problems:
+            print(f"verify: FAILED: {_count(problems, 'problem')} (see above)")
+        else:
+            streams = _count(len(self.facts["streams"]), "stream")
+            batches = _count(sum(s["batches"] for s in self.facts["streams"]), "batch")
+            print(f"verify: OK ({streams}, {batches}; metadata and WALs checked)")
+        return EXIT_FAILED if problems else EXIT_OK
 
 
 def _verify(args: argparse.Namespace) -> int:
     from .metadata.audit import audit_log
 
+    found = _Findings(args)
     try:
         client = _open_ro(args)
     except CorruptionError as exc:
-        print(f"metadata: FAILED to load: {exc}")
-        return 1
+        found.facts["metadata"] = {"loaded": False, "error": str(exc)}
+        found.say(f"metadata: FAILED to load: {exc}")
+        return found.finish(1)
     bad = 0
     try:
         audit = audit_log(client.metadata.log)
         for problem in audit.problems:
-            print(f"metadata: {problem}")
+            found.say(f"metadata: {problem}")
         bad += len(audit.problems)
-        print(
+        found.facts["metadata"] = {
+            "loaded": True,
+            "entries": audit.entries,
+            "checkpoints": audit.checkpoints,
+            "problems": [str(p) for p in audit.problems],
+        }
+        found.say(
             f"metadata: {audit.entries} entries and {audit.checkpoints} checkpoints checked"
             + ("" if audit.ok else f", {len(audit.problems)} problems")
         )
-        bad += _verify_wals(client, args)
-        for info in client.list_streams():
+        if found.as_json:
+            # The WAL checks print their findings: gathered here as lines of text.
+            lines = io.StringIO()
+            with redirect_stdout(lines):
+                wal_problems = _verify_wals(client, args)
+            found.facts["wals"] = lines.getvalue().splitlines()
+        else:
+            wal_problems = _verify_wals(client, args)
+        found.facts["wal_problems"] = wal_problems
+        bad += wal_problems
+        streams = client.list_streams()
+        total = sum(i.end_offset - i.start_offset for i in streams)
+        found.bar = _Progress.start(args, "verifying", total, unit="records")
+        done = 0
+        for info in streams:
             offset, batches = info.start_offset, 0
+            fact: dict[str, Any] = {"id": info.stream_id, "start": offset, "end": info.end_offset}
             try:
                 while offset < info.end_offset:
                     res = client.read(info.stream_id, offset, max_bytes=8 << 20)
                     batches += len(res.batches)
                     offset = res.next_offset
-                print(f"stream {info.stream_id}: {batches} batches OK")
+                    found.bar.set(done + offset - info.start_offset)
+                found.stream(
+                    {**fact, "ok": True, "batches": batches},
+                    f"stream {info.stream_id}: {batches} batches OK",
+                )
             except S3StreamError as exc:
                 bad += 1
-                print(f"stream {info.stream_id}: FAILED at offset {offset}: {exc}")
+                found.stream(
+                    {**fact, "ok": False, "batches": batches, "failed_at": offset,
+                     "error": str(exc)},
+                    f"stream {info.stream_id}: FAILED at offset {offset}: {exc}",
+                )  # fmt: skip
+            done += info.end_offset - info.start_offset
     finally:
+        found.bar.close()
         client.close()
-    return 1 if bad else 0
+    return found.finish(bad)
 
 
 def _verify_wals(client: StreamReader, args: argparse.Namespace) -> int:
@@ -275,87 +750,110 @@ def _verify_object_wal(client: StreamReader, node_id: str, open_streams: bool) -
     return 0
 
 
-def _progress_bar() -> tuple[Any, Callable[[int, int, str], None] | None]:
-    """A tqdm bar and the callback driving it; (None, None) without tqdm (it is optional)."""
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None, None
-    bar = tqdm(total=0, unit="B", unit_scale=True, desc="compacting")
-
-    def update(done: int, total: int, phase: str) -> None:
-        bar.set_description(phase)
-        bar.total = total
-        bar.n = done
-        bar.refresh()
-
-    return bar, update
-
-
 def _compact(args: argparse.Namespace) -> int:
-    import os
-
-    from .settings import ClientSettings, CompactionSettings
-
-    if args.nice and hasattr(os, "nice"):
-        # A batch job: the processes it shares the machine with (the writers appending to
-        # the streams, the object store) should win any contention for the CPU.
-        os.nice(args.nice)
+    options = _storage_options(args, args.url)
     limit = {} if args.bytes_per_s is None else {"bytes_per_s": args.bytes_per_s}
     compaction = CompactionSettings(
         deletion_delay_ms=args.deletion_delay_ms, orphan_grace_ms=args.orphan_grace_ms, **limit
     )
+    # A typo in a local path must not create an empty store to work on.
+    _require_existing_directory(args.url)
+    if args.nice and hasattr(os, "nice"):
+        # A batch job: the processes it shares the machine with (the writers appending to
+        # the streams, the object store) should win any contention for the CPU.
+        os.nice(args.nice)
     client = open_client(
         args.url,
         node_id=args.node_id,
         wal="memory://",
-        settings=ClientSettings(compaction=compaction),
+        settings=_settings(args, compaction=compaction),
+        storage_options=options or None,
     )
-    bar, progress = (None, None) if args.no_progress else _progress_bar()
+    bar = _Progress.start(args, "compacting", 0)
     try:
-        report = client.compact(progress, sweep_orphans=args.sweep_orphans)
+        report = client.compact(
+            bar.progress if bar.active else None, sweep_orphans=args.sweep_orphans
+        )
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
         client.close()
+    if args.json:
+        print(json.dumps(asdict(report), indent=2))
+        return EXIT_OK
     print(
         f"objects {report.objects_before} -> {report.objects_after} "
-        f"({report.bytes_before / 1e6:.1f} MB -> {report.bytes_after / 1e6:.1f} MB); "
-        f"tasks {dict(report.tasks)}, aborted {report.aborted}; read "
-        f"{report.bytes_read / 1e6:.1f} MB, wrote {report.bytes_written / 1e6:.1f} MB; "
+        f"({_size(report.bytes_before)} -> {_size(report.bytes_after)}); "
+        f"tasks {dict(report.tasks) or 'none'}, aborted {report.aborted}; read "
+        f"{_size(report.bytes_read)}, wrote {_size(report.bytes_written)}; "
         f"trimmed {report.streams_trimmed} streams; purged {report.objects_purged}, "
         f"orphans deleted {report.orphans_deleted}; {report.duration_s:.2f} s"
     )
-    return 0
+    return EXIT_OK
 
 
 def _non_negative(value: str) -> int:
-    number = int(value)
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {value!r}") from None
     if number < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {number}")
     return number
 
 
+def _positive(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {number}")
+    return number
+
+
+def _seconds(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {value!r}") from None
+    if not number > 0 or number == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value!r}")
+    return number
+
+
+def _stream_id(value: str) -> int:
+    try:
+        return _non_negative(value)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"a stream id is a whole number >= 0 (see 'inspect'), got {value!r}"
+        ) from None
+
+
 def _take_over(args: argparse.Namespace) -> int:
     from .opening import default_wal_url
 
-    options: dict[str, str] = {}
-    for item in args.storage_option:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            print(f"--storage-option needs KEY=VALUE, got {item!r}", file=sys.stderr)
-            return 2
-        options[key] = value
+    options = _storage_options(args, args.url)
+    # A typo in a local path must not create an empty store to work on.
+    _require_existing_directory(args.url)
     wal = args.wal or default_wal_url(args.url, args.node)
     if wal is None:
-        print(f"no default WAL for {args.url!r}: pass --wal", file=sys.stderr)
-        return 2
+        raise InvalidArgumentError(f"no default WAL for {args.url!r}: name it with --wal")
     client = open_client(
-        args.url, node_id=args.node_id, wal="memory://", storage_options=options or None
+        args.url,
+        node_id=args.node_id,
+        wal="memory://",
+        storage_options=options or None,
+        settings=_settings(args),
     )
+    bar = _Progress.start(args, f"taking over {args.node}", None)
     try:
-        report = client.take_over(args.node, wal=wal, storage_options=options or None)
+        # Replaying the WAL and uploading what it holds is one library call: the bar follows
+        # the client's object-store traffic meanwhile.
+        with _watching(bar, _store_traffic(client)):
+            report = client.take_over(args.node, wal=wal, storage_options=options or None)
     finally:
+        bar.close()
         client.close()
     r = report.recovery
     print(
@@ -372,51 +870,261 @@ def _take_over(args: argparse.Namespace) -> int:
             }
         )
     )
-    return 0
+    return EXIT_OK
 
 
 def _open_ro(args: argparse.Namespace) -> StreamReader:
-    """The read-only tools' view: a `StreamReader`, which never writes to the store."""
-    return open_reader(args.url)
+    """The read-only tools' view: a `StreamReader`, which never writes to the store (nor
+    creates a missing local directory)."""
+    return open_reader(
+        args.url,
+        storage_options=_storage_options(args, args.url) or None,
+        settings=_settings(args),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The parser
+
+_URL_HELP = (
+    f"the store: a local directory, s3://bucket/prefix or any fsspec URL (default: ${ENV_URL})"
+)
+_EPILOG = """\
+The store options of -o can also come from the environment: S3STREAM_URL (the store URL),
+S3STREAM_ENDPOINT_URL and S3STREAM_REGION (for s3://), and boto3's AWS_* variables
+(credentials, profile, AWS_ENDPOINT_URL, AWS_REGION). Exit status: 0 OK, 1 failed (a store
+out of reach, damage found), 2 bad command line, 130 interrupted. More: docs/cli.md.
+
+examples:
+  s3stream demo                        # write, reopen and read back ./s3stream-demo
+  s3stream inspect ./s3stream-demo     # its streams and objects
+  s3stream dump ./s3stream-demo 0 --limit 5
+  s3stream verify s3://bucket/prefix -o endpoint_url=http://localhost:9000
+"""
+_EXAMPLES = {
+    "demo": """\
+examples:
+  s3stream demo                             # 8 streams, 40,000 batches in ./s3stream-demo
+  s3stream demo /tmp/try --batches 2000 --streams 2
+  s3stream demo s3://bucket/demo -o endpoint_url=http://localhost:9000""",
+    "inspect": """\
+examples:
+  s3stream inspect ./s3stream-demo
+  s3stream inspect s3://bucket/prefix --objects
+  s3stream inspect ./s3stream-demo --json | jq '.streams[] | select(.state == "open")'""",
+    "dump": """\
+examples:
+  s3stream dump ./s3stream-demo 0                 # the first 100 batches of stream 0
+  s3stream dump ./s3stream-demo 0 --start 500 --limit 10
+  s3stream dump ./s3stream-demo 0 --limit 0 --json | wc -l""",
+    "verify": """\
+examples:
+  s3stream verify ./s3stream-demo
+  s3stream verify s3://bucket/prefix -o endpoint_url=http://localhost:9000
+  s3stream verify ./store --wal /mnt/ebs/node-1.wal --json""",
+    "compact": """\
+examples:
+  s3stream compact ./s3stream-demo --deletion-delay-ms 0
+  s3stream compact s3://bucket/prefix --bytes-per-s 0 --sweep-orphans""",
+    "take-over": """\
+examples:
+  s3stream take-over ./store node-1
+  s3stream take-over s3://bucket/prefix node-1 -o endpoint_url=http://localhost:9000
+  s3stream take-over ./store node-1 --wal file:///mnt/ebs-of-node-1/s3stream.wal""",
+}
+
+
+class _Formatter(argparse.HelpFormatter):
+    """Wraps descriptions to the terminal; keeps epilogs (examples) as laid out."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if "\n" in text:
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
+#: What each command takes, for the message naming a missing URL.
+_SYNOPSES = {
+    "inspect": "URL",
+    "verify": "URL",
+    "dump": "URL STREAM",
+    "compact": "URL",
+    "take-over": "URL NODE",
+}
+
+
+def _command(
+    sub: Any, name: str, fn: Callable[[argparse.Namespace], int], help_: str, description: str
+) -> argparse.ArgumentParser:
+    c: argparse.ArgumentParser = sub.add_parser(
+        name,
+        help=help_,
+        description=description,
+        epilog=_EXAMPLES[name],
+        formatter_class=_Formatter,
+    )
+    c.set_defaults(fn=fn, synopsis=f"s3stream {name} {_SYNOPSES.get(name, '')}".rstrip())
+    return c
+
+
+def _add_store(c: argparse.ArgumentParser, *, url: bool = True) -> None:
+    if url:
+        c.add_argument("url", nargs="?", metavar="URL", help=_URL_HELP)
+    c.add_argument(
+        "-o", "--storage-option", action="append", default=[], metavar="KEY=VALUE",
+        help="an option of the object store, e.g. endpoint_url=http://localhost:9000, "
+        "profile_name=dev, fsync=false; repeatable (docs/object-stores.md lists them)",
+    )  # fmt: skip
+    c.add_argument(
+        "--store-timeout", type=_seconds, default=None, metavar="SECONDS",
+        help="give up on an object-store call after this long, retries included "
+        "(default: ClientSettings.store_timeout_ms, 30 s)",
+    )  # fmt: skip
+
+
+def _add_json(c: argparse.ArgumentParser, help_: str) -> None:
+    c.add_argument("--json", action="store_true", help=help_)
+
+
+def _add_no_progress(c: argparse.ArgumentParser) -> None:
+    c.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="draw no progress bar (one is drawn on stderr when it is a terminal and tqdm "
+        "is installed)",
+    )
+
+
+def _add_unused_node_id(c: argparse.ArgumentParser) -> None:
+    # The read-only tools register no node; the option stays for scripts that pass it.
+    c.add_argument("--node-id", help=argparse.SUPPRESS)
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="s3stream", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("demo", help="append, reopen, read back and verify a realistic workload")
-    d.add_argument("dir", nargs="?", default="./s3stream-demo")
-    d.add_argument("--streams", type=int, default=8)
-    d.add_argument("--batches", type=int, default=40_000)
-    d.add_argument("--batch-bytes", type=int, default=1024)
-    d.add_argument("--reuse", action="store_true", help="allow a non-empty directory")
-    d.set_defaults(fn=_demo)
-    for name, fn, help_ in (
-        ("inspect", _inspect, "show streams and objects"),
-        ("verify", _verify, "read every stream fully, checking every checksum"),
-        ("dump", _dump, "print the batches of one stream"),
-    ):
-        c = sub.add_parser(name, help=help_)
-        c.add_argument("url")
-        c.add_argument("--node-id", default="inspector")
-        if name == "verify":
-            c.add_argument(
-                "--wal",
-                action="append",
-                default=[],
-                metavar="PATH",
-                help="also check this WAL file (repeatable); a local store's own are found",
-            )
-        if name == "dump":
-            c.add_argument("stream", type=int)
-            c.add_argument("--start", type=int, default=0)
-            c.add_argument("--limit", type=int, default=100)
-        c.set_defaults(fn=fn)
-    c = sub.add_parser("compact", help="run one compaction pass (retention, merge, delete)")
-    c.add_argument("url")
-    c.add_argument("--node-id", default="compactor")
-    c.add_argument("--deletion-delay-ms", type=int, default=600_000)
-    c.add_argument("--orphan-grace-ms", type=int, default=86_400_000)
-    c.add_argument("--sweep-orphans", action="store_true", default=None)
+    p = argparse.ArgumentParser(
+        prog="s3stream",
+        description="Look at, check and look after an s3stream store.",
+        epilog=_EPILOG,
+        formatter_class=_Formatter,
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    d = _command(
+        sub, "demo", _demo, "append, reopen, read back and verify a realistic workload",
+        "Append deterministic batches to a few streams, close (uploading everything), "
+        "reopen with a new client and check every byte read back; prints the rates.",
+    )  # fmt: skip
+    d.add_argument(
+        "dir",
+        nargs="?",
+        default="./s3stream-demo",
+        metavar="DIR",
+        help="directory for the demo store, created if missing and empty unless --reuse "
+        "(or a store URL such as s3://bucket/demo; default: %(default)s)",
+    )
+    d.add_argument(
+        "--streams", type=_positive, default=8, help="streams to append to (default: %(default)s)"
+    )
+    d.add_argument(
+        "--batches",
+        type=_positive,
+        default=40_000,
+        help="batches to append in all, round-robin over the streams (default: %(default)s)",
+    )
+    d.add_argument(
+        "--batch-bytes",
+        type=_positive,
+        default=1024,
+        help="payload bytes of each batch (default: %(default)s)",
+    )
+    d.add_argument(
+        "--reuse", action="store_true", help="add to a store that is not empty (new streams)"
+    )
+    _add_store(d, url=False)
+    _add_no_progress(d)
+
+    c = _command(
+        sub, "inspect", _inspect, "show streams and objects",
+        "Show the streams (offsets, stored size, owner node, state, tags) and the objects "
+        "(live, and replaced ones awaiting deletion) of a store. Reads only.",
+    )  # fmt: skip
+    _add_store(c)
+    c.add_argument("--objects", action="store_true", help="list every object too")
+    _add_json(c, "print everything as one JSON object, for scripts (docs/cli.md: its keys)")
+    _add_unused_node_id(c)
+
+    c = _command(
+        sub, "verify", _verify, "read every stream fully, checking every checksum",
+        "Check a store: replay the metadata log from its first entry, check the WAL files "
+        "of a local store (and those named with --wal), read every stream fully, checking "
+        "every checksum. Reads only; exits 1 if anything is damaged.",
+    )  # fmt: skip
+    _add_store(c)
+    c.add_argument(
+        "--wal",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="also check this WAL file (repeatable); a local store's own are found",
+    )
+    _add_json(c, "print the findings as one JSON object, for scripts")
+    _add_no_progress(c)
+    _add_unused_node_id(c)
+
+    c = _command(
+        sub, "dump", _dump, "print the batches of one stream",
+        "Print the committed batches of one stream: offset, record count, timestamp, size "
+        "and properties. Reads only.",
+    )  # fmt: skip
+    _add_store(c)
+    c.add_argument("stream", type=_stream_id, metavar="STREAM", help="the stream id")
+    c.add_argument(
+        "--start",
+        type=_non_negative,
+        default=0,
+        help="first offset (default: the stream's start)",
+    )
+    c.add_argument(
+        "--limit",
+        type=_non_negative,
+        default=100,
+        help="batches to print at most, 0 for all (default: %(default)s)",
+    )
+    _add_json(c, "print one JSON object per line and batch, for scripts")
+    _add_unused_node_id(c)
+
+    c = _command(
+        sub, "compact", _compact, "run one compaction pass (retention, merge, delete)",
+        "Run one compaction pass as a standalone job: apply retention, merge small objects, "
+        "delete replaced objects older than the deletion delay (and, with --sweep-orphans, "
+        "objects no metadata names). Safe beside running writers and other compactors.",
+    )  # fmt: skip
+    _add_store(c)
+    c.add_argument(
+        "--node-id",
+        default="compactor",
+        help="node id the job writes as (default: %(default)s)",
+    )
+    c.add_argument(
+        "--deletion-delay-ms",
+        type=_non_negative,
+        default=600_000,
+        help="how long replaced objects stay for readers of an older snapshot before they "
+        "are deleted (default: %(default)s)",
+    )
+    c.add_argument(
+        "--orphan-grace-ms",
+        type=_non_negative,
+        default=86_400_000,
+        help="age an object no metadata names must reach before the sweep deletes it "
+        "(default: %(default)s)",
+    )
+    c.add_argument(
+        "--sweep-orphans",
+        action="store_true",
+        default=None,
+        help="sweep orphaned objects in this pass",
+    )
     c.add_argument(
         "--bytes-per-s",
         type=_non_negative,
@@ -428,30 +1136,77 @@ def _parser() -> argparse.ArgumentParser:
         "--nice",
         type=_non_negative,
         default=10,
-        help="lower this process's CPU priority by this much first (os.nice; 0: keep it)",
+        help="lower this process's CPU priority by this much first (os.nice; 0: keep it; "
+        "default: %(default)s)",
     )
-    c.add_argument("--no-progress", action="store_true", help="no progress bar")
-    c.set_defaults(fn=_compact)
-    t = sub.add_parser(
-        "take-over", help="fence a failed node, commit what its WAL holds, release its streams"
-    )
-    t.add_argument("url")
-    t.add_argument("node", help="node id of the failed client")
-    t.add_argument("--wal", help="the node's WAL URL (default: the default WAL of URL)")
-    t.add_argument("--node-id", default="failover", help="node id of this tool")
-    t.add_argument(
-        "--storage-option", "-o", action="append", default=[], metavar="KEY=VALUE",
-        help="object-store option (endpoint_url=..., ...); repeatable",
+    _add_json(c, "print the report as one JSON object, for scripts")
+    _add_no_progress(c)
+
+    t = _command(
+        sub, "take-over", _take_over,
+        "fence a failed node, commit what its WAL holds, release its streams",
+        "Take over a node that died: fence it (it can no longer commit), upload and commit "
+        "what its WAL acknowledged, and close its streams so any node may open them. "
+        "Prints a JSON report.",
     )  # fmt: skip
-    t.set_defaults(fn=_take_over)
+    _add_store(t)
+    t.add_argument("node", metavar="NODE", help="node id of the failed client")
+    t.add_argument(
+        "--wal",
+        metavar="WAL_URL",
+        help="the node's WAL: file:///path, s3://bucket/prefix/wal, ... (default: where the "
+        "node's WAL is by default for this store)",
+    )
+    t.add_argument(
+        "--node-id", default="failover", help="node id of this tool (default: %(default)s)"
+    )
+    _add_no_progress(t)
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status."""
-    args = _parser().parse_args(argv)
+def _error(command: str, message: object) -> None:
+    """One line on stderr, whatever the message holds."""
+    text = " ".join(str(message).split()) or type(message).__name__
+    _stderr(f"{command}: error: {text}")
+
+
+def _stderr(line: str) -> None:
+    # When stderr is gone too, the exit status is all that is left to tell.
+    with suppress(OSError):
+        print(line, file=sys.stderr)
+
+
+def _silence_stdout() -> None:
+    # The reader went away (`| head`): later writes, the flush at exit among them, go to
+    # /dev/null instead of raising again (the recipe of Python's signal docs).
     try:
-        return int(args.fn(args))
-    except S3StreamError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass  # no file descriptor (captured in-process): nothing will be flushed to a pipe
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (docs/cli.md)."""
+    args = _parser().parse_args(argv)
+    command = f"s3stream {args.command}"
+    try:
+        if hasattr(args, "url"):
+            args.url = _store_url(args)
+        status = int(args.fn(args))
+        # A closed pipe shows here at the latest, while it can still be handled quietly.
+        sys.stdout.flush()
+    except KeyboardInterrupt:
+        _stderr(f"{command}: interrupted")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+    except (InvalidArgumentError, StreamNotFoundError) as exc:
+        # Said on the command line: an argument, a URL, a path, a stream id.
+        _error(command, exc)
+        return EXIT_USAGE
+    except (S3StreamError, OSError) as exc:
+        _error(command, exc)
+        return EXIT_FAILED
+    return status

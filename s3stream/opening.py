@@ -164,6 +164,7 @@ def _check_open_args(
         raise InvalidArgumentError(f"url must be a str or a Path, not {type(url).__name__}")
     if wal is not None and not isinstance(wal, WriteAheadLog):
         check_text("wal", wal, allow_empty=False)
+        split_scheme(str(wal))  # a malformed WAL URL fails before the store is opened
     check_node_id(node_id)
     check_options("storage_options", storage_options)
     for name, value, cls in (

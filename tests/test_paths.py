@@ -275,3 +275,21 @@ def test_file_wal_settings_size_the_default_wal(tmp_path: Path) -> None:
     with s3stream.open(tmp_path / "default"):
         pass
     assert (tmp_path / "default" / "wal" / "local.wal").stat().st_size == 8192 + (256 << 20)
+
+
+def test_a_wal_path_with_a_tilde_is_in_the_home_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    settings = s3stream.FileWalSettings(capacity_bytes=1 << 20)
+    with s3stream.open("store", wal="~/w.wal", file_wal_settings=settings):
+        pass
+    assert (tmp_path / "home" / "w.wal").is_file()
+    assert not (tmp_path / "~").exists()
+
+
+def test_a_malformed_wal_url_creates_nothing(tmp_path: Path) -> None:
+    with pytest.raises(s3stream.InvalidArgumentError, match="file:///"):
+        s3stream.open(tmp_path / "store", wal="file:rel.wal")
+    assert not (tmp_path / "store").exists()

@@ -86,7 +86,7 @@ def test_read_only_tools_write_nothing_and_inspect_counts_objects_awaiting_delet
     root = tmp_path / "store"
     _make_store(root)
     before = _listing(root)
-    assert cli_main(["inspect", str(root)]) == 0
+    assert cli_main(["inspect", str(root), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     with s3stream.open_reader(root) as reader:
         objects = reader.objects()

@@ -32,7 +32,7 @@ from ..objectstore.base import ObjectStore
 from ..settings import CompactionSettings
 from ..storage.packing import KeyFactory
 from ..throttle import PriorityRateLimiter
-from .executor import CompactionExecutor, TaskResult, WriterOptions
+from .executor import CompactionExecutor, Moved, TaskResult, WriterOptions
 from .planner import CompactionTask, plan_stream_object_compaction, plan_stream_set_compaction
 from .retention import RetentionPolicy, retention_start
 from .sweeper import OrphanSweeper, purge_deleted
@@ -41,7 +41,10 @@ __all__ = ["CompactionMetrics", "CompactionReport", "Compactor", "Progress"]
 
 log = logging.getLogger(__name__)
 
-#: Told ``(done_bytes, total_bytes, what)`` as a pass goes (e.g. to drive a progress bar).
+#: Told ``(done_bytes, total_bytes, what)`` as a pass goes (e.g. to drive a progress bar):
+#: the bytes the phase `what` has read plus those it has copied into new objects, out of
+#: twice what its tasks read (each byte read is about one written). Called after every GET
+#: and about every MiB copied, so it moves within a task, and once more as each task ends.
 Progress = Callable[[int, int, str], None]
 
 
@@ -204,30 +207,10 @@ class Compactor:
         tasks = plan_stream_set_compaction(
             state, self._settings, self._index_of, self._clock.now_ms()
         )
-        total = sum(t.read_bytes for t in tasks)
-        done = 0
-        if progress is not None:
-            progress(0, total, "stream-set compaction")
-        for task in tasks:
-            if self._stop.is_set():
-                break  # stopping: the rest waits for the next pass
-            self._run_task(task, state, report)
-            done += task.read_bytes
-            if progress is not None:
-                progress(done, total, "stream-set compaction")
-
+        self._run_tasks(tasks, state, report, progress, "stream-set compaction")
         state = self._meta.state
         tasks = plan_stream_object_compaction(state, self._settings, self._index_of)
-        total, done = sum(t.read_bytes for t in tasks), 0
-        if progress is not None:
-            progress(0, total, "stream object compaction")
-        for task in tasks:
-            if self._stop.is_set():
-                break
-            self._run_task(task, state, report)
-            done += task.read_bytes
-            if progress is not None:
-                progress(done, total, "stream object compaction")
+        self._run_tasks(tasks, state, report, progress, "stream object compaction")
 
         purged = purge_deleted(
             self._meta,
@@ -249,6 +232,28 @@ class Compactor:
         report.duration_s = self._clock.monotonic() - started
         return report
 
+    def _run_tasks(
+        self,
+        tasks: list[CompactionTask],
+        state: MetadataState,
+        report: CompactionReport,
+        progress: Progress | None,
+        what: str,
+    ) -> None:
+        """Run the tasks of one phase, planned on `state`, telling `progress` (see `Progress`)."""
+        total, done = sum(2 * t.read_bytes for t in tasks), 0
+        if progress is not None:
+            progress(0, total, what)
+        for task in tasks:
+            if self._stop.is_set():
+                break  # stopping: the rest waits for the next pass
+            share = 2 * task.read_bytes
+            moved = None if progress is None else _within(progress, done, share, total, what)
+            self._run_task(task, state, report, moved)
+            done += share
+            if progress is not None:
+                progress(done, total, what)
+
     def _index_of(self, obj: ObjectMeta) -> ObjectIndex:
         return self._cache.index(obj.key, obj.size)
 
@@ -263,7 +268,11 @@ class Compactor:
         return (self._clock.monotonic() - self._last_sweep) * 1000 >= interval
 
     def _run_task(
-        self, task: CompactionTask, state: MetadataState, report: CompactionReport
+        self,
+        task: CompactionTask,
+        state: MetadataState,
+        report: CompactionReport,
+        moved: Moved | None = None,
     ) -> None:
         # A task planned on `state` may have lost its objects to an earlier task of this
         # pass or to another compactor: skip it (the executor would abort it anyway).
@@ -271,7 +280,7 @@ class Compactor:
         if any((o := latest.objects.get(r.key)) is None or not o.live for r in task.replaced):
             report.aborted += 1
             return
-        result: TaskResult = self._executor.execute(task, state)
+        result: TaskResult = self._executor.execute(task, state, moved)
         if not result.committed:
             report.aborted += 1
             return
@@ -357,6 +366,21 @@ class Compactor:
                 if remaining <= 0:
                     break
                 self._stop.wait(min(remaining, 0.25))
+
+
+def _within(progress: Progress, before: int, share: int, total: int, what: str) -> Moved:
+    """`Moved` of one task whose `share` of the phase's `total` starts at `before`."""
+    within = 0
+
+    def moved(nbytes: int) -> None:
+        nonlocal within
+        # The plan's figure is an estimate (blocks below a start offset are skipped, a
+        # straddling block is re-encoded): capped, the count never passes the next task's
+        # start, and the task's end settles it.
+        within = min(share, within + nbytes)
+        progress(before + within, total, what)
+
+    return moved
 
 
 def _live(state: MetadataState) -> list[ObjectMeta]:

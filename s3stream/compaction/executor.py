@@ -28,7 +28,7 @@ deletion delay).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from ..clock import Clock
@@ -55,7 +55,7 @@ from ..throttle import Priority, PriorityRateLimiter
 from ..validation import check_int
 from .planner import CompactionTask, IndexOf, OutputObject, keep_from
 
-__all__ = ["CompactionExecutor", "TaskResult", "WriterOptions"]
+__all__ = ["CompactionExecutor", "Moved", "TaskResult", "WriterOptions"]
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,8 @@ _PACE_BYTES = 1 * MiB
 _SourceBlocks = dict[tuple[str, int], list[tuple[BlockInfo, bytes]]]
 #: Offset spans actually copied, per (source key, stream id).
 _Copied = dict[tuple[str, int], list[tuple[int, int]]]
+#: Told the bytes a task has just read (a GET) or copied into its outputs (each MiB or so).
+Moved = Callable[[int], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,18 +147,21 @@ class CompactionExecutor:
         if own is not None:
             own.close()
 
-    def execute(self, task: CompactionTask, state: MetadataState) -> TaskResult:
-        """Run `task`, planned on `state`; see the module docstring for the guarantees."""
+    def execute(
+        self, task: CompactionTask, state: MetadataState, moved: Moved | None = None
+    ) -> TaskResult:
+        """Run `task`, planned on `state`; see the module docstring for the guarantees.
+        `moved` is told the bytes read and copied as the task goes."""
         if self._own is not None and self._own.closed:
             self._own = self._new_own_limiter(self._clock)
-        blocks, read_bytes, gets = self._read(task, state)
+        blocks, read_bytes, gets = self._read(task, state, moved)
         copied: _Copied = {}
         keys: list[str] = []
         metas: list[ObjectMeta] = []
         written = 0
         try:
             for out in task.outputs:
-                for meta, data in self._write(task, out, blocks, state, copied):
+                for meta, data in self._write(task, out, blocks, state, copied, moved):
                     # The bytes were paid for while copying them (see _write).
                     self._throttle(0)
                     self._store.put(meta.key, data)
@@ -197,7 +202,9 @@ class CompactionExecutor:
 
     # ------------------------------------------------------------------ read
 
-    def _read(self, task: CompactionTask, state: MetadataState) -> tuple[_SourceBlocks, int, int]:
+    def _read(
+        self, task: CompactionTask, state: MetadataState, moved: Moved | None
+    ) -> tuple[_SourceBlocks, int, int]:
         """The blocks (with their stored bytes) every piece of the task needs, in offset
         order per (source key, stream id); blocks wholly below the start offset are skipped."""
         wanted: dict[str, list[BlockInfo]] = {}
@@ -234,6 +241,8 @@ class CompactionExecutor:
                 data = self._store.get(key, start, end)
                 gets += 1
                 read_bytes += len(data)
+                if moved is not None:
+                    moved(len(data))
                 if len(data) != end - start:
                     raise CorruptionError(
                         f"corrupt object {key}: ends before byte {end}", location=key
@@ -279,6 +288,7 @@ class CompactionExecutor:
         blocks: _SourceBlocks,
         state: MetadataState,
         copied: _Copied,
+        moved: Moved | None,
     ) -> Iterator[tuple[ObjectMeta, bytes]]:
         """The objects for `out`, one at a time: one, or for a stream object several of at
         most `max_object_bytes` each (cut between blocks). Records what it copied."""
@@ -321,8 +331,12 @@ class CompactionExecutor:
                 unpaid += b.stored_size
                 if unpaid >= _PACE_BYTES:
                     self._throttle(unpaid, requests=0)
+                    if moved is not None:
+                        moved(unpaid)
                     unpaid = 0
         self._throttle(unpaid, requests=0)
+        if moved is not None and unpaid:
+            moved(unpaid)
         if not w.is_empty():
             yield self._finish(w, sources)
 

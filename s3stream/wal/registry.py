@@ -231,7 +231,8 @@ def _file_target(url: str) -> tuple[str, str]:
             )
         if "\0" in url:
             raise InvalidArgumentError(f"a file WAL path cannot hold a NUL byte, got {url!r}")
-        return url, ""
+        # As for a store's URL: ``~`` is the home directory, a missing ``//`` is refused.
+        return split_scheme(url)[1], ""
     parts = urlsplit(url)
     if parts.fragment:
         raise InvalidArgumentError(f"a file WAL URL takes no #fragment, got {url!r}")

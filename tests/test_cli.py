@@ -1,0 +1,637 @@
+"""The ``s3stream`` command, as a newcomer meets it: run for real, ``python -m s3stream``.
+
+Every command runs in a subprocess against one small store built once for the module (two
+closed streams, objects awaiting deletion, and a stream left open by a writer killed with
+SIGKILL, so that there is a node to take over); commands that change a store work on a copy.
+Checked: exit statuses (0, 1 failure, 2 bad input, 130 Ctrl-C, quiet broken pipes), one-line
+errors without tracebacks, ``-o`` and the environment on every command, help everywhere,
+tables and ``--json``, progress bars that move within a compaction task, and URL typos
+(``s3:/x``, ``memory:/``, ``~``) in the library and the command alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import pty
+import random
+import re
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import termios
+import textwrap
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import s3stream
+from s3stream import ClientSettings, InvalidArgumentError, RecordBatch
+from s3stream.cli import _parser
+from s3stream.opening import default_wal_url
+
+ROOT = Path(__file__).resolve().parents[1]
+#: The environment of every command: this checkout, and none of the variables the command
+#: reads unless a test sets them.
+ENV = {
+    **{
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("S3STREAM_", "AWS_ENDPOINT_URL", "TQDM_"))
+        and k not in ("AWS_REGION", "AWS_DEFAULT_REGION")
+    },
+    "PYTHONPATH": str(ROOT),
+}
+#: Batches of stream 0 ("orders"): enough JSON from `dump` to overflow a pipe.
+ORDERS = 1500
+COMMANDS = ("demo", "inspect", "verify", "dump", "compact", "take-over")
+
+WRITER = textwrap.dedent(
+    """
+    import sys, time
+    import s3stream
+    from s3stream import ClientSettings, RecordBatch
+
+    settings = ClientSettings(upload_threshold_bytes=256 << 20, upload_interval_ms=3_600_000)
+    client = s3stream.open(sys.argv[1], node_id="writer", wal=sys.argv[2], settings=settings)
+    stream = client.create_stream(tags={"topic": "live"})
+    stream.append(RecordBatch(b"uploaded"))
+    client.flush()
+    stream.append(RecordBatch(b"only in the WAL"))
+    print("acked", flush=True)
+    time.sleep(3600)
+    """
+)
+
+
+def run(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "s3stream", *args],
+        capture_output=True,
+        text=True,
+        env=ENV if env is None else env,
+        cwd=cwd,
+        timeout=120,
+        check=False,
+    )
+
+
+def run_all(*commands: Sequence[str], **kw: object) -> list[subprocess.CompletedProcess[str]]:
+    """`run` each command, side by side (each pays for its own interpreter start)."""
+    with ThreadPoolExecutor(8) as pool:
+        return list(pool.map(lambda argv: run(*argv, **kw), commands))  # type: ignore[arg-type]
+
+
+def one_line_error(result: subprocess.CompletedProcess[str], status: int, *needles: str) -> str:
+    """The single stderr line of a command that failed with `status`, naming `needles`."""
+    assert result.returncode == status, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert re.match(r"s3stream [a-z-]+: ", lines[0]), lines[0]
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+def on_a_terminal(*args: str) -> tuple[int, str, str]:
+    """Run with stderr on a pseudo-terminal (100 columns: tqdm draws nothing without a
+    width); the status, stdout and what the terminal showed."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "s3stream", *args],
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        text=True,
+        env=ENV,
+    )
+    os.close(slave)
+    shown = bytearray()
+
+    def drain() -> None:
+        while True:
+            try:
+                chunk = os.read(master, 1 << 16)
+            except OSError:  # EIO: the child closed the terminal
+                return
+            if not chunk:
+                return
+            shown.extend(chunk)
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    try:
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        reader.join(timeout=30)
+        os.close(master)
+    return proc.returncode, out, shown.decode(errors="replace")
+
+
+def percents(shown: str) -> list[int]:
+    return sorted({int(p) for p in re.findall(r"(\d+)%\|", shown)})
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class Store:
+    root: Path
+    #: The WAL of the killed writer, which still owns stream 2.
+    writer_wal: str
+
+    def copy(self, to: Path) -> tuple[Path, str]:
+        """A copy to change, and its writer's WAL."""
+        shutil.copytree(self.root, to)
+        return to, self.writer_wal.replace(str(self.root), str(to))
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
+    root = tmp_path_factory.mktemp("cli") / "store"
+    with s3stream.open(root, wal="memory://") as client:
+        orders = client.create_stream(tags={"topic": "orders", "partition": "0"})
+        audit = client.create_stream(tags={"topic": "audit"})
+        for part in range(3):
+            acks = [
+                orders.append_async(RecordBatch(b"o" * 40, properties={"i": str(i)}))
+                for i in range(part * ORDERS // 3, (part + 1) * ORDERS // 3)
+            ]
+            audit.append(RecordBatch(b"a" * 100, count=3))
+            for ack in acks:
+                ack.result()
+            client.flush()
+        client.compact()  # the small objects now await deletion
+    wal = f"{(root / 'wal' / 'writer.wal').as_uri()}?capacity=1MiB"
+    child = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(root), wal], stdout=subprocess.PIPE, text=True, env=ENV
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "acked"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
+    return Store(root, wal)
+
+
+# ---------------------------------------------------------------------------------------------
+# demo
+
+
+def test_demo_appends_reopens_and_reads_back(tmp_path: Path) -> None:
+    where = tmp_path / "demo"
+    first = run("demo", str(where), "--batches", "200", "--streams", "3")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.splitlines()[-1] == "demo OK"
+    assert "read back all 200 batches byte-identical" in first.stdout
+    assert not re.search(r"(?<![\w/.-])-\d", first.stdout), "a negative count or rate"
+    assert first.stderr == ""  # no progress bar off a terminal
+    again = run("demo", str(where), "--batches", "10")
+    one_line_error(again, 2, "not empty", "--reuse")
+    reused = run("demo", str(where), "--batches", "10", "--streams", "1", "--reuse")
+    assert reused.returncode == 0, reused.stderr
+
+
+def test_demo_checks_its_arguments_before_touching_anything(tmp_path: Path) -> None:
+    where = tmp_path / "never"
+    a_file = tmp_path / "afile.txt"
+    a_file.write_text("not a directory\n")
+    bad_numbers = [
+        ("--streams", "0"),
+        ("--batches", "-5"),
+        ("--batch-bytes", "0"),
+        ("--batches", "lots"),
+    ]
+    results = run_all(
+        *(["demo", str(where), *flag] for flag in bad_numbers),
+        ["demo", str(a_file), "--batches", "10"],
+        ["demo", "memory://", "--batches", "10"],
+    )
+    for (flag, value), result in zip(bad_numbers, results, strict=False):
+        assert result.returncode == 2, (flag, result.stderr)
+        assert f"error: argument {flag}" in result.stderr and value in result.stderr
+        assert "Traceback" not in result.stderr
+    one_line_error(results[-2], 2, "afile.txt", "not a directory")
+    one_line_error(results[-1], 2, "memory://")
+    assert not where.exists()
+    assert a_file.read_text() == "not a directory\n"
+
+
+def test_ctrl_c_exits_130_with_one_line(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "s3stream", "demo", str(tmp_path / "d"), "--batches", "10000000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("s3stream demo: ")
+        time.sleep(0.5)  # appending by now
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert err == "s3stream demo: interrupted\n"
+    assert "demo OK" not in out
+
+
+# ---------------------------------------------------------------------------------------------
+# Arguments, options, environment
+
+
+def test_every_argument_has_help_and_every_command_an_example() -> None:
+    parser = _parser()
+    (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(sub.choices) == set(COMMANDS)
+    for name, command in sub.choices.items():
+        assert command.epilog and "examples:" in command.epilog
+        assert f"s3stream {name}" in command.epilog
+        for action in command._actions:
+            if action.help == argparse.SUPPRESS:
+                continue  # --node-id of the read-only tools: accepted, does nothing
+            assert action.help and len(action.help) > 10, (name, action.option_strings)
+    helps = run_all(["--help"], *([name, "--help"] for name in COMMANDS))
+    for result in helps:
+        assert result.returncode == 0 and "examples:" in result.stdout, result.stdout
+    assert "S3STREAM_ENDPOINT_URL" in helps[0].stdout and "docs/cli.md" in helps[0].stdout
+
+
+def test_every_command_takes_storage_options(store: Store, tmp_path: Path) -> None:
+    """``-o`` reaches the store of every command: an option a local store does not know is
+    named (exit 2, nothing created), and ``fsync=false`` arrives as the bool it needs."""
+    url = str(store.root)
+    argvs = {
+        "demo": ["demo", str(tmp_path / "d")],
+        "inspect": ["inspect", url],
+        "verify": ["verify", url],
+        "dump": ["dump", url, "0"],
+        "compact": ["compact", url, "--nice", "0"],
+        "take-over": ["take-over", url, "writer"],
+    }
+    results = run_all(
+        *([*argv, "-o", "bogus=1"] for argv in argvs.values()),
+        ["inspect", url, "-o", "fsync=false", "--json"],
+        ["inspect", url, "--storage-option", "oops"],
+    )
+    for name, result in zip(argvs, results, strict=False):
+        assert one_line_error(result, 2, "bogus").startswith(f"s3stream {name}: error: ")
+    assert not (tmp_path / "d").exists()
+    assert results[-2].returncode == 0, results[-2].stderr
+    one_line_error(results[-1], 2, "KEY=VALUE", "oops")
+
+
+def test_the_environment_names_the_store_and_its_endpoint(store: Store) -> None:
+    """S3STREAM_URL stands in for a missing URL; S3STREAM_ENDPOINT_URL (or boto3's
+    AWS_ENDPOINT_URL) reaches an s3:// store, and ``-o`` wins over both. The endpoints are
+    closed ports: each run fails as a store out of reach does, exit 1, naming it."""
+    pytest.importorskip("boto3")
+    env_port, aws_port, option_port = free_port(), free_port(), free_port()
+    creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    s3 = ["inspect", "s3://bucket/prefix", "--store-timeout", "1"]
+    ours = {**ENV, **creds, "S3STREAM_ENDPOINT_URL": f"http://127.0.0.1:{env_port}"}
+    theirs = {**ENV, **creds, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{aws_port}"}
+    with ThreadPoolExecutor(4) as pool:
+        by_url = pool.submit(run, "inspect", "--json", env={**ENV, "S3STREAM_URL": str(store.root)})
+        by_ours = pool.submit(run, *s3, env=ours)
+        by_theirs = pool.submit(run, *s3, env=theirs)
+        by_option = pool.submit(
+            run, *s3, "-o", f"endpoint_url=http://127.0.0.1:{option_port}", env=ours
+        )
+    assert by_url.result().returncode == 0, by_url.result().stderr
+    assert json.loads(by_url.result().stdout)["url"] == str(store.root)
+    one_line_error(by_ours.result(), 1, f"127.0.0.1:{env_port}")
+    one_line_error(by_theirs.result(), 1, f"127.0.0.1:{aws_port}")
+    line = one_line_error(by_option.result(), 1, f"127.0.0.1:{option_port}")
+    assert str(env_port) not in line
+    one_line_error(run("inspect"), 2, "no store URL", "S3STREAM_URL")
+    one_line_error(run("take-over", str(store.root)), 2, "s3stream take-over URL NODE")
+
+
+def test_a_missing_directory_is_named_and_not_created(tmp_path: Path) -> None:
+    missing = tmp_path / "missing"
+    results = run_all(
+        ["inspect", str(missing)],
+        ["verify", str(missing)],
+        ["dump", str(missing), "0"],
+        ["compact", str(missing), "--nice", "0"],
+        ["take-over", str(missing), "n1"],
+    )
+    for result in results:
+        one_line_error(result, 2, str(missing), "not a directory")
+    assert not missing.exists()
+
+
+def test_url_typos_are_named_by_the_command(tmp_path: Path) -> None:
+    results = run_all(
+        ["verify", "s3:/oops"],
+        ["inspect", "memory:/"],
+        ["dump", "file:/tmp/x", "0"],
+        ["compact", "~no_such_user_s3stream/x", "--nice", "0"],
+        cwd=tmp_path,
+    )
+    one_line_error(results[0], 2, "'s3://oops'")
+    one_line_error(results[1], 2, "'memory://'")
+    one_line_error(results[2], 2, "'file:///tmp/x'")
+    one_line_error(results[3], 2, "no_such_user_s3stream")
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# URLs in the library: typos rejected, ``~`` expanded for the objects and the WAL alike
+
+
+@pytest.mark.parametrize("url", ["s3:/bucket", "s3:bucket", "memory:/", "memory:", "file:/tmp/x"])
+def test_a_url_without_its_slashes_is_refused_not_made_a_directory(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InvalidArgumentError, match="did you mean"):
+        s3stream.open(url)
+    with pytest.raises(InvalidArgumentError, match="did you mean"):
+        s3stream.open_reader(url)
+    assert list(tmp_path.iterdir()) == []
+    # The way to a directory of that odd name stays open.
+    with s3stream.open(f"./{url}", wal="memory://") as client:
+        client.create_stream()
+    assert (tmp_path / url).is_dir()
+
+
+def test_home_is_expanded_for_the_objects_and_the_wal_alike(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir()
+    cwd.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    for url in ("~/x", "file://~/x"):
+        with s3stream.open(url) as client:
+            client.create_stream().append(RecordBatch(b"at home"))
+        wal = default_wal_url(url, "local")
+        assert wal is not None and wal.startswith((home / "x" / "wal").as_uri())
+    assert (home / "x" / "wal" / "local.wal").is_file()
+    assert any((home / "x" / "data").rglob("*.s3o"))
+    assert list(cwd.iterdir()) == []
+    with pytest.raises(InvalidArgumentError, match="no home directory"):
+        s3stream.open("~no_such_user_s3stream/x")
+
+
+# ---------------------------------------------------------------------------------------------
+# inspect, dump, verify
+
+
+def test_inspect_shows_streams_and_objects_as_tables_and_json(store: Store) -> None:
+    human, with_objects, as_json = run_all(
+        ["inspect", str(store.root)],
+        ["inspect", str(store.root), "--objects"],
+        ["inspect", str(store.root), "--json", "--objects"],
+    )
+    assert human.returncode == 0 and human.stderr == "", human.stderr
+    facts = json.loads(as_json.stdout)
+    assert set(facts) == {
+        "url", "metadata_seq", "streams", "objects", "object_bytes",
+        "objects_awaiting_deletion", "bytes_awaiting_deletion", "object_list",
+    }  # fmt: skip
+    with s3stream.open_reader(store.root) as reader:
+        objects = reader.objects()
+        infos = reader.list_streams()
+    live = [o for o in objects if o.live]
+    doomed = [o for o in objects if not o.live]
+    assert doomed, "the fixture's compaction left objects awaiting deletion"
+    assert (facts["objects"], facts["object_bytes"]) == (len(live), sum(o.size for o in live))
+    assert facts["objects_awaiting_deletion"] == len(doomed)
+    assert facts["bytes_awaiting_deletion"] == sum(o.size for o in doomed)
+    assert [s["id"] for s in facts["streams"]] == [i.stream_id for i in infos] == [0, 1, 2]
+    orders, audit, live_stream = facts["streams"]
+    assert (orders["start"], orders["end"], orders["state"]) == (0, ORDERS, "closed")
+    assert orders["tags"] == {"topic": "orders", "partition": "0"} and orders["owner"] is None
+    assert (audit["end"], audit["tags"]) == (9, {"topic": "audit"})  # 3 batches of 3 records
+    assert (live_stream["state"], live_stream["owner"]) == ("open", "writer")
+    assert all(s["bytes"] > 0 for s in facts["streams"])
+    assert sum(s["bytes"] for s in facts["streams"]) <= facts["object_bytes"]
+    assert {o["key"] for o in facts["object_list"]} == {o.key for o in objects}
+
+    lines = human.stdout.splitlines()
+    objects_said = f"{len(live)} live object{'' if len(live) == 1 else 's'}"
+    assert lines[0] == (
+        f"{store.root}: 3 streams (1 open), {objects_said}, metadata log entry "
+        f"{facts['metadata_seq']}"
+    )
+    assert lines[2].split() == ["STREAM", "STATE", "OWNER", "EPOCH", "START", "END", "SIZE",
+                                "TAGS"]  # fmt: skip
+    rows = {int(line.split()[0]): line.split() for line in lines[3:6]}
+    assert rows[0][1:6] == ["closed", "-", str(orders["epoch"]), "0", str(ORDERS)]
+    assert rows[0][-2:] == ["partition=0,", "topic=orders"]
+    assert rows[2][1:3] == ["open", "writer"]
+    objects_table = "\n".join(lines[6:])
+    assert re.search(rf"^live\s+{len(live)}\s", objects_table, re.M)
+    assert re.search(rf"^awaiting deletion\s+{len(doomed)}\s", objects_table, re.M)
+    assert all(o.key in with_objects.stdout for o in objects)
+    assert not any(o.key in human.stdout for o in objects)
+
+
+def test_dump_honours_limit_and_start(store: Store) -> None:
+    url = str(store.root)
+    three, table, tail, past, nowhere = run_all(
+        ["dump", url, "0", "--limit", "3", "--json"],
+        ["dump", url, "0", "--limit", "3"],
+        ["dump", url, "0", "--start", "1000", "--limit", "0", "--json"],
+        ["dump", url, "0", "--start", "99999"],
+        ["dump", url, "42"],
+    )
+    batches = [json.loads(line) for line in three.stdout.splitlines()]
+    assert [b["base_offset"] for b in batches] == [0, 1, 2]
+    assert set(batches[0]) == {"base_offset", "count", "timestamp", "bytes", "properties"}
+    assert batches[0]["properties"] == {"i": "0"} and batches[0]["bytes"] == 40
+    lines = table.stdout.splitlines()
+    assert lines[0].split()[:2] == ["OFFSET", "RECORDS"] and len(lines) == 5
+    assert [line.split()[0] for line in lines[1:4]] == ["0", "1", "2"]
+    assert "--start 3" in lines[4]
+    offsets = [json.loads(line)["base_offset"] for line in tail.stdout.splitlines()]
+    assert offsets == list(range(1000, ORDERS))
+    one_line_error(past, 2, "past the end", str(ORDERS))
+    one_line_error(nowhere, 2, "42")
+
+
+def test_verify_reports_as_text_or_json_and_fails_on_damage(store: Store, tmp_path: Path) -> None:
+    copy, _ = store.copy(tmp_path / "damaged")
+    with s3stream.open_reader(copy) as reader:
+        (victim,) = [o for o in reader.objects() if o.live and o.ranges[0][0] == 0][:1]
+    data = bytearray((copy / victim.key).read_bytes())
+    data[100] ^= 0xFF  # inside the first data block of stream 0
+    (copy / victim.key).write_bytes(bytes(data))
+    healthy, healthy_json, damaged, damaged_json = run_all(
+        ["verify", str(store.root)],
+        ["verify", str(store.root), "--json"],
+        ["verify", str(copy)],
+        ["verify", str(copy), "--json"],
+    )
+    assert healthy.returncode == 0 and healthy.stderr == "", healthy.stdout + healthy.stderr
+    assert healthy.stdout.splitlines()[-1].startswith("verify: OK (3 streams")
+    facts = json.loads(healthy_json.stdout)
+    assert (facts["ok"], facts["problems"], facts["wal_problems"]) == (True, 0, 0)
+    assert facts["metadata"]["loaded"] and facts["metadata"]["problems"] == []
+    assert [(s["id"], s["ok"]) for s in facts["streams"]] == [(0, True), (1, True), (2, True)]
+    assert facts["streams"][0]["batches"] == ORDERS
+    assert any("writer.wal" in line for line in facts["wals"])
+    assert damaged.returncode == 1, damaged.stdout
+    assert "stream 0: FAILED" in damaged.stdout and "Traceback" not in damaged.stderr
+    assert damaged.stdout.splitlines()[-1] == "verify: FAILED: 1 problem (see above)"
+    bad = json.loads(damaged_json.stdout)
+    assert damaged_json.returncode == 1 and not bad["ok"] and bad["problems"] == 1
+    assert [s["ok"] for s in bad["streams"]] == [False, True, True]
+
+
+def test_a_closed_pipe_ends_the_output_quietly(store: Store) -> None:
+    """``| head -1`` mid-output (the JSON of 1,500 batches overflows the pipe), and a reader
+    gone before anything is written (``verify`` and ``inspect`` write at the end): no
+    traceback, exit 0 or 141 as other UNIX tools."""
+    url = str(store.root)
+    writer = subprocess.Popen(
+        [sys.executable, "-m", "s3stream", "dump", url, "0", "--limit", "0", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=ENV,
+    )
+    head = subprocess.Popen(["head", "-1"], stdin=writer.stdout, stdout=subprocess.PIPE)
+    assert writer.stdout is not None and writer.stderr is not None
+    writer.stdout.close()  # head is the only reader: when it exits, the pipe has none
+    first, _ = head.communicate(timeout=120)
+    err = writer.stderr.read()
+    writer.stderr.close()
+    assert writer.wait(timeout=120) in (0, 141)
+    assert err == b""
+    assert json.loads(first)["base_offset"] == 0
+
+    def into_closed_pipe(*args: str) -> subprocess.CompletedProcess[str]:
+        read_end, write_end = os.pipe()
+        os.close(read_end)
+        try:
+            return subprocess.run(
+                [sys.executable, "-m", "s3stream", *args],
+                stdout=write_end,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=ENV,
+                timeout=120,
+                check=False,
+            )
+        finally:
+            os.close(write_end)
+
+    with ThreadPoolExecutor(3) as pool:
+        results = list(
+            pool.map(
+                lambda argv: into_closed_pipe(*argv),
+                [["verify", url], ["inspect", url, "--objects"], ["dump", url, "1"]],
+            )
+        )
+    for result in results:
+        assert result.returncode in (0, 141) and result.stderr == "", result.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# compact, take-over
+
+
+def test_compact_reports_as_json(store: Store, tmp_path: Path) -> None:
+    copy, _ = store.copy(tmp_path / "copy")
+    result = run("compact", str(copy), "--json", "--nice", "0", "--deletion-delay-ms", "0")
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    report = json.loads(result.stdout)
+    assert {"objects_before", "objects_after", "bytes_read", "bytes_written", "tasks",
+            "objects_purged", "orphans_deleted", "duration_s"} <= set(report)  # fmt: skip
+    assert report["objects_purged"] >= 1  # those awaiting deletion, with no delay left
+
+
+def test_take_over_commits_the_wal_of_a_killed_writer(store: Store, tmp_path: Path) -> None:
+    copy, wal = store.copy(tmp_path / "copy")
+    lost, _ = store.copy(tmp_path / "lost")
+    gone = f"{(lost / 'wal' / 'gone.wal').as_uri()}?capacity=1MiB"
+    taken, failed = run_all(
+        ["take-over", str(copy), "writer", "--wal", wal],
+        ["take-over", str(lost), "writer", "--wal", gone],
+    )
+    assert taken.returncode == 0 and taken.stderr == "", taken.stderr
+    report = json.loads(taken.stdout)
+    assert report["released_streams"] == [2] and report["uploaded_batches"] == 1
+    dumped = run("dump", str(copy), "2", "--json")
+    assert [json.loads(line)["base_offset"] for line in dumped.stdout.splitlines()] == [0, 1]
+    # A WAL that is gone while its node has streams open: damage, exit 1, one line.
+    one_line_error(failed, 1, "gone.wal", "still has streams open")
+
+
+# ---------------------------------------------------------------------------------------------
+# Progress bars: on a terminal, moving within a task; never off one
+
+
+def _one_task_store(root: Path) -> None:
+    """Two stream-set objects of 2 MiB that one compaction task merges."""
+    rng = random.Random(0)
+    with s3stream.open(root, wal="memory://", settings=ClientSettings()) as client:
+        streams = [client.create_stream() for _ in range(4)]
+        for _ in range(2):
+            for s in streams:
+                for _ in range(8):
+                    s.append(RecordBatch(rng.randbytes(64 << 10)))
+            client.flush()
+
+
+def test_compaction_progress_moves_within_a_task(tmp_path: Path) -> None:
+    _one_task_store(tmp_path / "lib")
+    calls: list[tuple[int, int, str]] = []
+    with s3stream.open(tmp_path / "lib", wal="memory://") as client:
+        report = client.compact(lambda done, total, what: calls.append((done, total, what)))
+    assert sum(report.tasks.values()) == 1
+    merging = [(d, t) for d, t, what in calls if what == "stream-set compaction"]
+    assert merging[0][0] == 0 and merging[-1][0] == merging[-1][1] > 0
+    within = {d for d, t in merging if 0 < d < t}
+    assert len(within) >= 4, merging  # every GET and every MiB copied
+    assert [d for d, _ in merging] == sorted(d for d, _ in merging)
+
+
+def test_progress_bars_show_on_a_terminal_only(store: Store, tmp_path: Path) -> None:
+    pytest.importorskip("tqdm")
+    _one_task_store(tmp_path / "cli")
+    copy, wal = store.copy(tmp_path / "copy")
+    # 8 MiB of work (4 read, 4 written) at 8 MiB/s: the bar is drawn at each step of it.
+    status, out, shown = on_a_terminal(
+        "compact", str(tmp_path / "cli"), "--nice", "0", "--bytes-per-s", str(8 << 20), "--json"
+    )
+    assert status == 0, shown
+    assert sum(json.loads(out)["tasks"].values()) == 1
+    assert len([p for p in percents(shown) if 0 < p < 100]) >= 3, shown
+    assert "stream-set compaction" in shown
+    status, out, shown = on_a_terminal("verify", str(store.root))
+    assert status == 0 and "verifying" in shown and "stream 0:" in out
+    status, out, shown = on_a_terminal("verify", str(store.root), "--no-progress")
+    assert status == 0 and shown == ""
+    status, out, shown = on_a_terminal("demo", str(tmp_path / "d"), "--batches", "200")
+    assert status == 0 and "appending" in shown and "demo OK" in out
+    status, out, shown = on_a_terminal("take-over", str(copy), "writer", "--wal", wal)
+    assert status == 0 and "taking over writer" in shown
