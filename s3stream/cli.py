@@ -791,24 +791,22 @@ def _compact(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _non_negative(value: str) -> int:
+def _whole_number(value: str, minimum: int) -> int:
     try:
         number = int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a whole number, got {value!r}") from None
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {number}")
+    if number < minimum:
+        raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {number}")
     return number
+
+
+def _non_negative(value: str) -> int:
+    return _whole_number(value, 0)
 
 
 def _positive(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {value!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {number}")
-    return number
+    return _whole_number(value, 1)
 
 
 def _seconds(value: str) -> float:
