@@ -15,6 +15,9 @@ Roles of the public names:
 - settings: `ClientSettings`, `CompactionSettings`, `FileWalSettings`, `ObjectWalSettings`,
   `RetentionPolicy` (per-stream, as stream tags);
 - reports: `CompactionReport` (`StreamClient.compact`);
+- observability: `ClientMetrics` (`StreamClient.metrics`), its `MetricsRegistry` (exporters in
+  `s3stream.metrics.prometheus` and `s3stream.metrics.otel`), `CostReport` priced at a
+  `PriceTable` (docs/observability.md);
 - components: `WriteAheadLog`, `ObjectStore`, `Clock` (and their implementations in
   `s3stream.wal`, `s3stream.objectstore`, `s3stream.clock`);
 - errors: `S3StreamError` and its kinds.
@@ -39,6 +42,7 @@ from .errors import (
     WalFullError,
 )
 from .failover import TakeOverReport
+from .metrics import CostReport, MetricsRegistry, PriceTable
 from .objectstore.base import ObjectStore
 from .opening import open
 from .reader import ObjectSummary, StreamReader, open_reader
@@ -68,18 +72,21 @@ __all__ = [
     "CompactionReport",
     "CompactionSettings",
     "CorruptionError",
+    "CostReport",
     "FencedError",
     "FetchResult",
     "FetchedBatch",
     "FileWalSettings",
     "InvalidArgumentError",
     "ManualClock",
+    "MetricsRegistry",
     "NodeInUseError",
     "ObjectNotFoundError",
     "ObjectStore",
     "ObjectSummary",
     "ObjectWalSettings",
     "OffsetOutOfRangeError",
+    "PriceTable",
     "Record",
     "RecordBatch",
     "RetentionPolicy",

@@ -29,6 +29,12 @@ from .errors import (
 )
 from .failover import TakeOverReport, call_wal_factory, has_open_streams, take_over_node
 from .metadata import CloseStream, MetadataManager, MetadataState, StreamMeta
+from .metrics.components import MetadataInstruments, StorageInstruments, WalInstruments
+from .metrics.cost import CostReport, PriceTable
+from .metrics.ledger import CostLedger
+from .metrics.logs import ContextLogger
+from .metrics.observers import DataTotals, observe_client
+from .metrics.registry import MetricsRegistry
 from .objectstore.base import ObjectStore
 from .objectstore.stack import store_stack
 from .objectstore.wrappers import MetricsObjectStore, ObjectStoreMetrics
@@ -65,13 +71,34 @@ WalFactory = Callable[[str, int, Callable[[], None]], WriteAheadLog]
 @dataclass(frozen=True, slots=True)
 class ClientMetrics:
     """Counters of a client: its storage pipeline, its object-store traffic, the block
-    cache (hits, misses, GETs), the compactor and the rate limiter."""
+    cache (hits, misses, GETs), the compactor and the rate limiter (snapshots); the live
+    `registry` of every metric (latencies, the WAL, the metadata log, requests by purpose:
+    docs/observability.md), for exporters; and the `cost` of its object storage."""
 
     storage: StorageMetrics
     object_store: ObjectStoreMetrics
     block_cache: BlockCacheMetrics = field(default_factory=BlockCacheMetrics)
     compaction: CompactionMetrics = field(default_factory=CompactionMetrics)
     throttle: ThrottleMetrics = field(default_factory=ThrottleMetrics)
+    registry: MetricsRegistry = field(default_factory=MetricsRegistry)
+    ledger: CostLedger | None = None
+
+    def cost(self, window_s: float | None = None) -> CostReport:
+        """What the client's object storage costs per month at the current rate, at the
+        client's price table (default: S3 Standard, us-east-1).
+
+        Requests: for each purpose and request kind, the rate over the last `window_s`
+        seconds (default 3600) on the client's clock, i.e. the requests counted since the
+        newest snapshot of the counts at least that old (one is taken at the client's start
+        and at each call, so a client younger than the window is measured since its start),
+        divided by the seconds since that snapshot, x 2,628,000 seconds per month (730 h)
+        x the request's price. Requests are those sent to the store, retries and list pages
+        included. Storage: the bytes of the data objects the metadata lists (live and
+        awaiting deletion) x the GB-month price (GB = 2**30 bytes).
+        """
+        if self.ledger is None:
+            raise InvalidArgumentError("these metrics have no cost ledger (not a client's)")
+        return self.ledger.cost(window_s)
 
 
 def _check_new_tags(tags: object) -> dict[str, str]:
@@ -115,6 +142,8 @@ class StreamClient(Closeable):
         rng: random.Random | None = None,
         metadata_prefix: str = "meta",
         retry: bool = True,
+        metrics_registry: MetricsRegistry | None = None,
+        prices: PriceTable | None = None,
     ) -> None:
         # Every argument is checked before the first side effect (registering the node).
         check_instance("store", store, ObjectStore)
@@ -125,6 +154,9 @@ class StreamClient(Closeable):
         check_instance("rng", rng, random.Random, allow_none=True)
         check_text("metadata_prefix", metadata_prefix, allow_empty=False)
         check_bool("retry", retry)
+        check_instance("metrics_registry", metrics_registry, MetricsRegistry, allow_none=True)
+        check_instance("prices", prices, PriceTable, allow_none=True)
+        self._log = ContextLogger(log, self._node_id)
         self._settings = settings if settings is not None else ClientSettings()
         self._clock = clock if clock is not None else SystemClock()
         rng = rng if rng is not None else random.Random(f"s3stream:{node_id}")
@@ -139,9 +171,16 @@ class StreamClient(Closeable):
             )
         else:
             self._metrics_store = (
-                store if isinstance(store, MetricsObjectStore) else MetricsObjectStore(store)
+                store
+                if isinstance(store, MetricsObjectStore)
+                else MetricsObjectStore(store, clock=self._clock)
             )
+        # The registry is the client's: a stack built before the client (by `open`, to share
+        # it with an object WAL) records into it from here on.
+        self._registry = metrics_registry if metrics_registry is not None else MetricsRegistry()
+        self._metrics_store.use_registry(self._registry)
         self._store: ObjectStore = self._metrics_store
+        view = self._metrics_store.for_purpose
         self._lock = threading.RLock()
         self._streams: dict[int, Stream] = {}
         self._closed = False
@@ -149,12 +188,13 @@ class StreamClient(Closeable):
         self._close_done = threading.Event()
         self._close_error: BaseException | None = None
         self._meta = MetadataManager(
-            self._store,
+            view("metadata"),
             clock=self._clock,
             writer_id=node_id,
             prefix=metadata_prefix,
             checkpoint_interval=self._settings.metadata_checkpoint_interval,
             commit_attempts=self._settings.metadata_commit_attempts,
+            instruments=MetadataInstruments(self._registry),
         )
         try:
             self._meta.load()
@@ -172,6 +212,9 @@ class StreamClient(Closeable):
             if storage_box:
                 storage_box[0].request_upload()
 
+        # Every component calls the store through a view of its purpose; what is called on the
+        # stack itself while the WAL factory runs, and later, is an object WAL's on this stack.
+        self._metrics_store.default_purpose = "wal"
         self._wal = (
             wal
             if isinstance(wal, WriteAheadLog)
@@ -183,6 +226,11 @@ class StreamClient(Closeable):
                 must_exist=has_open_streams(self._meta.state, node_id),
             )
         )
+        if getattr(self._wal, "store", None) is not self._metrics_store:
+            self._metrics_store.default_purpose = "other"
+        observe_commits = getattr(self._wal, "observe_commits", None)
+        if callable(observe_commits):
+            observe_commits(WalInstruments(self._registry).commit.record)
         #: Opens another node's WAL for `take_over` (None when given a WAL instance).
         self._wal_factory: WalFactory | None = None if isinstance(wal, WriteAheadLog) else wal
         s = self._settings
@@ -194,12 +242,12 @@ class StreamClient(Closeable):
             requests_per_s=s.background_requests_per_s,
         )
         self._block_cache = BlockCache(
-            self._store, capacity_bytes=s.block_cache_bytes, limiter=self._limiter
+            view("read"), capacity_bytes=s.block_cache_bytes, limiter=self._limiter
         )
         keys = KeyFactory(node_id, self._node_epoch, prefix=data_prefix_for(metadata_prefix))
         self._data_prefix = keys.prefix
         self._compactor = Compactor(
-            store=self._store,
+            store=view("compaction"),
             meta=self._meta,
             keys=keys,
             cache=self._block_cache,
@@ -214,7 +262,7 @@ class StreamClient(Closeable):
             limiter=self._limiter,
         )
         self._storage = Storage(
-            store=self._store,
+            store=view("upload"),
             wal=self._wal,
             meta=self._meta,
             settings=self._settings,
@@ -224,8 +272,27 @@ class StreamClient(Closeable):
             block_cache=self._block_cache,
             limiter=self._limiter,
             node_epoch=self._node_epoch,
+            instruments=StorageInstruments(self._registry),
         )
         storage_box.append(self._storage)
+        data = DataTotals(self._meta)
+        self._ledger = CostLedger(
+            self._registry,
+            self._clock,
+            prices=prices if prices is not None else PriceTable(),
+            stored_bytes=data.stored_bytes,
+        )
+        observe_client(
+            self._registry,
+            storage=self._storage,
+            block_cache=self._block_cache,
+            compactor=self._compactor,
+            limiter=self._limiter,
+            wal=self._wal,
+            meta=self._meta,
+            data=data,
+            ledger=self._ledger,
+        )
         try:
             self.recovery: RecoveryReport = self._storage.recover()
         except BaseException:
@@ -234,7 +301,7 @@ class StreamClient(Closeable):
             self._block_cache.close()
             raise
         if self.recovery.records:
-            log.info("recovered %s", self.recovery)
+            self._log.info("recovered %s", self.recovery)
         self._storage.start()
         if s.compaction.background:
             self._compactor.start()
@@ -273,14 +340,21 @@ class StreamClient(Closeable):
 
     @property
     def metrics(self) -> ClientMetrics:
-        """A snapshot of the client's counters."""
+        """A snapshot of the client's counters, its live registry and its cost ledger."""
         return ClientMetrics(
             self._storage.metrics,
             self._metrics_store.metrics,
             self._block_cache.metrics,
             self._compactor.metrics,
             self._limiter.metrics,
+            self._registry,
+            self._ledger,
         )
+
+    @property
+    def logger(self) -> ContextLogger:
+        """The client's logger: its records carry ``node_id`` (and ``stream_id``)."""
+        return self._log
 
     @property
     def compactor(self) -> Compactor:
@@ -325,7 +399,7 @@ class StreamClient(Closeable):
             self._meta.refresh()
             meta = self._meta.open_stream(stream_id, self._node_id, force=force)
             if force:
-                log.warning(
+                self._log.for_stream(stream_id).warning(
                     "stream %d opened with force=True: what its previous owner had not "
                     "uploaded is discarded",
                     stream_id,
@@ -378,10 +452,18 @@ class StreamClient(Closeable):
         own = self._streams.get(stream_id)
         if own is not None and not own.closed:
             return own.fetch(start_offset, end_offset, max_bytes=max_bytes)
-        return read_committed_range(
+        started = self._clock.monotonic()
+        result = read_committed_range(
             self._meta, self._storage.objects, stream_id, start_offset, end_offset,
             max_bytes,
         )  # fmt: skip
+        batches = result.batches
+        self._storage.instruments.fetch.record(
+            self._clock.monotonic() - started,
+            result.total_bytes,
+            batches[-1].next_offset - batches[0].base_offset if batches else 0,
+        )
+        return result
 
     def _trim_stream(self, stream: Stream, new_start: int) -> None:
         if new_start > self._meta.get_stream(stream.stream_id).end_offset:
@@ -482,7 +564,7 @@ class StreamClient(Closeable):
         return take_over_node(
             node_id,
             wal_factory=factory,
-            store=self._store,
+            store=self._metrics_store.for_purpose("upload"),
             meta=self._meta,
             settings=self._settings,
             clock=self._clock,

@@ -23,6 +23,8 @@ from ..errors import (
     StreamOwnedError,
     UnavailableError,
 )
+from ..metrics.components import MetadataInstruments
+from ..metrics.registry import MetricsRegistry
 from ..objectstore.base import ObjectStore
 from ..validation import check_int, check_str_map, check_text
 from .codec import encode_entry, validate_entry
@@ -69,6 +71,7 @@ class MetadataManager:
         checkpoint_interval: int = 64,
         commit_attempts: int = 32,
         rng: random.Random | None = None,
+        instruments: MetadataInstruments | None = None,
     ) -> None:
         if not isinstance(clock, Clock):
             raise InvalidArgumentError(f"clock must be a Clock, got {clock!r}")
@@ -89,6 +92,9 @@ class MetadataManager:
         #: writes (a write would put a different history under the same numbers).
         self._rolled_back: CorruptionError | None = None
         self._state: MetadataState | None = None
+        self._ins = (
+            instruments if instruments is not None else MetadataInstruments(MetricsRegistry())
+        )
 
     @property
     def log(self) -> MetadataLog:
@@ -156,8 +162,15 @@ class MetadataManager:
         times in a row or the store is unreachable (then the entry may or may not have been
         written: `refresh` tells).
         """
-        with self._lock:
-            entry, state = self._commit_locked(build)
+        started = self._clock.monotonic()
+        try:
+            with self._lock:
+                entry, state = self._commit_locked(build)
+        except BaseException:
+            self._ins.failed.observe(self._clock.monotonic() - started)
+            raise
+        outcome = self._ins.written if entry.ops else self._ins.noop
+        outcome.observe(self._clock.monotonic() - started)
         if entry.ops and entry.seq % self._checkpoint_interval == 0:
             self._write_checkpoint(state)
         return entry, state
@@ -310,6 +323,7 @@ class MetadataManager:
             if self._create_entry(entry.seq, payload):
                 self._state = state
                 return entry, state
+            self._ins.conflicts.add()
             self._catch_up()
         raise UnavailableError(
             f"metadata commit by {self._writer_id!r} lost the race for the next log entry "
@@ -351,6 +365,8 @@ class MetadataManager:
         finally:
             # Keep the progress made even if a later entry could not be read.
             self._state = state
+            if state is not start:
+                self._ins.replayed.add(state.seq - start.seq)
         return state is not start
 
     def _check_not_rolled_back(self, seen: int) -> None:
@@ -372,6 +388,8 @@ class MetadataManager:
     def _write_checkpoint(self, state: MetadataState) -> None:
         try:
             self._log.write_checkpoint(state.to_checkpoint())
+            self._ins.checkpoint_written.add()
         except S3StreamError as exc:
+            self._ins.checkpoint_failed.add()
             # Harmless: the next checkpoint (or a longer replay) covers for it.
             _logger.warning("could not write metadata checkpoint %d: %s", state.seq, exc)

@@ -14,9 +14,13 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .._closeable import Closeable
 from ..errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from .requests import RequestMeter
 
 __all__ = ["ObjectInfo", "ObjectStore", "check_key", "check_range"]
 
@@ -99,6 +103,12 @@ class ObjectStore(Closeable):
         """Make one try of a call end within about `seconds` (lower socket timeouts), so
         that calls fit a deadline of a few tries; stores without timeouts ignore it."""
         return
+
+    def meter_requests(self, meter: RequestMeter) -> bool:
+        """Report every request this store sends to its backend to `meter` from now on (tries
+        and pages included), for cost accounting. False, the default, when the store cannot:
+        `RequestCountingStore` then counts its calls instead. Wrappers pass it on."""
+        return False
 
     def close(self) -> None:
         """Release connections and other resources."""

@@ -36,6 +36,15 @@ from ..errors import (
 )
 from ._common import as_bytes, check_prefix, check_suffix_length
 from .base import ObjectInfo, ObjectStore, check_key, check_range
+from .requests import (
+    DELETE_OBJECTS,
+    GET_OBJECT,
+    HEAD_BUCKET,
+    HEAD_OBJECT,
+    LIST_OBJECTS,
+    PUT_OBJECT,
+    RequestMeter,
+)
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -185,6 +194,8 @@ class S3ObjectStore(ObjectStore):
         self._client: S3Client | None = client
         #: The bucket answered a HEAD once (a missing key is then just a missing key).
         self._bucket_seen = False
+        #: Told of every request sent (`meter_requests`); not pickled.
+        self._meters: tuple[RequestMeter, ...] = ()
 
     @classmethod
     def from_url(cls, url: str, **storage_options: Any) -> S3ObjectStore:
@@ -266,9 +277,37 @@ class S3ObjectStore(ObjectStore):
         if client is not None:
             client.close()
 
+    def meter_requests(self, meter: RequestMeter) -> bool:
+        with self._lock:
+            self._meters = (*self._meters, meter)
+        return True
+
+    def _sent(self, request: str, outcome: object) -> None:
+        """Report one request and the tries botocore added to it (its answer or its error
+        says how many; none unless `max_attempts` > 1)."""
+        meters = self._meters
+        if meters:
+            if isinstance(outcome, BaseException):
+                count = 1 + _error_details(outcome)[2]
+            else:
+                count = 1 + _retry_attempts(outcome)
+            for meter in meters:
+                meter.request(request, count)
+
+    def _send(self, request: str, fn: Callable[[], T]) -> T:
+        """Send one request (`fn`, a boto3 call) and report it."""
+        try:
+            response = fn()
+        except Exception as exc:
+            self._sent(request, exc)
+            raise
+        self._sent(request, response)
+        return response
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_client"] = None
+        state["_meters"] = ()
         del state["_lock"]
         return state
 
@@ -286,7 +325,13 @@ class S3ObjectStore(ObjectStore):
         full = self._full_key(key)
         blob = as_bytes(data)
         client = self._s3()
-        self._call("write", key, lambda: client.put_object(Bucket=self.bucket, Key=full, Body=blob))
+        self._call(
+            "write",
+            key,
+            lambda: self._send(
+                PUT_OBJECT, lambda: client.put_object(Bucket=self.bucket, Key=full, Body=blob)
+            ),
+        )
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         full = self._full_key(key)
@@ -297,7 +342,12 @@ class S3ObjectStore(ObjectStore):
         ambiguous = False
         for attempt in range(self._conflict_retries + 1):
             try:
-                client.put_object(Bucket=self.bucket, Key=full, Body=blob, IfNoneMatch="*")
+                self._send(
+                    PUT_OBJECT,
+                    lambda: client.put_object(
+                        Bucket=self.bucket, Key=full, Body=blob, IfNoneMatch="*"
+                    ),
+                )
                 return True
             except Exception as exc:
                 code, status, retries = _error_details(exc)
@@ -345,7 +395,10 @@ class S3ObjectStore(ObjectStore):
         extra = {"Range": byte_range} if byte_range else {}
         for attempt in range(self._max_attempts):
             try:
-                response = client.get_object(Bucket=self.bucket, Key=full, **extra)  # type: ignore[arg-type]
+                response = self._send(
+                    GET_OBJECT,
+                    lambda: client.get_object(Bucket=self.bucket, Key=full, **extra),  # type: ignore[arg-type]
+                )
             except Exception as exc:
                 code, status, _ = _error_details(exc)
                 if status == 416 or code == "InvalidRange":
@@ -367,7 +420,9 @@ class S3ObjectStore(ObjectStore):
         full = self._full_key(key)
         client = self._s3()
         try:
-            response = client.head_object(Bucket=self.bucket, Key=full)
+            response = self._send(
+                HEAD_OBJECT, lambda: client.head_object(Bucket=self.bucket, Key=full)
+            )
         except Exception as exc:
             code, status, _ = _error_details(exc)
             if status == 404 and code != "NoSuchBucket" and _speaks_s3(exc):
@@ -382,7 +437,7 @@ class S3ObjectStore(ObjectStore):
         if self._bucket_seen:
             return
         try:
-            client.head_bucket(Bucket=self.bucket)
+            self._send(HEAD_BUCKET, lambda: client.head_bucket(Bucket=self.bucket))
         except Exception as exc:
             _, status, _ = _error_details(exc)
             if status == 404:
@@ -407,8 +462,9 @@ class S3ObjectStore(ObjectStore):
             response = self._call(
                 "delete",
                 batch[0],
-                lambda request=request: client.delete_objects(  # type: ignore[misc]
-                    Bucket=self.bucket, Delete=request
+                lambda request=request: self._send(  # type: ignore[misc]
+                    DELETE_OBJECTS,
+                    lambda: client.delete_objects(Bucket=self.bucket, Delete=request),
                 ),
             )
             for error in response.get("Errors", []):
@@ -444,7 +500,17 @@ class S3ObjectStore(ObjectStore):
         cut = len(self.prefix)
         try:
             paginator = client.get_paginator("list_objects_v2")
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix + prefix):
+            pages = iter(paginator.paginate(Bucket=self.bucket, Prefix=self.prefix + prefix))
+            while True:
+                # Each page is one request.
+                try:
+                    page = next(pages)
+                except StopIteration:
+                    break
+                except Exception as exc:
+                    self._sent(LIST_OBJECTS, exc)
+                    raise
+                self._sent(LIST_OBJECTS, page)
                 for entry in page.get("Contents", []):
                     key = entry["Key"][cut:]
                     if not key.startswith(prefix):
@@ -568,6 +634,12 @@ def _error_details(exc: BaseException) -> tuple[str, int, int]:
     if not status and code.isdigit():
         status = int(code)
     return code, status, int(meta.get("RetryAttempts") or 0)
+
+
+def _retry_attempts(response: object) -> int:
+    """Retries botocore made before a successful answer."""
+    meta = response.get("ResponseMetadata", {}) if isinstance(response, dict) else {}
+    return int(meta.get("RetryAttempts") or 0) if isinstance(meta, dict) else 0
 
 
 def _speaks_s3(exc: BaseException) -> bool:

@@ -2,9 +2,12 @@
 
 ``MetricsObjectStore(RetryingObjectStore(raw))``: the retry layer is the only one (remote stores
 make one try per call, see `S3ObjectStore`), bounded by one deadline per call; metrics count
-calls as the application's components make them. Everything a client does with its store goes
-through this stack, the object WAL under the same store included, so its traffic shows in
-`StreamClient.metrics` and one store object (one boto3 client) serves them all.
+calls as the application's components make them, and the requests those calls send, every try
+included (`s3stream.objectstore.requests`: reported by `raw`, or counted per try by the retry
+layer when `raw` cannot report them).
+Everything a client does with its store goes through this stack, the object WAL under the same
+store included, so its traffic shows in `StreamClient.metrics` and one store object (one boto3
+client) serves them all.
 """
 
 from __future__ import annotations
@@ -47,5 +50,6 @@ def store_stack(
             deadline_s=timeout_s,
             max_attempts=MAX_TRIES,
             attempt_timeout_s=raw.attempt_timeout_s,
-        )
+        ),
+        clock=clock,
     )

@@ -2,6 +2,7 @@
 
 Each wrapper is an `ObjectStore` itself, so they stack (``MetricsObjectStore(
 RetryingObjectStore(S3ObjectStore(...), ...))`` counts calls as the application sees them).
+`MetricsObjectStore` lives in ``metered`` and is re-exported here.
 """
 
 from __future__ import annotations
@@ -9,13 +10,14 @@ from __future__ import annotations
 import random
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, fields
 from typing import TypeVar
 
 from ..clock import Clock
 from ..errors import InvalidArgumentError, ObjectNotFoundError, UnavailableError
 from ._common import as_bytes
 from .base import ObjectInfo, ObjectStore
+from .metered import MetricsObjectStore, ObjectStoreMetrics
+from .requests import RequestCountingStore, RequestMeter
 
 __all__ = [
     "ForwardingObjectStore",
@@ -68,6 +70,9 @@ class ForwardingObjectStore(ObjectStore):
     def bound_attempts(self, seconds: float) -> None:
         self.inner.bound_attempts(seconds)
 
+    def meter_requests(self, meter: RequestMeter) -> bool:
+        return self.inner.meter_requests(meter)
+
 
 class RetryingObjectStore(ObjectStore):
     """Retries calls that fail with `UnavailableError`, with capped exponential backoff.
@@ -114,6 +119,9 @@ class RetryingObjectStore(ObjectStore):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise InvalidArgumentError(f"{name} must be a number >= 0, got {value!r}")
         self._inner = inner
+        #: What the tries call: `inner`, or a `RequestCountingStore` over it once requests are
+        #: metered and `inner` cannot report its own.
+        self._calls: ObjectStore = inner
         self._clock = clock
         self._rng = rng
         self._rng_lock = threading.Lock()
@@ -139,9 +147,17 @@ class RetryingObjectStore(ObjectStore):
     def close(self) -> None:
         self._inner.close()
 
+    def meter_requests(self, meter: RequestMeter) -> bool:
+        if self._calls is self._inner and self._inner.meter_requests(meter):
+            return True
+        # The inner store cannot report its requests: count each try made here.
+        if self._calls is self._inner:
+            self._calls = RequestCountingStore(self._inner)
+        return self._calls.meter_requests(meter)
+
     def put(self, key: str, data: bytes) -> None:
         blob = as_bytes(data)
-        self._run("put", key, lambda: self._inner.put(key, blob))
+        self._run("put", key, lambda: self._calls.put(key, blob))
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         blob = as_bytes(data)
@@ -150,7 +166,7 @@ class RetryingObjectStore(ObjectStore):
         def attempt() -> bool:
             nonlocal failed_tries
             try:
-                return self._inner.put_if_absent(key, blob)
+                return self._calls.put_if_absent(key, blob)
             except UnavailableError:
                 failed_tries += 1
                 raise
@@ -160,23 +176,23 @@ class RetryingObjectStore(ObjectStore):
             return created
         # An earlier try may have created the object without us hearing back.
         try:
-            return self._run("get", key, lambda: self._inner.get(key)) == blob
+            return self._run("get", key, lambda: self._calls.get(key)) == blob
         except ObjectNotFoundError:
             return False
 
     def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
-        return self._run("get", key, lambda: self._inner.get(key, start, end))
+        return self._run("get", key, lambda: self._calls.get(key, start, end))
 
     def get_suffix(self, key: str, length: int) -> bytes:
-        return self._run("get_suffix", key, lambda: self._inner.get_suffix(key, length))
+        return self._run("get_suffix", key, lambda: self._calls.get_suffix(key, length))
 
     def head(self, key: str) -> ObjectInfo | None:
-        return self._run("head", key, lambda: self._inner.head(key))
+        return self._run("head", key, lambda: self._calls.head(key))
 
     def delete_many(self, keys: Iterable[str]) -> None:
         # Materialized so that a retry deletes the same keys (deleting twice is harmless).
         key_list = list(keys)
-        self._run("delete_many", None, lambda: self._inner.delete_many(key_list))
+        self._run("delete_many", None, lambda: self._calls.delete_many(key_list))
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         return self._list(prefix)
@@ -187,7 +203,7 @@ class RetryingObjectStore(ObjectStore):
         started = self._clock.monotonic()
         while True:
             try:
-                for info in self._inner.list(prefix):
+                for info in self._calls.list(prefix):
                     if last is not None and info.key <= last:
                         continue  # already yielded before the failure
                     last = info.key
@@ -226,142 +242,3 @@ class RetryingObjectStore(ObjectStore):
                 f"deadline_s={self._deadline_s}); last error: {exc}"
             ) from exc
         self._clock.sleep(delay)
-
-
-@dataclass(frozen=True, slots=True)
-class ObjectStoreMetrics:
-    """Counts of calls made through a `MetricsObjectStore` (a snapshot).
-
-    Calls are counted when made, whether they succeed or not; byte counts only on success.
-    """
-
-    #: `put` calls and the bytes they wrote.
-    puts: int = 0
-    put_bytes: int = 0
-    #: `put_if_absent` calls, the bytes of those that created, and those that found the key.
-    conditional_puts: int = 0
-    conditional_put_bytes: int = 0
-    conditional_put_conflicts: int = 0
-    #: `get` and `get_suffix` calls and the bytes they returned.
-    gets: int = 0
-    get_bytes: int = 0
-    #: `head` calls.
-    heads: int = 0
-    #: `delete_many` calls and the keys passed to them.
-    deletes: int = 0
-    deleted_keys: int = 0
-    #: `list` calls and the entries they yielded.
-    lists: int = 0
-    listed_objects: int = 0
-    #: Calls of any kind that raised.
-    errors: int = 0
-
-    @property
-    def requests(self) -> int:
-        """All calls counted above."""
-        return (
-            self.puts + self.conditional_puts + self.gets + self.heads + self.deletes + self.lists
-        )
-
-
-class MetricsObjectStore(ObjectStore):
-    """Counts calls and bytes per operation; thread-safe. Read `metrics`, clear with `reset`."""
-
-    def __init__(self, inner: ObjectStore) -> None:
-        if not isinstance(inner, ObjectStore):
-            raise InvalidArgumentError(f"inner must be an ObjectStore, got {inner!r}")
-        self._inner = inner
-        self._lock = threading.Lock()
-        self._counts: dict[str, int] = dict.fromkeys(_METRIC_NAMES, 0)
-
-    @property
-    def inner(self) -> ObjectStore:
-        """The wrapped store."""
-        return self._inner
-
-    @property
-    def metrics(self) -> ObjectStoreMetrics:
-        """A consistent snapshot of the counters."""
-        with self._lock:
-            return ObjectStoreMetrics(**self._counts)
-
-    def reset(self) -> ObjectStoreMetrics:
-        """Zero the counters; returns their values from just before."""
-        with self._lock:
-            snapshot = ObjectStoreMetrics(**self._counts)
-            self._counts = dict.fromkeys(_METRIC_NAMES, 0)
-        return snapshot
-
-    def describe(self) -> str:
-        return f"metrics({self._inner.describe()})"
-
-    @property
-    def attempt_timeout_s(self) -> float | None:
-        return self._inner.attempt_timeout_s
-
-    def bound_attempts(self, seconds: float) -> None:
-        self._inner.bound_attempts(seconds)
-
-    def close(self) -> None:
-        self._inner.close()
-
-    def _add(self, **amounts: int) -> None:
-        with self._lock:
-            for name, amount in amounts.items():
-                self._counts[name] += amount
-
-    def _count(self, calls: str, fn: Callable[[], T]) -> T:
-        self._add(**{calls: 1})
-        try:
-            return fn()
-        except BaseException:
-            self._add(errors=1)
-            raise
-
-    def put(self, key: str, data: bytes) -> None:
-        self._count("puts", lambda: self._inner.put(key, data))
-        self._add(put_bytes=len(data))
-
-    def put_if_absent(self, key: str, data: bytes) -> bool:
-        created = self._count("conditional_puts", lambda: self._inner.put_if_absent(key, data))
-        if created:
-            self._add(conditional_put_bytes=len(data))
-        else:
-            self._add(conditional_put_conflicts=1)
-        return created
-
-    def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
-        data = self._count("gets", lambda: self._inner.get(key, start, end))
-        self._add(get_bytes=len(data))
-        return data
-
-    def get_suffix(self, key: str, length: int) -> bytes:
-        data = self._count("gets", lambda: self._inner.get_suffix(key, length))
-        self._add(get_bytes=len(data))
-        return data
-
-    def head(self, key: str) -> ObjectInfo | None:
-        return self._count("heads", lambda: self._inner.head(key))
-
-    def delete_many(self, keys: Iterable[str]) -> None:
-        key_list = list(keys)
-        self._count("deletes", lambda: self._inner.delete_many(key_list))
-        self._add(deleted_keys=len(key_list))
-
-    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        entries = self._count("lists", lambda: self._inner.list(prefix))
-        return self._count_entries(entries)
-
-    def _count_entries(self, entries: Iterator[ObjectInfo]) -> Iterator[ObjectInfo]:
-        try:
-            for info in entries:
-                self._add(listed_objects=1)
-                yield info
-        except GeneratorExit:
-            raise
-        except BaseException:
-            self._add(errors=1)
-            raise
-
-
-_METRIC_NAMES = tuple(f.name for f in fields(ObjectStoreMetrics))

@@ -22,8 +22,8 @@ fatal error (fenced, corrupted, a bug in a background thread) stops the client f
 
 from __future__ import annotations
 
-import dataclasses
 import logging
+import operator
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -53,6 +53,9 @@ from ..metadata import (
     ObjectMeta,
     StreamRange,
 )
+from ..metrics.components import StorageInstruments
+from ..metrics.logs import ContextLogger
+from ..metrics.registry import MetricsRegistry
 from ..objectstore.base import ObjectStore
 from ..settings import ClientSettings
 from ..throttle import Priority, PriorityRateLimiter
@@ -92,7 +95,8 @@ class RecoveryReport:
 
 @dataclass(slots=True)
 class StorageMetrics:
-    """Counters of the storage pipeline (a snapshot)."""
+    """Counters of the storage pipeline (a snapshot, read from the client's registry:
+    ``s3stream.append.*``, ``s3stream.upload.*``, ``s3stream.cache.requests{tier="log"}``)."""
 
     appends: int = 0
     append_bytes: int = 0
@@ -109,6 +113,8 @@ class _Upload:
     objects: list[PackedObject]
     puts: list[Future[None]] = field(default_factory=list)
     attempts: int = 0
+    #: When the upload began (the clock's monotonic seconds).
+    started: float = 0.0
 
 
 def _stream_epoch_prefix(epoch: int) -> bytes:
@@ -131,6 +137,7 @@ class Storage:
         block_cache: BlockCache | None = None,
         limiter: PriorityRateLimiter | None = None,
         node_epoch: int | None = None,
+        instruments: StorageInstruments | None = None,
     ) -> None:
         self._store = store
         #: Carried by every commit, so a node taken over by another client commits nothing.
@@ -141,6 +148,7 @@ class Storage:
         self._clock = clock
         self._keys = keys
         self._node_id = node_id
+        self._log = ContextLogger(log, node_id)
         self._cache = LogCache(settings.log_cache_bytes)
         self._limiter = limiter
         # A block cache made here is ours to close; one passed in belongs to the caller.
@@ -156,7 +164,12 @@ class Storage:
                 max_bytes=settings.readahead_max_bytes,
             ),
         )
-        self._metrics = StorageMetrics()
+        self._ins = (
+            instruments if instruments is not None else StorageInstruments(MetricsRegistry())
+        )
+        # Bound once: the append path reads the clock twice and records once per append.
+        self._mono = clock.monotonic
+        self._record_append = self._ins.append.record
         # One lock orders offsets, WAL appends and completion callbacks (see module docstring).
         self._append_lock = threading.RLock()
         self._cond = threading.Condition(threading.Lock())
@@ -209,7 +222,12 @@ class Storage:
     @property
     def metrics(self) -> StorageMetrics:
         """A snapshot of the counters."""
-        return dataclasses.replace(self._metrics)
+        return StorageMetrics(**self._ins.snapshot())
+
+    @property
+    def instruments(self) -> StorageInstruments:
+        """The cells the pipeline records into."""
+        return self._ins
 
     def start(self) -> None:
         """Start the background uploader."""
@@ -417,7 +435,7 @@ class Storage:
         # after it; a wait past the deadline would only hide a hang.
         thread.join(max(0.0, deadline - self._clock.monotonic()) + _JOIN_GRACE_S)
         if thread.is_alive():
-            log.error("the uploader did not stop by the close deadline; leaving it behind")
+            self._log.error("the uploader did not stop by the close deadline; leaving it behind")
 
     def abandon(self) -> None:
         """Stop background work without uploading (tests: simulate a crash in-process)."""
@@ -437,7 +455,11 @@ class Storage:
 
     def append(self, w: WriterState, batch: RecordBatch) -> Future[AppendResult]:
         """Assign offsets, write the WAL record; the future resolves once it is durable."""
-        r = self._append(w, batch)
+        try:
+            r = self._append(w, batch)
+        except BaseException as exc:
+            self._ins.append_failed(exc)
+            raise
         return r[0] if isinstance(r, tuple) else self._completed.result(r)
 
     def append_and_wait(
@@ -449,7 +471,11 @@ class Storage:
         may still become durable later: `UnavailableError` says so.
         """
         timeout = self._settings.call_timeout_ms / 1000 if timeout_s is None else timeout_s
-        r = self._append(w, batch, timeout)
+        try:
+            r = self._append(w, batch, timeout)
+        except BaseException as exc:
+            self._ins.append_failed(exc)
+            raise
         if not isinstance(r, tuple):
             return r  # durable already (no clock read on this path)
         result, wal_future, call_deadline = r
@@ -464,6 +490,7 @@ class Storage:
                 else max(0.0, call_deadline - self._clock.monotonic())
             )
         except TimeoutError as exc:
+            self._ins.append_failed(exc)
             raise UnavailableError(
                 f"append to stream {w.stream_id} was not acknowledged within "
                 f"{deadline_text(timeout_s, self._settings)}; it may still become durable "
@@ -475,6 +502,7 @@ class Storage:
     ) -> AppendResult | tuple[Future[AppendResult], Future[WalPosition], float | None]:
         """Append under the lock; the result, or (its future, the WAL's future, the call's
         deadline if a wait made it compute one). `call_timeout`: of a synchronous call."""
+        started = self._mono()
         ts = batch.base_timestamp
         if ts is None:
             ts = self._clock.now_ms()
@@ -505,7 +533,7 @@ class Storage:
                 if self._failed is not None:
                     raise self._failed
                 if self._wal_error is None and not self._no_room():
-                    return self._append_locked(w, batch, ts, payload, call_deadline)
+                    return self._append_locked(w, batch, ts, payload, call_deadline, started)
             finally:
                 self._append_lock.release()
             # A WAL under repair or no room: wait outside the lock, side by side with others.
@@ -537,6 +565,7 @@ class Storage:
         ts: int,
         payload: bytes,
         call_deadline: float | None,
+        started: float,
     ) -> AppendResult | tuple[Future[AppendResult], Future[WalPosition], float | None]:
         base = w.next_offset
         record = encode_batch(
@@ -568,12 +597,12 @@ class Storage:
         if wal_future.done():
             # Every earlier WAL future is done and its callback has run (the WAL completes
             # in order), so completing inline keeps LogCache inserts in WAL order.
-            return self._durable(wal_future, w, batch, base, ts, record)
+            return self._durable(wal_future, w, batch, base, ts, record, started)
         result: Future[AppendResult] = Future()
         with self._cond:
             self._outstanding += 1
         wal_future.add_done_callback(
-            lambda f: self._on_durable(f, w, batch, base, ts, record, result)
+            lambda f: self._on_durable(f, w, batch, base, ts, record, result, started)
         )
         return result, wal_future, call_deadline
 
@@ -600,6 +629,7 @@ class Storage:
         base: int,
         ts: int,
         record: bytes,
+        started: float,
     ) -> AppendResult:
         try:
             pos = wal_future.result()
@@ -615,9 +645,7 @@ class Storage:
             record, WAL_PREFIX.size, pos, w.epoch,
         )  # fmt: skip
         w.confirm_offset = base + count
-        m = self._metrics
-        m.appends += 1
-        m.append_bytes += len(batch.payload)
+        self._record_append(self._mono() - started, len(batch.payload), count)
         if pending >= self._upload_threshold and not self._upload_requested:
             self.request_upload()
         return AppendResult(w.stream_id, base, count)
@@ -631,10 +659,12 @@ class Storage:
         ts: int,
         record: bytes,
         result: Future[AppendResult],
+        started: float,
     ) -> None:
         try:
-            result.set_result(self._durable(wal_future, w, batch, base, ts, record))
+            result.set_result(self._durable(wal_future, w, batch, base, ts, record, started))
         except S3StreamError as exc:
+            self._ins.append_failed(exc)
             result.set_exception(exc)
         finally:
             with self._cond:
@@ -650,7 +680,7 @@ class Storage:
             return
         with self._cond:
             if self._wal_error is None:
-                log.warning("WAL failed, repairing it (appends wait): %s", err)
+                self._log.warning("WAL failed, repairing it (appends wait): %s", err)
                 self._wal_error = err
                 self._cond.notify_all()
 
@@ -658,7 +688,7 @@ class Storage:
         # A failed WAL write leaves a hole in offsets: nothing after it may be acknowledged.
         with self._cond:
             if self._failed is None:
-                log.error("the client takes no more appends: %s", err)
+                self._log.error("the client takes no more appends: %s", err)
                 self._failed = err
             self._cond.notify_all()
 
@@ -738,7 +768,7 @@ class Storage:
             )
             if err is not exc:
                 err.__cause__ = exc
-            log.exception("the uploader thread died")
+            self._log.exception("the uploader thread died")
             with self._cond:
                 self._thread_error = err
                 if self._failed is None:
@@ -817,7 +847,7 @@ class Storage:
                     self._fail(exc)
                     raise
                 attempts += 1
-                log.warning("WAL repair attempt %d failed: %s", attempts, exc)
+                self._log.warning("WAL repair attempt %d failed: %s", attempts, exc)
                 with self._cond:
                     if self._stop:
                         raise
@@ -826,15 +856,15 @@ class Storage:
                         raise
                 continue
             with self._cond:
-                log.warning("WAL repaired after: %s", self._wal_error)
+                self._log.warning("WAL repaired after: %s", self._wal_error)
                 self._wal_error = None
                 self._cond.notify_all()
             return
 
     def _start_upload(self, entries: list[CachedBatch]) -> _Upload:
-        self._last_upload_mono = self._clock.monotonic()
-        log.debug("upload start: %d batches", len(entries))
-        up = _Upload(entries, pack_objects(entries, self._settings, self._keys))
+        self._last_upload_mono = started = self._clock.monotonic()
+        self._log.debug("upload start: %d batches", len(entries))
+        up = _Upload(entries, pack_objects(entries, self._settings, self._keys), started=started)
         self._submit_puts(up)
         return up
 
@@ -863,6 +893,7 @@ class Storage:
                 return
             except FencedError as exc:
                 # The node was taken over: no retry can succeed, and no append may be acked.
+                self._ins.upload_failures.add()
                 self._fail(exc)
                 with self._cond:
                     self._upload_error = exc
@@ -872,7 +903,8 @@ class Storage:
                 raise
             except S3StreamError as exc:
                 up.attempts += 1
-                log.warning("upload attempt %d failed: %s", up.attempts, exc)
+                self._ins.upload_failures.add()
+                self._log.warning("upload attempt %d failed: %s", up.attempts, exc)
                 with self._cond:
                     self._upload_error = exc
                     self._upload_failures += 1
@@ -935,17 +967,18 @@ class Storage:
         dead = [o.key for o in up.objects if all(r[0] in fenced for r in o.ranges)]
         if dead:
             self._store.delete_many(dead)
-        log.debug("upload committed: %d objects", len(up.objects))
-        m = self._metrics
-        m.uploads += 1
-        m.objects_uploaded += len(up.objects)
-        m.uploaded_bytes += sum(len(o.data) for o in up.objects)
+        self._log.debug("upload committed: %d objects", len(up.objects))
+        self._ins.upload.record(
+            self._clock.monotonic() - up.started,
+            sum(len(o.data) for o in up.objects),
+            len(up.objects),
+        )
         try:
             if trim:
                 self._wal.trim(up.entries[-1][WALPOS])
         except S3StreamError as exc:
             # Harmless for correctness: recovery drops what is committed.
-            log.warning("WAL trim failed: %s", exc)
+            self._log.warning("WAL trim failed: %s", exc)
         if self._wal_full:
             with self._cond:
                 self._wal_full = False  # the next append tries the WAL again
@@ -963,7 +996,7 @@ class Storage:
             f"node {s.owner!r} opened it at epoch {s.epoch}"
         )
         what = f"stream {sid} offsets [{lo}, {hi}) ({by})"
-        log.error("acknowledged appends dropped: %s", what)
+        self._log.for_stream(sid).error("acknowledged appends dropped: %s", what)
         self._cache.discard_stream(sid)
         self.release_writer(sid, FencedError(f"stream {sid} is owned by a newer epoch: {by}"))
         with self._cond:
@@ -989,15 +1022,23 @@ class Storage:
 
     def read(self, stream_id: int, start: int, end: int, max_bytes: int) -> list[FetchedBatch]:
         """Batches of the stream overlapping ``[start, end)``: at least one, about `max_bytes`."""
+        started = self._mono()
+        out = self._read(stream_id, start, end, max_bytes)
+        # A stream's batches are contiguous in offsets: the records are the span.
+        records = out[-1].next_offset - out[0].base_offset if out else 0
+        self._ins.fetch.record(self._mono() - started, sum(map(_SIZE, out)), records)
+        return out
+
+    def _read(self, stream_id: int, start: int, end: int, max_bytes: int) -> list[FetchedBatch]:
         out: list[FetchedBatch] = []
         pos = start
         remaining = max_bytes
-        m = self._metrics
+        ins = self._ins
         while pos < end:
             got, complete = self._cache.read(stream_id, pos, end, max(remaining, 1))
             if complete:
                 if got:
-                    m.fetches_from_cache += 1
+                    ins.log_hit.add()
                 out.extend(got)
                 break
             first_cached = self._cache.first_offset(stream_id)
@@ -1010,7 +1051,7 @@ class Storage:
                 if first_cached is not None and first_cached > pos:
                     raise missing_data(self._meta.state, stream_id, pos, first_cached, "")
                 break
-            m.fetches_from_objects += 1
+            ins.log_miss.add()
             out.extend(got)
             pos = got[-1].next_offset
             remaining -= sum(b.size for b in got)
@@ -1018,6 +1059,8 @@ class Storage:
                 break
         return out
 
+
+_SIZE = operator.attrgetter("size")
 
 #: How long `close` waits for the uploader past its deadline (a PUT ending, a last commit).
 _JOIN_GRACE_S = 2.0

@@ -216,6 +216,8 @@ class FileWal(WriteAheadLog):
         self._tail_block = b""
         self._group_buf: mmap.mmap | None = None
         self._header_buf: mmap.mmap | None = None
+        #: Told ``(seconds, bytes, records)`` of each group commit (`observe_commits`).
+        self._on_commit: Callable[[float, int, int], None] | None = None
 
         self._fd = -1
         self._wfd = -1
@@ -275,6 +277,16 @@ class FileWal(WriteAheadLog):
     def data_capacity(self) -> int:
         """Size of the ring in bytes."""
         return self._capacity
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes of the ring holding records not trimmed yet (durably)."""
+        return max(0, self._tail - self._durable_start)
+
+    def observe_commits(self, observer: Callable[[float, int, int], None] | None) -> None:
+        """Tell `observer` ``(seconds, framed bytes, records)`` of every group commit that
+        succeeds, from the committing thread (metrics; None stops it)."""
+        self._on_commit = observer
 
     @property
     def direct_io(self) -> bool:
@@ -933,6 +945,8 @@ class FileWal(WriteAheadLog):
     def _commit_and_complete(self, group: list[_Pending], start_target: int) -> None:
         """Commit `group` (committer role held), then complete its futures in order (or fail
         the WAL, failing them)."""
+        observer = self._on_commit
+        started = self._clock.monotonic() if observer is not None else 0.0
         try:
             with self._exclusive():
                 self._verify_owner()
@@ -951,6 +965,8 @@ class FileWal(WriteAheadLog):
             if group:
                 self._durable_tail = group[-1].position + group[-1].size
             self._cond.notify_all()
+        if observer is not None and group:
+            observer(self._clock.monotonic() - started, sum(r.size for r in group), len(group))
         for rec in group:
             rec.future.set_result(rec.position)
 

@@ -1,0 +1,93 @@
+"""`CostLedger`: what a client's object-store traffic and data cost per month, at the current
+rate.
+
+The requests are the registry's ``s3stream.objectstore.requests`` (every request sent, retries
+and list pages included, by purpose and S3 API name); stored bytes come from a callback (a
+client: the data objects its metadata lists). The rate is measured over a sliding window on the
+injected clock: the ledger keeps snapshots of the request counts, taken when it is created and
+at every `cost` call (an exporter collecting ``s3stream.cost.monthly`` makes one per scrape),
+and measures from the newest snapshot at least `window_s` old, or from the oldest one while
+the ledger is younger than the window.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+
+from ..clock import Clock
+from ..errors import InvalidArgumentError
+from . import catalog
+from .cost import S3_STANDARD_US_EAST_1, CostReport, PriceTable, price
+from .registry import MetricsRegistry
+
+__all__ = ["CostLedger"]
+
+_Counts = dict[tuple[str, str], int]
+
+#: Snapshots kept at most (one per second covers an hour's window).
+_MAX_SNAPSHOTS = 4096
+
+
+class CostLedger:
+    """Prices a registry's object-store requests and a count of stored bytes (see the module
+    docstring). Thread-safe."""
+
+    def __init__(
+        self,
+        registry: MetricsRegistry,
+        clock: Clock,
+        *,
+        prices: PriceTable = S3_STANDARD_US_EAST_1,
+        stored_bytes: Callable[[], int] | None = None,
+        window_s: float = 3600.0,
+    ) -> None:
+        if not isinstance(prices, PriceTable):
+            raise InvalidArgumentError(f"prices must be a PriceTable, got {prices!r}")
+        if isinstance(window_s, bool) or not isinstance(window_s, int | float) or window_s <= 0:
+            raise InvalidArgumentError(f"window_s must be a number > 0, got {window_s!r}")
+        self._registry = registry
+        self._clock = clock
+        self._prices = prices
+        self._stored_bytes = stored_bytes
+        self._window_s = float(window_s)
+        self._lock = threading.Lock()
+        self._snapshots: deque[tuple[float, _Counts]] = deque(maxlen=_MAX_SNAPSHOTS)
+        self._snapshots.append((clock.monotonic(), self._counts()))
+
+    @property
+    def prices(self) -> PriceTable:
+        """The price table."""
+        return self._prices
+
+    @property
+    def window_s(self) -> float:
+        """The default window of `cost`."""
+        return self._window_s
+
+    def cost(self, window_s: float | None = None) -> CostReport:
+        """Dollars per month at the current rate: the request rate over the last `window_s`
+        seconds (default: the ledger's window) x the seconds of a month x the price of each
+        request, plus the stored bytes x the GB-month price."""
+        window = self._window_s if window_s is None else float(window_s)
+        if window <= 0:
+            raise InvalidArgumentError(f"window_s must be > 0, got {window_s!r}")
+        counts = self._counts()
+        stored = self._stored_bytes() if self._stored_bytes is not None else 0
+        with self._lock:
+            now = self._clock.monotonic()
+            since, base = self._snapshots[0]
+            for t, snapshot in self._snapshots:
+                if t > now - window:
+                    break
+                since, base = t, snapshot
+            self._snapshots.append((now, counts))
+        lines = {key: (total - base.get(key, 0), total) for key, total in counts.items()}
+        return price(self._prices, now - since, lines, stored)
+
+    def _counts(self) -> _Counts:
+        family = self._registry.family(catalog.STORE_REQUESTS.name)
+        if family is None:
+            return {}
+        return {(p.labels[0], p.labels[1]): int(p.value) for p in family.points}

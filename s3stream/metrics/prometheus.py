@@ -1,0 +1,105 @@
+"""Prometheus export: a ``prometheus_client`` collector over a `MetricsRegistry` (extra
+``prometheus``: ``pip install 's3stream[prometheus]'``).
+
+    from prometheus_client import REGISTRY, start_http_server
+    from s3stream.metrics.prometheus import S3StreamCollector
+
+    REGISTRY.register(S3StreamCollector(client.metrics.registry))
+    start_http_server(9464)
+
+Names follow Prometheus conventions: dots become underscores and the unit a suffix
+(``s3stream.append.duration`` in seconds is ``s3stream_append_duration_seconds``, a histogram;
+counters end in ``_total``); label names lose their dots (``error.type`` is ``error_type``).
+The values are read at each scrape; nothing is kept between scrapes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator, Mapping
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from . import catalog
+from .instruments import Family, Kind, MetricSpec
+from .registry import MetricsRegistry
+
+__all__ = ["S3StreamCollector", "prometheus_name"]
+
+#: Prometheus base-unit suffixes of the UCUM units s3stream uses.
+_UNITS = {"s": "seconds", "By": "bytes"}
+_NOT_NAME = re.compile(r"[^a-zA-Z0-9_]")
+
+
+def prometheus_name(spec: MetricSpec) -> str:
+    """The Prometheus name of a metric (without a counter's ``_total``)."""
+    name = _NOT_NAME.sub("_", spec.name)
+    unit = _UNITS.get(spec.unit)
+    if unit and not name.endswith("_" + unit):
+        name += "_" + unit
+    return name
+
+
+def _label(name: str) -> str:
+    return _NOT_NAME.sub("_", name)
+
+
+class S3StreamCollector:
+    """Reports every metric of `registry` at each scrape. `labels` are added to every sample
+    (e.g. ``{"node": client.node_id}`` when several clients of one process export)."""
+
+    def __init__(
+        self, registry: MetricsRegistry, *, labels: Mapping[str, str] | None = None
+    ) -> None:
+        self._registry = registry
+        self._const = dict(labels or {})
+        self._const_names = [_label(k) for k in self._const]
+        self._const_values = [str(v) for v in self._const.values()]
+
+    def describe(self) -> Iterable[Metric]:
+        """The metric families this collector reports, without samples (lets a
+        ``CollectorRegistry`` refuse a second collector of the same names)."""
+        specs = {**catalog.ALL, **{s.name: s for s in self._registry.specs()}}
+        return [self._family(spec) for spec in specs.values()]
+
+    def collect(self) -> Iterator[Metric]:
+        """Every metric's current values."""
+        for family in self._registry.collect():
+            yield self._fill(family)
+
+    def _family(self, spec: MetricSpec) -> Metric:
+        name = prometheus_name(spec)
+        unit = _UNITS.get(spec.unit, "")
+        labels = self._const_names + [_label(label) for label in spec.labels]
+        if spec.kind is Kind.COUNTER:
+            return CounterMetricFamily(name, spec.description, labels=labels, unit=unit)
+        if spec.kind is Kind.GAUGE:
+            return GaugeMetricFamily(name, spec.description, labels=labels, unit=unit)
+        return HistogramMetricFamily(name, spec.description, labels=labels, unit=unit)
+
+    def _fill(self, family: Family) -> Metric:
+        spec = family.spec
+        metric = self._family(spec)
+        for point in family.points:
+            values = self._const_values + list(point.labels)
+            if isinstance(metric, HistogramMetricFamily):
+                buckets: list[tuple[str, float]] = []
+                running = 0
+                for bound, count in zip(spec.bounds, point.bucket_counts, strict=False):
+                    running += count
+                    buckets.append((_bound(bound), running))
+                buckets.append(("+Inf", point.count))
+                metric.add_metric(values, buckets, point.value)
+            else:
+                assert isinstance(metric, CounterMetricFamily | GaugeMetricFamily)
+                metric.add_metric(values, point.value)
+        return metric
+
+
+def _bound(bound: float) -> str:
+    return repr(float(bound))
