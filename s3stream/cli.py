@@ -416,6 +416,34 @@ def _stream_sizes(reader: StreamReader, live: Iterable[ObjectMeta]) -> dict[int,
     return sizes
 
 
+def _store_cost(reader: StreamReader) -> Any:
+    from .metrics import store_cost
+
+    return store_cost(reader)
+
+
+def _print_cost(cost: Any) -> None:
+    """The storage bill of what the store holds now, per top-level prefix."""
+    print()
+    _table(
+        ("PREFIX", "OBJECTS", "SIZE"),
+        [(a.prefix + "/", a.objects, _size(a.bytes)) for a in cost.areas],
+        right=(1, 2),
+    )
+    split = ""
+    if cost.live_bytes is not None:
+        split = (
+            f" (data: {_size(cost.live_bytes)} live, {_size(cost.deleting_bytes)} awaiting "
+            f"deletion, {_size(cost.orphan_bytes)} not in the metadata)"
+        )
+    print(
+        f"storage: {_size(cost.stored_bytes)}{split}: ${cost.storage_usd_per_month:,.4f} per "
+        f"month at {cost.prices.name} prices; this listing took {cost.list_requests} LIST "
+        f"request(s), ${cost.list_usd:,.6f}. A client's request costs: "
+        "client.metrics.cost() (docs/observability.md)"
+    )
+
+
 def _inspect(args: argparse.Namespace) -> int:
     with _open_ro(args) as reader:
         # One snapshot: every figure below describes the same moment of the store.
@@ -426,6 +454,7 @@ def _inspect(args: argparse.Namespace) -> int:
         # Replaced by compaction or retention; deleted after the deletion delay.
         doomed = [o for o in objects if not o.live]
         sizes = _stream_sizes(reader, live)
+        cost = _store_cost(reader) if args.cost else None
     if args.json:
         out: dict[str, Any] = {
             "url": args.url,
@@ -450,6 +479,8 @@ def _inspect(args: argparse.Namespace) -> int:
         }
         if args.objects:
             out["object_list"] = [_object_facts(o) for o in objects]
+        if cost is not None:
+            out["cost"] = cost.to_dict()
         print(json.dumps(out, indent=2))
         return EXIT_OK
     open_ = sum(1 for s in streams if s.state is StreamState.OPEN)
@@ -487,6 +518,8 @@ def _inspect(args: argparse.Namespace) -> int:
     )
     if doomed:
         print("(replaced by compaction or retention; deleted after the deletion delay)")
+    if cost is not None:
+        _print_cost(cost)
     if args.objects and objects:
         print()
         _table(
@@ -1048,6 +1081,12 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     _add_store(c)
     c.add_argument("--objects", action="store_true", help="list every object too")
+    c.add_argument(
+        "--cost",
+        action="store_true",
+        help="also list the whole store and price what it holds per month (S3 Standard "
+        "us-east-1 prices; one LIST per 1,000 objects)",
+    )
     _add_json(c, "print everything as one JSON object, for scripts (docs/cli.md: its keys)")
     _add_unused_node_id(c)
 

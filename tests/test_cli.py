@@ -635,3 +635,19 @@ def test_progress_bars_show_on_a_terminal_only(store: Store, tmp_path: Path) -> 
     assert status == 0 and "appending" in shown and "demo OK" in out
     status, out, shown = on_a_terminal("take-over", str(copy), "writer", "--wal", wal)
     assert status == 0 and "taking over writer" in shown
+
+
+def test_inspect_cost_prices_what_the_store_holds(store: Store) -> None:
+    human, as_json = run_all(
+        ["inspect", str(store.root), "--cost"], ["inspect", str(store.root), "--cost", "--json"]
+    )
+    assert human.returncode == 0 and "per month at aws-s3-standard-us-east-1" in human.stdout
+    cost = json.loads(as_json.stdout)["cost"]
+    on_disk = [p for p in store.root.rglob("*") if p.is_file()]
+    assert cost["stored_bytes"] == sum(p.stat().st_size for p in on_disk)
+    with s3stream.open_reader(store.root) as reader:
+        objects = reader.objects()
+    assert cost["live_bytes"] == sum(o.size for o in objects if o.live)
+    assert cost["deleting_bytes"] == sum(o.size for o in objects if not o.live)
+    gib_month = cost["stored_bytes"] / (1 << 30) * 0.023
+    assert cost["storage_usd_per_month"] == pytest.approx(gib_month, abs=1e-6)
