@@ -20,6 +20,7 @@ from .cache.block_cache import BlockCache
 from .clock import Clock
 from .errors import InvalidArgumentError, S3StreamError
 from .metadata import MetadataManager, MetadataState
+from .metrics.logs import ContextLogger
 from .objectstore.base import ObjectStore
 from .settings import ClientSettings
 from .storage.engine import RecoveryReport, Storage
@@ -136,6 +137,7 @@ def take_over_node(
         raise
     storage.close()
     released: list[int] = []
+    about = ContextLogger(log, node_id)  # the node taken over
     for stream in meta.state.streams.values():
         if stream.owner != node_id or stream.state is not StreamState.OPEN:
             continue
@@ -143,8 +145,10 @@ def take_over_node(
             meta.close_stream(stream.stream_id, stream.epoch)
         except S3StreamError as exc:
             # Someone opened it meanwhile: it is released already.
-            log.info("stream %d of node %s not closed: %s", stream.stream_id, node_id, exc)
+            about.for_stream(stream.stream_id).info(
+                "stream %d of node %s not closed: %s", stream.stream_id, node_id, exc
+            )
             continue
         released.append(stream.stream_id)
-    log.info("took over node %s at epoch %d: %s", node_id, epoch, recovery)
+    about.info("took over node %s at epoch %d: %s", node_id, epoch, recovery)
     return TakeOverReport(node_id, epoch, recovery, tuple(sorted(released)))

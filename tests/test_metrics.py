@@ -558,3 +558,24 @@ def test_client_log_records_carry_node_and_stream(
     assert (plain.node_id, plain.stream_id) == ("n2", None)  # type: ignore[attr-defined]
     assert (about.node_id, about.stream_id) == ("n2", 7)  # type: ignore[attr-defined]
     assert about.extra_field == 1  # type: ignore[attr-defined]
+
+
+def test_wal_compaction_and_take_over_records_carry_the_node(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every record the library logs says which node it is about (``node_id``): here the file
+    WAL's recovery, a loss accepted, a compaction pass and a take-over, all in one process."""
+    store = tmp_path / "store"
+    small = s3stream.FileWalSettings(capacity_bytes=1 << 20)
+    with caplog.at_level(logging.DEBUG, logger="s3stream"):
+        crashed = s3stream.open(str(store), node_id="n1", file_wal_settings=small)
+        crashed.create_stream().append(RecordBatch(b"acknowledged"))
+        crashed.abandon()
+        (store / "wal" / "n1.wal").unlink()  # its WAL is lost: the take-over must accept it
+        with s3stream.open(str(store), node_id="n2", file_wal_settings=small) as healthy:
+            healthy.take_over("n1", wal=(store / "wal" / "n1.wal").as_uri(), accept_wal_loss=True)
+            healthy.compact()
+    records = [r for r in caplog.records if r.name.startswith("s3stream")]
+    assert {r.name for r in records} >= {"s3stream.failover", "s3stream.wal"}, caplog.text
+    missing = [(r.name, r.getMessage()) for r in records if not getattr(r, "node_id", None)]
+    assert not missing, missing

@@ -28,6 +28,7 @@ from ..clock import Clock
 from ..errors import CorruptionError, S3StreamError
 from ..format.objects import ObjectIndex
 from ..metadata import MetadataManager, MetadataState, ObjectMeta, StreamState, TrimStream
+from ..metrics.logs import ContextLogger
 from ..objectstore.base import ObjectStore
 from ..settings import CompactionSettings
 from ..storage.packing import KeyFactory
@@ -110,6 +111,7 @@ class Compactor:
         self._store = store
         self._meta = meta
         self._cache = cache
+        self._log = ContextLogger(log, node_id)
         self._settings = settings
         self._clock = clock
         self._limiter = limiter
@@ -304,7 +306,9 @@ class Compactor:
                 new_start = retention_start(state, stream, policy, self._index_of, now)
             except S3StreamError as exc:
                 # A bad tag or an unreadable index must not stop compaction of the rest.
-                log.warning("retention of stream %d: %s", stream.stream_id, exc)
+                self._log.for_stream(stream.stream_id).warning(
+                    "retention of stream %d: %s", stream.stream_id, exc
+                )
                 continue
             if new_start > stream.start_offset:
                 targets[stream.stream_id] = new_start
@@ -355,11 +359,11 @@ class Compactor:
             try:
                 report = self.run_once()
                 if report.tasks or report.objects_purged or report.streams_trimmed:
-                    log.info("compaction pass: %s", report)
+                    self._log.info("compaction pass: %s", report)
             except CorruptionError as exc:
-                log.error("compaction pass stopped, nothing live was changed: %s", exc)
+                self._log.error("compaction pass stopped, nothing live was changed: %s", exc)
             except S3StreamError as exc:
-                log.warning("compaction pass failed (retried next interval): %s", exc)
+                self._log.warning("compaction pass failed (retried next interval): %s", exc)
             deadline = self._clock.monotonic() + interval_s
             while not self._stop.is_set():
                 remaining = deadline - self._clock.monotonic()

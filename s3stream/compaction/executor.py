@@ -49,6 +49,7 @@ from ..metadata import (
     ObjectMeta,
     StreamRange,
 )
+from ..metrics.logs import ContextLogger
 from ..objectstore.base import ObjectStore
 from ..storage.packing import KIND_STREAM, KIND_STREAM_SET, KeyFactory
 from ..throttle import Priority, PriorityRateLimiter
@@ -128,6 +129,7 @@ class CompactionExecutor:
         self._index_of = index_of
         self._clock = clock
         self._node_id = node_id
+        self._log = ContextLogger(log, node_id)
         self._writer = writer or WriterOptions()
         self._limiter = limiter
         self._max_get = max_get_bytes
@@ -186,7 +188,7 @@ class CompactionExecutor:
         try:
             self._meta.commit(build)
         except _Aborted as exc:
-            log.info("compaction task aborted: %s", exc)
+            self._log.info("compaction task aborted: %s", exc)
             self._delete(keys)
             return TaskResult(task, False, (), read_bytes, 0, gets)
         except InvalidArgumentError as exc:
@@ -426,7 +428,7 @@ class CompactionExecutor:
             self._store.delete_many(keys)
         except S3StreamError as exc:
             # Harmless: unreferenced objects are orphans the sweeper removes later.
-            log.warning("could not delete aborted compaction outputs %s: %s", keys, exc)
+            self._log.warning("could not delete aborted compaction outputs %s: %s", keys, exc)
 
 
 def _join(spans: list[tuple[int, int]], overlap_message: str) -> list[tuple[int, int]]:

@@ -32,6 +32,7 @@ import msgspec
 from ..clock import Clock
 from ..errors import CorruptionError, ObjectNotFoundError, S3StreamError
 from ..metadata import MetadataManager, MetadataState, PurgeObjects
+from ..metrics.logs import ContextLogger
 from ..objectstore.base import ObjectStore
 from ..storage.packing import DEFAULT_DATA_PREFIX, parse_object_key
 from ..throttle import Priority, PriorityRateLimiter
@@ -102,6 +103,7 @@ class OrphanSweeper:
     ) -> None:
         self._store = store
         self._meta = meta
+        self._log = ContextLogger(log, meta.writer_id)
         self._clock = clock
         self._grace_ms = grace_ms
         self._max_keys = max_keys
@@ -160,7 +162,7 @@ class OrphanSweeper:
         record.cursor = hi or ""
         self._save(record)
         if due:
-            log.info("deleted %d orphan objects", len(due))
+            self._log.info("deleted %d orphan objects", len(due))
         return due
 
     def _sweepable(self, key: str, state: MetadataState) -> bool:
@@ -189,4 +191,4 @@ class OrphanSweeper:
             self._store.put(self._record_key, msgspec.json.encode(record))
         except S3StreamError as exc:
             # Harmless: the next sweep starts its clocks again (deletes later, never earlier).
-            log.warning("could not save the orphan sweeper record: %s", exc)
+            self._log.warning("could not save the orphan sweeper record: %s", exc)

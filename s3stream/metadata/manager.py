@@ -24,6 +24,7 @@ from ..errors import (
     UnavailableError,
 )
 from ..metrics.components import MetadataInstruments
+from ..metrics.logs import ContextLogger
 from ..metrics.registry import MetricsRegistry
 from ..objectstore.base import ObjectStore
 from ..validation import check_int, check_str_map, check_text
@@ -81,6 +82,7 @@ class MetadataManager:
         self._log = MetadataLog(store, prefix)
         self._clock = clock
         self._writer_id = writer_id
+        self._logger = ContextLogger(_logger, writer_id)
         self._checkpoint_interval = checkpoint_interval
         self._commit_attempts = commit_attempts
         # Jitter after repeated lost races, so a writer whose view is always one entry stale
@@ -392,4 +394,4 @@ class MetadataManager:
         except S3StreamError as exc:
             self._ins.checkpoint_failed.add()
             # Harmless: the next checkpoint (or a longer replay) covers for it.
-            _logger.warning("could not write metadata checkpoint %d: %s", state.seq, exc)
+            self._logger.warning("could not write metadata checkpoint %d: %s", state.seq, exc)

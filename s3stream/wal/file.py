@@ -36,6 +36,7 @@ from ..errors import (
     UnavailableError,
     WalFullError,
 )
+from ..metrics.logs import ContextLogger
 from ..settings import FileWalSettings
 from ..validation import check_text
 from .base import WalCapabilities, WalPosition, WalRecord, WriteAheadLog
@@ -181,6 +182,7 @@ class FileWal(WriteAheadLog):
             )
         self._path = Path(path)
         self._node_id = node_id
+        self._log = ContextLogger(_log, node_id)
         self._node_epoch = node_epoch
         self._settings = settings if settings is not None else FileWalSettings()
         self._clock = clock if clock is not None else SystemClock()
@@ -408,6 +410,7 @@ class FileWal(WriteAheadLog):
                     "and every record is lost",
                     location=str(path),
                     accept_loss=self._accept_loss,
+                    node_id=self._node_id,
                 )
                 os.ftruncate(self._fd, 0)
                 self._format(0, created=created)
@@ -458,6 +461,7 @@ class FileWal(WriteAheadLog):
                 location=str(path),
                 position=size,
                 accept_loss=self._accept_loss,
+                node_id=self._node_id,
             )
             # Put the ring back to its size; recovery then reads up to the cut (zeros past it).
             os.ftruncate(self._fd, expected)
@@ -471,7 +475,7 @@ class FileWal(WriteAheadLog):
                 f"this writer has the older epoch {self._node_epoch}"
             )
         if header.capacity != self._settings.capacity_bytes and not self._is_device:
-            _log.info(
+            self._log.info(
                 "WAL %s: using the capacity in its header (%d bytes), not capacity_bytes=%d",
                 path,
                 header.capacity,
@@ -525,7 +529,7 @@ class FileWal(WriteAheadLog):
             else:
                 os.ftruncate(self._fd, 0)
         except OSError:
-            _log.warning("WAL %s: could not remove the partially created file", self._path)
+            self._log.warning("WAL %s: could not remove the partially created file", self._path)
 
     def _open_direct(self) -> None:
         try:
@@ -536,7 +540,7 @@ class FileWal(WriteAheadLog):
             # Some filesystems refuse O_DIRECT (tmpfs before Linux 6.6, some FUSE and network
             # filesystems). Durability is the same without it (fdatasync either way); only
             # the page cache gets the writes too.
-            _log.info("WAL %s: no O_DIRECT on this filesystem, using buffered I/O", self._path)
+            self._log.info("WAL %s: no O_DIRECT on this filesystem, using buffered I/O", self._path)
 
     def _release_fds(self) -> None:
         for fd in {self._wfd, self._fd}:
@@ -672,9 +676,10 @@ class FileWal(WriteAheadLog):
                 location=str(self._path),
                 position=self.physical_offset(scanner.end),
                 accept_loss=self._accept_loss,
+                node_id=self._node_id,
             )
         elif scanner.problem is not None:
-            _log.info(
+            self._log.info(
                 "WAL %s: recovery stopped at position %d (the torn tail of the last, "
                 "unacknowledged group): %s",
                 self._path,
@@ -835,7 +840,7 @@ class FileWal(WriteAheadLog):
         try:
             self._on_full()
         except Exception:
-            _log.exception("WAL %s: the on_full callback failed", self._path)
+            self._log.exception("WAL %s: the on_full callback failed", self._path)
 
     # ------------------------------------------------------------------ trim
 
@@ -1042,7 +1047,7 @@ class FileWal(WriteAheadLog):
             )
             self._failed = err
             raise err from exc
-        _log.warning(
+        self._log.warning(
             "WAL %s resumed at position %d (session %d) after: %s",
             self._path,
             resume_at,
@@ -1062,7 +1067,7 @@ class FileWal(WriteAheadLog):
 
     def _fail(self, group: list[_Pending], err: S3StreamError) -> None:
         """Fail `group`, everything pending and every later append with `err`."""
-        _log.error("%s", err)
+        self._log.error("%s", err)
         with self._cond:
             self._failed = err
             doomed = group + list(self._pending)
@@ -1105,7 +1110,7 @@ class FileWal(WriteAheadLog):
                         self._verify_owner()
                         self._persist_header(clean)
             except FencedError as exc:
-                _log.info("%s; closed without a clean-shutdown header", exc)
+                self._log.info("%s; closed without a clean-shutdown header", exc)
             except OSError as exc:
                 self._close_error = os_error(
                     "cannot write the clean-shutdown header of WAL", self._path, exc

@@ -39,6 +39,7 @@ import threading
 from pathlib import Path
 
 from ..errors import NodeInUseError, S3StreamError, UnavailableError
+from ..metrics.logs import ContextLogger
 from .os_errors import os_error
 
 __all__ = ["LOCK_SUFFIX", "WalHolderLock", "lock_path_for"]
@@ -86,6 +87,7 @@ class WalHolderLock:
     ) -> None:
         self._wal_path = wal_path
         self._node_id = node_id
+        self._log = ContextLogger(_log, node_id)
         self._device = device
         self._fd = fd
         self._held = held
@@ -186,7 +188,7 @@ class WalHolderLock:
         """Try the device's OFD lock once, without waiting; whether it is held now."""
         if not hasattr(fcntl, "F_OFD_SETLK"):
             # Not Linux: no lock that tells instances apart; fencing still protects the data.
-            _log.warning("WAL %s: no OFD locks on this platform; not locked", self._wal_path)
+            self._log.warning("WAL %s: no OFD locks on this platform; not locked", self._wal_path)
             self._held = True
             return True
         try:
@@ -222,7 +224,7 @@ class WalHolderLock:
                 return
             if self._device:
                 if not self._try_device():
-                    _log.warning(
+                    self._log.warning(
                         "WAL %s was taken over from a live holder; its liveness lock stays "
                         "with that holder until it closes or exits",
                         self._wal_path,

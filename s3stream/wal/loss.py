@@ -16,18 +16,27 @@ _log = logging.getLogger("s3stream.wal")
 
 
 def check_wal_loss(
-    message: str, *, location: str, accept_loss: bool, position: int | None = None
+    message: str,
+    *,
+    location: str,
+    accept_loss: bool,
+    position: int | None = None,
+    node_id: str | None = None,
 ) -> None:
     """Acknowledged appends of a WAL are lost (`message` says which and why): raise
     `CorruptionError` naming `location` (and the byte `position`, where known), or, with
-    `accept_loss`, log a warning and return."""
+    `accept_loss`, log a warning (about `node_id`) and return."""
     if not accept_loss:
         raise CorruptionError(
             message + "; open with accept_wal_loss=True to go on without them",
             location=location,
             position=position,
         )
-    _log.warning("%s; going on without them (accept_wal_loss=True)", message)
+    _log.warning(
+        "%s; going on without them (accept_wal_loss=True)",
+        message,
+        extra={"node_id": node_id, "stream_id": None},
+    )
 
 
 def check_open_node_wal(node_id: str, problem: str, *, location: str, accept_loss: bool) -> None:
@@ -38,4 +47,5 @@ def check_open_node_wal(node_id: str, problem: str, *, location: str, accept_los
         f"its WAL may hold acknowledged appends not uploaded yet, but {problem}",
         location=location,
         accept_loss=accept_loss,
+        node_id=node_id,
     )

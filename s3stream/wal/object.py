@@ -60,6 +60,7 @@ from ..errors import (
     UnavailableError,
     WalFullError,
 )
+from ..metrics.logs import ContextLogger
 from ..objectstore.base import ObjectStore
 from ..objectstore.wrappers import RetryingObjectStore
 from ..settings import MAX_OBJECT_WAL_UNFLUSHED_BYTES, ObjectWalSettings
@@ -341,6 +342,7 @@ class ObjectWal(WriteAheadLog):
         )
         self._close_store = close_store
         self._node_id = node_id
+        self._log = ContextLogger(_log, node_id)
         self._epoch = node_epoch
         self._session = node_epoch & 0xFFFFFFFF
         self._dir = f"{prefix.strip('/')}/{node_id}" if prefix.strip("/") else node_id
@@ -551,7 +553,7 @@ class ObjectWal(WriteAheadLog):
                     pos = resume
                     continue
             elif past:
-                _log.info(
+                self._log.info(
                     "%s: the chain ends at position %d; %d WAL object(s) past it are a "
                     "crash's torn tail (never acknowledged), skipped: %s",
                     self.describe(),
@@ -663,11 +665,12 @@ class ObjectWal(WriteAheadLog):
             f"records from position {end} on cannot be recovered unless it is restored",
             location=key,
             accept_loss=self._accept_loss,
+            node_id=self._node_id,
         )
         seals = [f for f, (_, size) in listing.objects.items() if f > end and size == HEADER.size]
         if not seals:
             return None
-        _log.warning(
+        self._log.warning(
             "%s: recovery goes on at the seal at position %d; the WAL objects between %d and "
             "it are dropped",
             self.describe(),
@@ -688,7 +691,7 @@ class ObjectWal(WriteAheadLog):
             if m is not None:
                 listing.markers.append((int(m[1]), int(m[2]), int(m[3]), info.key))
             else:
-                _log.warning("ignoring unexpected key %r in %s", info.key, self.describe())
+                self._log.warning("ignoring unexpected key %r in %s", info.key, self.describe())
         newer = max((m[2] for m in listing.markers), default=-1)
         if newer > self._epoch:
             raise FencedError(
@@ -1059,7 +1062,7 @@ class ObjectWal(WriteAheadLog):
             batch.hedge_due = math.inf
             self._inflight -= 1
             if error is not None and self._failed is None:
-                _log.error("%s failed; no further appends: %s", self.describe(), error)
+                self._log.error("%s failed; no further appends: %s", self.describe(), error)
                 self._failed = error
             self._cond.notify_all()
         self._complete_in_order()
@@ -1150,7 +1153,9 @@ class ObjectWal(WriteAheadLog):
                 self._store.delete_many(doomed)
             except S3StreamError as exc:
                 # Harmless: recovery starts at the anchor; a later trim deletes them.
-                _log.warning("%s: deleting trimmed WAL objects failed: %s", self.describe(), exc)
+                self._log.warning(
+                    "%s: deleting trimmed WAL objects failed: %s", self.describe(), exc
+                )
                 with self._cond:
                     self._stale += [(-1, k) for k in doomed]
 
@@ -1225,7 +1230,7 @@ class ObjectWal(WriteAheadLog):
                 self._failed = None
                 self._ack_failure = None
                 self._cond.notify_all()
-            _log.warning("%s resumed after: %s", self.describe(), failed)
+            self._log.warning("%s resumed after: %s", self.describe(), failed)
 
     def _drain(self) -> None:
         """Write everything pending now and wait until every append is completed."""
