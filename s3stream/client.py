@@ -242,7 +242,7 @@ class StreamClient(Closeable):
             requests_per_s=s.background_requests_per_s,
         )
         self._block_cache = BlockCache(
-            view("read"), capacity_bytes=s.block_cache_bytes, limiter=self._limiter
+            view("read"), capacity_bytes=s.block_cache_bytes, limiter=self._limiter, node_id=node_id
         )
         keys = KeyFactory(node_id, self._node_epoch, prefix=data_prefix_for(metadata_prefix))
         self._data_prefix = keys.prefix

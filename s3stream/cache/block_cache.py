@@ -28,10 +28,11 @@ from dataclasses import dataclass
 from ..errors import CorruptionError, InvalidArgumentError, S3StreamError
 from ..format.objects import BlockInfo, ObjectIndex, decode_block, read_index
 from ..metadata import MetadataState
+from ..metrics.logs import ContextLogger
 from ..objectstore.base import ObjectStore
 from ..throttle import Priority, PriorityRateLimiter
 from ..types import FetchedBatch
-from ..validation import check_int
+from ..validation import check_int, check_text
 
 __all__ = ["BlockCache", "BlockCacheMetrics", "Readahead"]
 
@@ -100,10 +101,13 @@ class BlockCache:
         merge_gap_bytes: int = 64 * 1024,
         readahead_workers: int = 4,
         index_entries: int = 4096,
+        node_id: str = "",
     ) -> None:
         if not isinstance(store, ObjectStore):
             raise InvalidArgumentError(f"store must be an ObjectStore, got {store!r}")
         self._store = store
+        # Whose cache this is, for its log records ("" for a reader, which is no node).
+        self._log = ContextLogger(log, check_text("node_id", node_id))
         self._capacity = check_int("capacity_bytes", capacity_bytes, minimum=0)
         self._limiter = limiter
         self._max_get = check_int("max_get_bytes", max_get_bytes, minimum=1)
@@ -281,7 +285,7 @@ class BlockCache:
         try:
             self._fetch(key, run, Priority.READAHEAD, prefetched=True)
         except S3StreamError as exc:
-            log.debug("readahead of %s failed: %s", key, exc)
+            self._log.debug("readahead of %s failed: %s", key, exc)
 
     def _runs(
         self, items: list[tuple[BlockInfo, Future[list[FetchedBatch]]]]
@@ -375,6 +379,11 @@ class BlockCache:
             if not fut.done():
                 fut.set_exception(exc)
 
+    @property
+    def logger(self) -> ContextLogger:
+        """The cache's logger (its node's; readahead on it logs through it too)."""
+        return self._log
+
     def __repr__(self) -> str:
         return f"BlockCache(capacity_bytes={self._capacity}, cached_bytes={self._bytes})"
 
@@ -451,7 +460,9 @@ class Readahead:
         try:
             issued, end = self._issue(state, stream_id, frontier, need)
         except S3StreamError as exc:
-            log.debug("readahead planning for stream %d failed: %s", stream_id, exc)
+            self._cache.logger.for_stream(stream_id).debug(
+                "readahead planning for stream %d failed: %s", stream_id, exc
+            )
             return
         with self._lock:
             if self._cursors.get((stream_id, next_offset)) is cur:

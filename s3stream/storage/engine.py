@@ -154,7 +154,7 @@ class Storage:
         # A block cache made here is ours to close; one passed in belongs to the caller.
         self._owns_block_cache = block_cache is None
         self._block_cache = block_cache or BlockCache(
-            store, capacity_bytes=settings.block_cache_bytes, limiter=limiter
+            store, capacity_bytes=settings.block_cache_bytes, limiter=limiter, node_id=node_id
         )
         self._objects = ObjectDataReader(
             self._block_cache,
