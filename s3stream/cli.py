@@ -14,6 +14,7 @@ import io
 import json
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -326,6 +327,7 @@ def _demo(args: argparse.Namespace) -> int:
             ]
             window: list[Future[AppendResult]] = []
             for seq in range(n_batches):
+                args.check_interrupt()
                 i = seq % n_streams
                 batch = RecordBatch(
                     _payload(i, seq, size), count=1 + seq % 5, properties={"seq": str(seq)}
@@ -1223,10 +1225,43 @@ def _silence_stdout() -> None:
         pass  # no file descriptor (captured in-process): nothing will be flushed to a pipe
 
 
+def _interrupts() -> Callable[[], None]:
+    """Catch Ctrl-C for the whole command: the first one raises `KeyboardInterrupt` where the
+    main thread is, and is remembered, because a `KeyboardInterrupt` raised inside a future's
+    completion callback is swallowed by `concurrent.futures` (it logs it). The returned
+    function raises it again; long loops call it."""
+    interrupted = threading.Event()
+
+    def on_sigint(signum: int, frame: object) -> None:
+        interrupted.set()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+
+    def check() -> None:
+        if interrupted.is_set():
+            raise KeyboardInterrupt
+
+    return check
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (docs/cli.md)."""
     args = _parser().parse_args(argv)
     command = f"s3stream {args.command}"
+    # Only the main thread may set a handler (`main` called in-process from another thread
+    # keeps Python's default, which raises KeyboardInterrupt there too).
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGINT) if in_main else None
+    args.check_interrupt = _interrupts() if in_main else (lambda: None)
+    try:
+        return _run(args, command)
+    finally:
+        if in_main:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _run(args: argparse.Namespace, command: str) -> int:
     try:
         if hasattr(args, "url"):
             args.url = _store_url(args)

@@ -965,15 +965,31 @@ class FileWal(WriteAheadLog):
         except Exception as exc:  # a bug must not leave futures hanging forever
             self._fail(group, S3StreamError(f"WAL {self._path}: writer failed: {exc!r}"))
             return
+        except BaseException as exc:
+            # Ctrl-C in a caller driving the commit (`drive`): whether the group reached the
+            # disk is unknown, so it is not acknowledged; nobody waits for it forever either.
+            self._fail(
+                group,
+                UnavailableError(f"WAL {self._path}: a commit was interrupted ({exc!r})"),
+            )
+            raise
         with self._cond:
             self._durable_start = max(self._durable_start, start_target)
             if group:
                 self._durable_tail = group[-1].position + group[-1].size
             self._cond.notify_all()
-        if observer is not None and group:
-            observer(self._clock.monotonic() - started, sum(r.size for r in group), len(group))
-        for rec in group:
-            rec.future.set_result(rec.position)
+        try:
+            if observer is not None and group:
+                observer(
+                    self._clock.monotonic() - started, sum(r.size for r in group), len(group)
+                )
+            for rec in group:
+                rec.future.set_result(rec.position)
+        finally:
+            # Durable: an interrupt between two completions must not leave the rest waiting.
+            for rec in group:
+                if not rec.future.done():
+                    rec.future.set_result(rec.position)
 
     def _commit(self, group: list[_Pending], start_target: int) -> None:
         """Make `group` and the trim point `start_target` durable with one fdatasync."""
