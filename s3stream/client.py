@@ -422,14 +422,14 @@ class StreamClient(Closeable):
         tags = check_str_map("tags", tags, allow_none=True)
         self._check_open()
         self._meta.refresh()
-        return [_info(m) for m in self._meta.list_streams(tags or None)]
+        return [m.to_info() for m in self._meta.list_streams(tags or None)]
 
     def stream_info(self, stream_id: int) -> StreamInfo:
         """Committed metadata of one stream (`StreamNotFoundError` if there is none)."""
         check_int("stream_id", stream_id)
         self._check_open()
         self._meta.refresh()
-        return _info(self._meta.get_stream(stream_id))
+        return self._meta.get_stream(stream_id).to_info()
 
     def read(
         self,
@@ -457,12 +457,7 @@ class StreamClient(Closeable):
             self._meta, self._storage.objects, stream_id, start_offset, end_offset,
             max_bytes,
         )  # fmt: skip
-        batches = result.batches
-        self._storage.instruments.fetch.record(
-            self._clock.monotonic() - started,
-            result.total_bytes,
-            batches[-1].next_offset - batches[0].base_offset if batches else 0,
-        )
+        self._storage.record_fetch(started, result.batches, result.total_bytes)
         return result
 
     def _trim_stream(self, stream: Stream, new_start: int) -> None:
@@ -691,10 +686,6 @@ def _release_failed(stream_ids: list[int], node_id: str, exc: S3StreamError) -> 
         f"({exc}): they stay owned by node {node_id!r}; another node can take_over("
         f"{node_id!r}) (nothing is left to replay) or force-open them"
     )
-
-
-def _info(m: StreamMeta) -> StreamInfo:
-    return m.to_info()
 
 
 def _wal_url_factory(

@@ -14,6 +14,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 
 from .base import ObjectInfo, ObjectStore
+from .forwarding import ForwardingObjectStore
 
 __all__ = [
     "DELETE_OBJECTS",
@@ -62,14 +63,14 @@ class _Meters:
             meter.request(name, count)
 
 
-class RequestCountingStore(ObjectStore):
+class RequestCountingStore(ForwardingObjectStore):
     """Counts the requests of a store that does not report its own: one per call, named as
     S3 would bill it (a list: one per 1,000 entries it yields, at least one; a delete: one per
     1,000 distinct keys). A store that reports its own requests is asked to, and this wrapper
     then counts nothing. Sits under the retry layer, so each try counts."""
 
     def __init__(self, inner: ObjectStore) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self._meters = _Meters()
         #: Whether the inner store reports its own requests (None: no meter asked yet).
         self._delegated: bool | None = None
@@ -125,15 +126,3 @@ class RequestCountingStore(ObjectStore):
         if count and not self._delegated:
             self._meters.request(name, count)
 
-    def close(self) -> None:
-        self.inner.close()
-
-    def describe(self) -> str:
-        return self.inner.describe()
-
-    @property
-    def attempt_timeout_s(self) -> float | None:
-        return self.inner.attempt_timeout_s
-
-    def bound_attempts(self, seconds: float) -> None:
-        self.inner.bound_attempts(seconds)

@@ -455,11 +455,7 @@ class Storage:
 
     def append(self, w: WriterState, batch: RecordBatch) -> Future[AppendResult]:
         """Assign offsets, write the WAL record; the future resolves once it is durable."""
-        try:
-            r = self._append(w, batch)
-        except BaseException as exc:
-            self._ins.append_failed(exc)
-            raise
+        r = self._append(w, batch)
         return r[0] if isinstance(r, tuple) else self._completed.result(r)
 
     def append_and_wait(
@@ -471,11 +467,7 @@ class Storage:
         may still become durable later: `UnavailableError` says so.
         """
         timeout = self._settings.call_timeout_ms / 1000 if timeout_s is None else timeout_s
-        try:
-            r = self._append(w, batch, timeout)
-        except BaseException as exc:
-            self._ins.append_failed(exc)
-            raise
+        r = self._append(w, batch, timeout)
         if not isinstance(r, tuple):
             return r  # durable already (no clock read on this path)
         result, wal_future, call_deadline = r
@@ -501,7 +493,17 @@ class Storage:
         self, w: WriterState, batch: RecordBatch, call_timeout: float | None = None
     ) -> AppendResult | tuple[Future[AppendResult], Future[WalPosition], float | None]:
         """Append under the lock; the result, or (its future, the WAL's future, the call's
-        deadline if a wait made it compute one). `call_timeout`: of a synchronous call."""
+        deadline if a wait made it compute one). `call_timeout`: of a synchronous call. A
+        refused append is counted here, for both entry points."""
+        try:
+            return self._append_counted(w, batch, call_timeout)
+        except BaseException as exc:
+            self._ins.append_failed(exc)
+            raise
+
+    def _append_counted(
+        self, w: WriterState, batch: RecordBatch, call_timeout: float | None
+    ) -> AppendResult | tuple[Future[AppendResult], Future[WalPosition], float | None]:
         started = self._mono()
         ts = batch.base_timestamp
         if ts is None:
@@ -1024,10 +1026,15 @@ class Storage:
         """Batches of the stream overlapping ``[start, end)``: at least one, about `max_bytes`."""
         started = self._mono()
         out = self._read(stream_id, start, end, max_bytes)
-        # A stream's batches are contiguous in offsets: the records are the span.
-        records = out[-1].next_offset - out[0].base_offset if out else 0
-        self._ins.fetch.record(self._mono() - started, sum(map(_SIZE, out)), records)
+        self.record_fetch(started, out, sum(map(_SIZE, out)))
         return out
+
+    def record_fetch(self, started: float, batches: Sequence[FetchedBatch], nbytes: int) -> None:
+        """Count a fetch that began at `started` (the clock's monotonic seconds) and returned
+        `batches` of `nbytes` bytes; also for the client's reads of streams it does not own."""
+        # A stream's batches are contiguous in offsets: the records are the span.
+        records = batches[-1].next_offset - batches[0].base_offset if batches else 0
+        self._ins.fetch.record(self._mono() - started, nbytes, records)
 
     def _read(self, stream_id: int, start: int, end: int, max_bytes: int) -> list[FetchedBatch]:
         out: list[FetchedBatch] = []

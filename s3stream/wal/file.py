@@ -40,7 +40,7 @@ from ..metrics.logs import ContextLogger
 from ..settings import FileWalSettings
 from ..validation import check_text
 from .base import WalCapabilities, WalPosition, WalRecord, WriteAheadLog
-from .file_scan import choose_header, damage, ring_reader, scan_bound
+from .file_scan import choose_header, clean_tail_damage, damage, ring_reader, scan_bound
 from .framing import (
     BLOCK_BYTES,
     DATA_START,
@@ -246,6 +246,7 @@ class FileWal(WriteAheadLog):
             raise
         self._seed: int = self._header.seed
         self._capacity: int = self._header.capacity
+        self._ring_read = ring_reader(self._fd, self._capacity, self._path)
         self._max_record: int = min(
             _MAX_RECORD_BYTES,
             self._capacity - 2 * BLOCK_BYTES - FRAME_HEADER.size,
@@ -585,7 +586,7 @@ class FileWal(WriteAheadLog):
 
     def _read_logical(self, position: int, length: int) -> bytes:
         """Bytes of the logical range ``[position, position + length)``, across the ring end."""
-        return ring_reader(self._fd, self._capacity, self._path)(position, length)
+        return self._ring_read(position, length)
 
     def _write_ring(self, position: int, parts: Sequence[bytes | memoryview]) -> None:
         total = sum(len(p) for p in parts)
@@ -658,10 +659,10 @@ class FileWal(WriteAheadLog):
         for pos, data in scanner:
             positions.append(pos)
             yield WalRecord(pos, data)
-        if strict and scanner.problem is not None:
+        before_tail = clean_tail_damage(scanner, bound) if strict else None
+        if before_tail is not None:
             raise CorruptionError(
-                f"WAL {self._path}: damaged record at position {scanner.end} before the "
-                f"clean-shutdown tail {bound}: {scanner.problem}",
+                f"WAL {self._path}: {before_tail}",
                 location=str(self._path),
                 position=self.physical_offset(scanner.end),
             )

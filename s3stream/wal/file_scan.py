@@ -33,6 +33,7 @@ __all__ = [
     "FileWalCheck",
     "check_file_wal",
     "choose_header",
+    "clean_tail_damage",
     "damage",
     "pread_all",
     "ring_reader",
@@ -80,6 +81,17 @@ def scan_bound(header: HeaderSlot) -> tuple[int, bool]:
     if header.clean:
         return header.tail, True
     return max(header.start, min(header.window_end, header.start + header.capacity)), False
+
+
+def clean_tail_damage(scanner: FrameScanner, bound: int) -> str | None:
+    """What is wrong before a clean header's exact tail `bound` (every frame there was
+    acknowledged and closed cleanly), or None."""
+    if scanner.problem is None:
+        return None
+    return (
+        f"damaged record at position {scanner.end} before the clean-shutdown tail {bound}: "
+        f"{scanner.problem}"
+    )
 
 
 def damage(
@@ -220,13 +232,9 @@ def check_file_wal(path: str | Path) -> FileWalCheck:
         for _, data in scanner:
             records += 1
             record_bytes += len(data)
-        if strict and scanner.problem is not None:
-            verdict: str | None = (
-                f"{scanner.problem} at position {scanner.end}, before the clean-shutdown "
-                f"tail {bound}"
-            )
-        else:
-            verdict = damage(header, scanner, bound, read, _CHECK_READ_BYTES)
+        verdict = (clean_tail_damage(scanner, bound) if strict else None) or damage(
+            header, scanner, bound, read, _CHECK_READ_BYTES
+        )
         if verdict is not None:
             offset = DATA_START + scanner.end % header.capacity
             verdict += f" (file offset {offset})"
