@@ -426,7 +426,7 @@ def bench_compaction_cost(url: str, opts: dict[str, Any], rounds: int) -> dict[s
         block_target_bytes=512 * 1024,
         compaction=CompactionSettings(
             deletion_delay_ms=0,
-            stream_split_bytes=2 * MiB,
+            stream_set_split_bytes=2 * MiB,
             stream_object_target_bytes=16 * MiB,
             bytes_per_s=0,
         ),
@@ -479,13 +479,13 @@ def bench_append(
         background_bytes_per_s=rate,
         compaction=CompactionSettings(
             deletion_delay_ms=0,
-            stream_split_bytes=2 * MiB,
+            stream_set_split_bytes=2 * MiB,
             stream_object_target_bytes=16 * MiB,
             # As the standalone job's --bytes-per-s: the compactor's own limit is the rate too.
             bytes_per_s=rate or CompactionSettings().bytes_per_s,
         ),
     )
-    wal = f"file://{wal_dir}/node-{rate}.wal?capacity=512MiB"
+    wal = f"file://{wal_dir}/node-{rate}.wal?capacity_bytes=512MiB"
     payload = os.urandom(1024)
     out: dict[str, Any] = {
         "appends_per_idle_phase": n,

@@ -20,8 +20,14 @@ Roles of the public names:
   `PriceTable` (docs/observability.md);
 - components: `WriteAheadLog`, `ObjectStore`, `Clock` (and their implementations in
   `s3stream.wal`, `s3stream.objectstore`, `s3stream.clock`);
-- errors: `S3StreamError` and its kinds.
+- errors: `S3StreamError` and its kinds;
+- asyncio: `s3stream.aio` (`await s3stream.aio.open(...)`: async handles over these,
+  docs/consuming.md), imported on first use;
+- Polars: `s3stream.polars_scan` (`scan(reader)`: a lazy frame that reads only what a
+  query's filter keeps, docs/arrow.md; extra ``polars``), imported on first use.
 """
+
+import typing as _typing
 
 from .client import ClientMetrics, StreamClient
 from .clock import Clock, ManualClock, SystemClock
@@ -33,8 +39,10 @@ from .errors import (
     InvalidArgumentError,
     NodeInUseError,
     ObjectNotFoundError,
+    OffsetMismatchError,
     OffsetOutOfRangeError,
     S3StreamError,
+    SequenceError,
     StreamClosedError,
     StreamNotFoundError,
     StreamOwnedError,
@@ -59,6 +67,10 @@ from .types import (
     StreamState,
 )
 from .wal.base import WriteAheadLog
+
+if _typing.TYPE_CHECKING:
+    from . import aio as aio
+    from . import polars_scan as polars_scan
 
 __version__ = "0.1.0"
 
@@ -85,12 +97,14 @@ __all__ = [
     "ObjectStore",
     "ObjectSummary",
     "ObjectWalSettings",
+    "OffsetMismatchError",
     "OffsetOutOfRangeError",
     "PriceTable",
     "Record",
     "RecordBatch",
     "RetentionPolicy",
     "S3StreamError",
+    "SequenceError",
     "Stream",
     "StreamClient",
     "StreamClosedError",
@@ -107,3 +121,13 @@ __all__ = [
     "open",
     "open_reader",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """`s3stream.aio` and `s3stream.polars_scan` on first use: only programs that use them
+    pay for importing asyncio or polars."""
+    if name in ("aio", "polars_scan"):
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,6 +16,7 @@ from importlib.metadata import entry_points
 from typing import Generic, TypeVar
 
 from .errors import InvalidArgumentError
+from .validation import check_scheme, check_target
 
 __all__ = ["SchemeRegistry", "split_scheme"]
 
@@ -77,7 +78,10 @@ class SchemeRegistry(Generic[T]):
     def register(
         self, scheme: str, target: str | Callable[..., T], *, clobber: bool = False
     ) -> None:
-        """Register `target` (a factory, or ``"module:attr"``) for `scheme`."""
+        """Register `target` (a factory, or ``"module:attr"``) for `scheme`; both are checked
+        here, once for every kind of component."""
+        check_scheme(scheme)
+        check_target(target)
         with self._lock:
             if scheme in self._targets and not clobber:
                 raise InvalidArgumentError(f"{self._kind} scheme {scheme!r} is already registered")

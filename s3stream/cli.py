@@ -33,6 +33,7 @@ from .errors import CorruptionError, InvalidArgumentError, S3StreamError, Stream
 from .metadata import ObjectMeta
 from .reader import StreamReader, _require_existing_directory, open_reader
 from .settings import ClientSettings, CompactionSettings
+from .settings_parse import parse_int
 from .types import AppendResult, RecordBatch, StreamState
 
 __all__ = ["main"]
@@ -43,6 +44,8 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 0, 1, 2, 
 
 #: The store URL of a command given none.
 ENV_URL = "S3STREAM_URL"
+#: The metadata URL of a command given no --metadata (none: the log is in the store).
+ENV_METADATA = "S3STREAM_METADATA"
 #: Options of ``s3://`` and ``s3a://`` stores taken from the environment when no ``-o`` sets
 #: them, the first variable set winning. boto3 reads the other AWS_* variables (credentials,
 #: profile, config files) itself. The endpoint is passed on rather than left to boto3 so
@@ -102,6 +105,13 @@ def _settings(args: argparse.Namespace, **fields: Any) -> ClientSettings:
     if args.store_timeout is not None:
         fields["store_timeout_ms"] = max(1, round(args.store_timeout * 1000))
     return ClientSettings(**fields)
+
+
+def _metadata(args: argparse.Namespace) -> str | None:
+    """Where the store's metadata log lives: ``--metadata``, else $S3STREAM_METADATA, else
+    None (in the store itself)."""
+    url: str | None = args.metadata or os.environ.get(ENV_METADATA) or None
+    return url
 
 
 def _store_url(args: argparse.Namespace) -> str:
@@ -283,7 +293,11 @@ def _payload(stream_index: int, seq: int, size: int) -> bytes:
 
 
 def _check_demo_target(
-    url: str, reuse: bool, options: dict[str, Any], settings: ClientSettings
+    url: str,
+    reuse: bool,
+    options: dict[str, Any],
+    settings: ClientSettings,
+    metadata: str | None = None,
 ) -> None:
     """The demo's store must outlive its first client and start empty unless `reuse`."""
     scheme, path = split_scheme(url)
@@ -301,7 +315,9 @@ def _check_demo_target(
                 f"{url!r} is not empty: pass --reuse to add to it, or choose another directory"
             )
     elif not reuse:
-        with open_reader(url, storage_options=options or None, settings=settings) as reader:
+        with open_reader(
+            url, storage_options=options or None, settings=settings, metadata=metadata
+        ) as reader:
             if reader.list_streams():
                 raise InvalidArgumentError(
                     f"{url!r} holds streams already: pass --reuse to add to them, or choose "
@@ -313,14 +329,17 @@ def _demo(args: argparse.Namespace) -> int:
     url = args.dir
     options = _storage_options(args, url)
     settings = _settings(args)
-    _check_demo_target(url, args.reuse, options, settings)
+    metadata = _metadata(args)
+    _check_demo_target(url, args.reuse, options, settings, metadata)
     n_streams, n_batches, size = args.streams, args.batches, args.batch_bytes
     total, mb = n_batches * size, n_batches * size / 1e6
     _say(f"s3stream demo: {n_streams} streams, {n_batches:,} batches of {size:,} B, in {url}")
     bar = _Progress.start(args, "appending", total)
     try:
         t0 = time.perf_counter()
-        with open_client(url, storage_options=options or None, settings=settings) as client:
+        with open_client(
+            url, storage_options=options or None, settings=settings, metadata=metadata
+        ) as client:
             streams = [
                 client.create_stream(tags={"topic": "demo", "partition": str(i)})
                 for i in range(n_streams)
@@ -358,7 +377,9 @@ def _demo(args: argparse.Namespace) -> int:
         )
         bar.set(0, total, "reading back")
         t2 = time.perf_counter()
-        with open_client(url, storage_options=options or None, settings=settings) as reader:
+        with open_client(
+            url, storage_options=options or None, settings=settings, metadata=metadata
+        ) as reader:
             seen = 0
             for i, sid in enumerate(ids):
                 stream = reader.open_stream(sid)
@@ -803,6 +824,7 @@ def _compact(args: argparse.Namespace) -> int:
         wal="memory://",
         settings=_settings(args, compaction=compaction),
         storage_options=options or None,
+        metadata=_metadata(args),
     )
     bar = _Progress.start(args, "compacting", 0)
     try:
@@ -828,8 +850,8 @@ def _compact(args: argparse.Namespace) -> int:
 
 def _whole_number(value: str, minimum: int) -> int:
     try:
-        number = int(value)
-    except ValueError:
+        number = parse_int(value)  # the rule every setting follows (no 1_000, no 1e3)
+    except InvalidArgumentError:
         raise argparse.ArgumentTypeError(f"must be a whole number, got {value!r}") from None
     if number < minimum:
         raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {number}")
@@ -878,6 +900,7 @@ def _take_over(args: argparse.Namespace) -> int:
         wal="memory://",
         storage_options=options or None,
         settings=_settings(args),
+        metadata=_metadata(args),
     )
     bar = _Progress.start(args, f"taking over {args.node}", None)
     try:
@@ -913,6 +936,7 @@ def _open_ro(args: argparse.Namespace) -> StreamReader:
         args.url,
         storage_options=_storage_options(args, args.url) or None,
         settings=_settings(args),
+        metadata=_metadata(args),
     )
 
 
@@ -924,9 +948,10 @@ _URL_HELP = (
 )
 _EPILOG = """\
 The store options of -o can also come from the environment: S3STREAM_URL (the store URL),
-S3STREAM_ENDPOINT_URL and S3STREAM_REGION (for s3://), and boto3's AWS_* variables
-(credentials, profile, AWS_ENDPOINT_URL, AWS_REGION). Exit status: 0 OK, 1 failed (a store
-out of reach, damage found), 2 bad command line, 130 interrupted. More: docs/cli.md.
+S3STREAM_METADATA (--metadata), S3STREAM_ENDPOINT_URL and S3STREAM_REGION (for s3://), and
+boto3's AWS_* variables (credentials, profile, AWS_ENDPOINT_URL, AWS_REGION). Exit status: 0
+OK, 1 failed (a store out of reach, damage found), 2 bad command line, 130 interrupted. More:
+docs/cli.md.
 
 examples:
   s3stream demo                        # write, reopen and read back ./s3stream-demo
@@ -1012,6 +1037,12 @@ def _add_store(c: argparse.ArgumentParser, *, url: bool = True) -> None:
         "--store-timeout", type=_seconds, default=None, metavar="SECONDS",
         help="give up on an object-store call after this long, retries included "
         "(default: ClientSettings.store_timeout_ms, 30 s)",
+    )  # fmt: skip
+    c.add_argument(
+        "--metadata", default=None, metavar="URL",
+        help="where the store's metadata log lives if not in the store itself, e.g. "
+        f"postgresql://user@host:5432/db (default: ${ENV_METADATA}, else the store; "
+        "docs/metadata.md)",
     )  # fmt: skip
 
 

@@ -28,7 +28,9 @@ from .errors import (
     UnavailableError,
 )
 from .failover import TakeOverReport, call_wal_factory, has_open_streams, take_over_node
-from .metadata import CloseStream, MetadataManager, MetadataState, StreamMeta
+from .metadata import CloseStream, MetadataLogStore, MetadataManager, MetadataState, StreamMeta
+from .metadata.binding import bind_log
+from .metadata.registry import check_metadata_url, open_metadata_log
 from .metrics.components import MetadataInstruments, StorageInstruments, WalInstruments
 from .metrics.cost import CostReport, PriceTable
 from .metrics.ledger import CostLedger
@@ -129,6 +131,11 @@ class StreamClient(Closeable):
     under ``{metadata_prefix}/data`` (``data`` for the default ``meta``), so namespaces sharing
     a store never read, overwrite or sweep each other's objects. Each namespace's clients need
     their own WALs (a WAL holds one node's appends of one namespace).
+
+    `metadata` says where the metadata log lives: None (the default) in `store` itself, under
+    `metadata_prefix`; a URL (``postgresql://user@host:5432/db``: docs/metadata.md, "The
+    PostgreSQL backend") or a `MetadataLogStore` elsewhere, bound to this store at open. The
+    client owns a log it was given or opened, and closes it with itself.
     """
 
     def __init__(
@@ -144,9 +151,12 @@ class StreamClient(Closeable):
         retry: bool = True,
         metrics_registry: MetricsRegistry | None = None,
         prices: PriceTable | None = None,
+        metadata: str | MetadataLogStore | None = None,
     ) -> None:
         # Every argument is checked before the first side effect (registering the node).
         check_instance("store", store, ObjectStore)
+        if not isinstance(metadata, MetadataLogStore):
+            check_metadata_url(metadata)
         _check_wal_arg(wal)
         self._node_id = check_node_id(node_id)
         check_instance("settings", settings, ClientSettings, allow_none=True)
@@ -187,16 +197,19 @@ class StreamClient(Closeable):
         #: Set once close() (or abandon()) has finished; `_close_error` is what it raised.
         self._close_done = threading.Event()
         self._close_error: BaseException | None = None
+        meta_log = open_metadata_log(
+            metadata, store=view("metadata"), prefix=metadata_prefix, settings=self._settings
+        )
         self._meta = MetadataManager(
-            view("metadata"),
+            meta_log,
             clock=self._clock,
             writer_id=node_id,
-            prefix=metadata_prefix,
             checkpoint_interval=self._settings.metadata_checkpoint_interval,
             commit_attempts=self._settings.metadata_commit_attempts,
             instruments=MetadataInstruments(self._registry),
         )
         try:
+            bind_log(meta_log, view("metadata"), metadata_prefix, create=True)
             self._meta.load()
             self._node_epoch = self._meta.register_node(node_id)
         except BaseException:
@@ -205,6 +218,8 @@ class StreamClient(Closeable):
                 # WAL's holder lock included), or the next open in this process is refused.
                 with contextlib.suppress(Exception):
                     wal.close()
+            with contextlib.suppress(Exception):
+                meta_log.close()
             raise
         storage_box: list[Storage] = []
 
@@ -275,6 +290,15 @@ class StreamClient(Closeable):
             instruments=StorageInstruments(self._registry),
         )
         storage_box.append(self._storage)
+        self._owner = _ClientStreams(
+            meta=self._meta,
+            storage=self._storage,
+            lock=self._lock,
+            streams=self._streams,
+            node_id=node_id,
+            check_open=self._check_open,
+            clock=self._clock,
+        )
         data = DataTotals(self._meta)
         self._ledger = CostLedger(
             self._registry,
@@ -408,14 +432,9 @@ class StreamClient(Closeable):
 
     def _attach(self, meta: StreamMeta) -> Stream:
         w = self._storage.register_writer(meta.stream_id, meta.epoch, meta.end_offset)
-        s = Stream(self, self._storage, w, start_offset=meta.start_offset, tags=meta.tags)
+        s = Stream(self._owner, self._storage, w, start_offset=meta.start_offset, tags=meta.tags)
         self._streams[meta.stream_id] = s
         return s
-
-    def _committed_start(self, stream_id: int) -> int:
-        """The stream's start offset as this client last read it from the metadata log."""
-        meta = self._meta.state.streams.get(stream_id)
-        return 0 if meta is None else meta.start_offset
 
     def list_streams(self, tags: Mapping[str, str] | None = None) -> list[StreamInfo]:
         """Streams in the store (not deleted) whose tags include all of `tags`."""
@@ -459,42 +478,6 @@ class StreamClient(Closeable):
         )  # fmt: skip
         self._storage.record_fetch(started, result.batches, result.total_bytes)
         return result
-
-    def _trim_stream(self, stream: Stream, new_start: int) -> None:
-        if new_start > self._meta.get_stream(stream.stream_id).end_offset:
-            # Metadata only trims what is committed: upload the rest first.
-            self._storage.flush()
-        self._meta.trim_stream(stream.stream_id, stream.epoch, new_start)
-
-    def _close_stream(self, stream: Stream) -> None:
-        """Upload what `stream` has pending, stop its appends, release it in the metadata.
-        Raises if the release failed (the stream stays owned); calling again retries it."""
-        with self._lock:
-            if self._closed:
-                return
-            if self._streams.get(stream.stream_id) is not stream:
-                return
-            # Again after a failed release: nothing is left to flush, the writer is gone.
-            self._storage.flush()
-            self._storage.release_writer(
-                stream.stream_id, StreamClosedError(f"stream {stream.stream_id} is closed")
-            )
-            try:
-                self._meta.close_stream(stream.stream_id, stream.epoch)
-            except S3StreamError as exc:
-                # Still listed as this client's: its close() tries the release again.
-                raise _release_failed([stream.stream_id], self._node_id, exc) from exc
-            self._streams.pop(stream.stream_id, None)
-
-    def _destroy_stream(self, stream: Stream) -> None:
-        with self._lock:
-            self._check_open()
-            self._storage.release_writer(
-                stream.stream_id, StreamClosedError(f"stream {stream.stream_id} was destroyed")
-            )
-            self._storage.log_cache.discard_stream(stream.stream_id)
-            self._streams.pop(stream.stream_id, None)
-            self._meta.delete_stream(stream.stream_id, stream.epoch)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -546,7 +529,18 @@ class StreamClient(Closeable):
             raise InvalidArgumentError(f"a client cannot take over its own node {node_id!r}")
         factory: WalFactory
         if isinstance(wal, str):
-            factory = _wal_url_factory(wal, self._clock, storage_options, accept_wal_loss)
+            from .wal.registry import url_wal_factory
+
+            # The WAL settings this client was opened with apply to the node's WAL as well
+            # (the URL's query overriding single fields).
+            factory = url_wal_factory(
+                wal,
+                clock=self._clock,
+                file_settings=self._settings.file_wal,
+                object_settings=self._settings.object_wal,
+                storage_options=storage_options,
+                accept_wal_loss=accept_wal_loss,
+            )
         elif wal is not None:
             factory = wal
         elif self._wal_factory is not None:
@@ -596,11 +590,8 @@ class StreamClient(Closeable):
             again = self._closed
             self._closed = True
             if not again:
-                owned = [
-                    (sid, s.epoch) for sid, s in self._streams.items() if not s.closed
-                ]
-                for s in self._streams.values():
-                    s._mark_closed("closed (client closed)")
+                owned = [(sid, s.epoch) for sid, s in self._streams.items() if not s.closed]
+                self._owner.closed_how = "closed (client closed)"
         if again:
             # Closed (or closing) already: report how that ended, not a success it was not.
             wait = self._settings.call_timeout_ms / 1000 if timeout is None else timeout
@@ -618,6 +609,7 @@ class StreamClient(Closeable):
             finally:
                 self._block_cache.close()
                 self._store.close()
+                self._meta.log.close()
         except BaseException as exc:
             self._close_error = exc
             raise
@@ -657,14 +649,16 @@ class StreamClient(Closeable):
             if self._closed:
                 return
             self._closed = True
-            for s in self._streams.values():
-                s._mark_closed("closed (client abandoned)")
+            self._owner.closed_how = "closed (client abandoned)"
         try:
             self._storage.abandon()
             crash = getattr(self._wal, "_abandon", None)
             if callable(crash):
                 crash()
         finally:
+            # What a dead process's connections would do: go away.
+            with contextlib.suppress(Exception):
+                self._meta.log.close()
             self._close_done.set()
 
     def _check_open(self) -> None:
@@ -688,35 +682,73 @@ def _release_failed(stream_ids: list[int], node_id: str, exc: S3StreamError) -> 
     )
 
 
-def _wal_url_factory(
-    url: str,
-    clock: Clock,
-    storage_options: Mapping[str, Any] | None,
-    accept_wal_loss: bool = False,
-) -> WalFactory:
-    from .wal.registry import open_wal
+class _ClientStreams:
+    """The client's side of the `StreamOwner` protocol: what its open streams ask of it."""
 
-    def factory(
-        node_id: str,
-        node_epoch: int,
-        on_full: Callable[[], None],
+    def __init__(
+        self,
         *,
-        take_over: bool = False,
-        must_exist: bool = False,
-    ) -> WriteAheadLog:
-        extra: dict[str, Any] = {
-            "take_over": take_over,
-            "must_exist": must_exist,
-            "accept_wal_loss": accept_wal_loss,
-        }
-        return open_wal(
-            url,
-            node_id=node_id,
-            node_epoch=node_epoch,
-            clock=clock,
-            on_full=on_full,
-            storage_options=storage_options,
-            **extra,
-        )
+        meta: MetadataManager,
+        storage: Storage,
+        lock: threading.RLock,
+        streams: dict[int, Stream],
+        node_id: str,
+        check_open: Callable[[], None],
+        clock: Clock,
+    ) -> None:
+        self.clock = clock
+        self._meta = meta
+        self._storage = storage
+        self._lock = lock
+        self._streams = streams
+        self._node_id = node_id
+        self._check_open = check_open
+        #: Set (under the client's lock) when the client closes: every handle is closed then.
+        self.closed_how: str | None = None
 
-    return factory
+    def committed_start(self, stream_id: int) -> int:
+        """The stream's start offset as this client last read it from the metadata log."""
+        meta = self._meta.state.streams.get(stream_id)
+        return 0 if meta is None else meta.start_offset
+
+    def closed_reason(self) -> str | None:
+        """Why every handle is closed (the client closed or was abandoned), else None."""
+        return self.closed_how
+
+    def trim(self, stream: Stream, new_start: int) -> None:
+        """Commit a trim (uploading first what is not committed below `new_start`)."""
+        if new_start > self._meta.get_stream(stream.stream_id).end_offset:
+            # Metadata only trims what is committed: upload the rest first.
+            self._storage.flush()
+        self._meta.trim_stream(stream.stream_id, stream.epoch, new_start)
+
+    def release(self, stream: Stream) -> None:
+        """Upload what `stream` has pending, stop its appends, release it in the metadata.
+        Raises if the release failed (the stream stays owned); calling again retries it."""
+        with self._lock:
+            if self.closed_how is not None:
+                return
+            if self._streams.get(stream.stream_id) is not stream:
+                return
+            # Again after a failed release: nothing is left to flush, the writer is gone.
+            self._storage.flush()
+            self._storage.release_writer(
+                stream.stream_id, StreamClosedError(f"stream {stream.stream_id} is closed")
+            )
+            try:
+                self._meta.close_stream(stream.stream_id, stream.epoch)
+            except S3StreamError as exc:
+                # Still listed as this client's: its close() tries the release again.
+                raise _release_failed([stream.stream_id], self._node_id, exc) from exc
+            self._streams.pop(stream.stream_id, None)
+
+    def destroy(self, stream: Stream) -> None:
+        """Delete `stream` and its data."""
+        with self._lock:
+            self._check_open()
+            self._storage.release_writer(
+                stream.stream_id, StreamClosedError(f"stream {stream.stream_id} was destroyed")
+            )
+            self._storage.log_cache.discard_stream(stream.stream_id)
+            self._streams.pop(stream.stream_id, None)
+            self._meta.delete_stream(stream.stream_id, stream.epoch)

@@ -15,8 +15,10 @@ __all__ = [
     "InvalidArgumentError",
     "NodeInUseError",
     "ObjectNotFoundError",
+    "OffsetMismatchError",
     "OffsetOutOfRangeError",
     "S3StreamError",
+    "SequenceError",
     "StreamClosedError",
     "StreamNotFoundError",
     "StreamOwnedError",
@@ -98,6 +100,37 @@ class ObjectNotFoundError(S3StreamError, LookupError):
 
 class OffsetOutOfRangeError(S3StreamError, LookupError):
     """The offset lies outside ``[start_offset, confirm_offset)`` of the stream."""
+
+
+class OffsetMismatchError(S3StreamError):
+    """A conditional append (``expected_offset=N``) found the stream's next offset elsewhere.
+
+    Nothing was written. `actual` is the offset the next append would get: after a retry of
+    an append whose outcome was unknown (a timeout), ``actual > N`` means the first attempt
+    landed (or is still landing); not retryable with the same `expected_offset`.
+    """
+
+    def __init__(self, message: str, *, expected: int, actual: int) -> None:
+        super().__init__(message)
+        #: The offset the caller expected the batch to land at.
+        self.expected = expected
+        #: The stream's next offset when the append was refused.
+        self.actual = actual
+
+
+class SequenceError(S3StreamError):
+    """An idempotent append (``producer_id``, ``sequence``) came out of order: a sequence was
+    skipped, or it is older than the window of sequences the stream remembers. Nothing was
+    written; not retryable with the same sequence (docs/consuming.md)."""
+
+    def __init__(self, message: str, *, producer_id: str, expected: int, got: int) -> None:
+        super().__init__(message)
+        #: The producer whose sequence is out of order.
+        self.producer_id = producer_id
+        #: The sequence the stream expects next from it.
+        self.expected = expected
+        #: The sequence it sent.
+        self.got = got
 
 
 class CorruptionError(S3StreamError):

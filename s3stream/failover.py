@@ -55,9 +55,7 @@ class TakeOverReport:
 def has_open_streams(state: MetadataState, node_id: str) -> bool:
     """Whether `node_id` still owns open streams: its last session did not close them, so its
     WAL may hold acknowledged appends that are not uploaded."""
-    return any(
-        m.state is StreamState.OPEN and m.owner == node_id for m in state.streams.values()
-    )
+    return any(m.state is StreamState.OPEN and m.owner == node_id for m in state.streams.values())
 
 
 def call_wal_factory(

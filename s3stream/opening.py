@@ -1,7 +1,22 @@
-"""`s3stream.open`: build a client from URLs (object store URL, WAL URL)."""
+"""`s3stream.open`: build a client from URLs (object store URL, WAL URL) and settings.
+
+`open` is where settings from every source meet (docs/configuration.md). For each setting
+the first of these that gives it wins:
+
+1. the WAL URL's query (``file:///x.wal?full_wait_ms=5s``): it names one WAL, so it is the
+   most specific statement, and it always overrode the settings objects' fields;
+2. explicit arguments: ``settings=`` as a mapping gives the settings it names; as a
+   `ClientSettings` it gives every field, except a WAL section left None; `file_wal_settings`
+   and `object_wal_settings` give every field of their WAL;
+3. the environment: ``S3STREAM_*`` variables, read from `environ` (`os.environ` when None)
+   when `open` is called, never at import and never by `StreamClient`;
+4. the defaults (a local directory's default file WAL is 256 MiB, not 2 GiB).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import random
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -11,18 +26,34 @@ from ._registry import split_scheme
 from .client import StreamClient, WalFactory
 from .clock import Clock, SystemClock
 from .errors import InvalidArgumentError
+from .metadata.base import MetadataLogStore
+from .metadata.registry import check_metadata_url
 from .objectstore.base import ObjectStore
 from .objectstore.registry import open_object_store
 from .objectstore.stack import store_stack
 from .settings import ClientSettings, FileWalSettings, ObjectWalSettings
-from .validation import check_bool, check_instance, check_node_id, check_options, check_text
+from .settings_parse import parse_size, settings_from_environ, settings_from_mapping
+from .validation import (
+    check_bool,
+    check_instance,
+    check_node_id,
+    check_options,
+    check_str_map,
+    check_text,
+)
 from .wal.base import WriteAheadLog
 from .wal.holder import WalHolderLock
 from .wal.memory import MemoryWal
 from .wal.object import ObjectWal
-from .wal.registry import OBJECT_PREFIX, lock_file_wal
+from .wal.registry import OBJECT_PREFIX, lock_file_wal, url_wal_factory
 
-__all__ = ["DEFAULT_LOCAL_WAL_CAPACITY", "OBJECT_WAL_DIR", "default_wal_url", "open"]
+__all__ = [
+    "DEFAULT_LOCAL_WAL_CAPACITY",
+    "OBJECT_WAL_DIR",
+    "default_wal_url",
+    "open",
+    "resolve_settings",
+]
 
 #: Where the default object WAL of a remote store lives, inside the store.
 OBJECT_WAL_DIR = "wal"
@@ -54,60 +85,12 @@ def default_wal_url(
     if path is not None:
         # as_uri() percent-encodes the path, so the WAL URL names exactly this file for any
         # directory name (``%``, ``?``, ``#``, newlines, tabs, ``..``-lookalikes included).
-        # A capacity in the URL would override `file_wal_settings`: None leaves it to them.
-        return path.as_uri() + (f"?capacity={capacity}" if capacity is not None else "")
+        # A capacity in the URL would override the settings: None leaves it to them.
+        return path.as_uri() + (f"?capacity_bytes={capacity}" if capacity is not None else "")
     base = url.split("?", 1)[0].rstrip("/")
     if scheme in ("s3", "s3a"):
         return f"{base}/{OBJECT_WAL_DIR}"
     return f"{OBJECT_PREFIX}{base}/{OBJECT_WAL_DIR}" if "://" in base else None
-
-
-def _wal_factory(
-    wal_url: str | Callable[[str], str],
-    *,
-    clock: Clock,
-    file_settings: FileWalSettings | None,
-    object_settings: ObjectWalSettings | None,
-    storage_options: Mapping[str, Any] | None,
-    held: WalHolderLock | None = None,
-    accept_wal_loss: bool = False,
-) -> WalFactory:
-    """`held`: the holder lock of the client's own file WAL, taken already; handed to the
-    WAL the first time the factory opens that node's WAL. `must_exist` (a node whose streams
-    are still open, so its WAL may hold acknowledged appends): a file WAL that is missing or
-    empty, or an object WAL prefix without objects, is damage, `CorruptionError`, unless
-    `accept_wal_loss`."""
-    from .wal.registry import open_wal
-
-    unused = [held] if held is not None else []
-
-    def factory(
-        node_id: str,
-        node_epoch: int,
-        on_full: Callable[[], None],
-        *,
-        take_over: bool = False,
-        must_exist: bool = False,
-    ) -> WriteAheadLog:
-        url = wal_url if isinstance(wal_url, str) else wal_url(node_id)
-        extra: dict[str, Any] = {"must_exist": must_exist, "accept_wal_loss": accept_wal_loss}
-        if take_over:
-            extra["take_over"] = True
-        elif unused and unused[0].node_id == node_id:
-            extra["lock"] = unused.pop()
-        return open_wal(
-            url,
-            node_id=node_id,
-            node_epoch=node_epoch,
-            on_full=on_full,
-            clock=clock,
-            file_settings=file_settings,
-            object_settings=object_settings,
-            storage_options=storage_options,
-            **extra,
-        )
-
-    return factory
 
 
 def _shared_object_wal(
@@ -119,7 +102,7 @@ def _shared_object_wal(
 ) -> WalFactory:
     """The default WAL of a remote store: an object WAL under ``wal/`` of the client's own
     store stack (the same keys `default_wal_url` names), retried by that stack alone.
-    `must_exist` and `accept_wal_loss` as for `_wal_factory`: an empty WAL prefix, or a
+    `must_exist` and `accept_wal_loss` as for `url_wal_factory`: an empty WAL prefix, or a
     damaged chain (docs/s3-wal.md), is `CorruptionError` unless the loss is accepted."""
 
     def factory(
@@ -156,8 +139,10 @@ def _check_open_args(
     settings: object,
     file_wal_settings: object,
     object_wal_settings: object,
+    environ: object,
 ) -> None:
-    """`open`'s arguments, checked before anything is opened or created."""
+    """`open`'s arguments, checked before anything is opened or created (the settings are
+    checked as they are resolved, also before)."""
     if isinstance(url, str):
         check_text("url", url, allow_empty=False)
     elif not isinstance(url, Path):
@@ -167,12 +152,70 @@ def _check_open_args(
         split_scheme(str(wal))  # a malformed WAL URL fails before the store is opened
     check_node_id(node_id)
     check_options("storage_options", storage_options)
+    if not isinstance(settings, Mapping):
+        check_instance("settings", settings, ClientSettings, allow_none=True)
     for name, value, cls in (
-        ("settings", settings, ClientSettings),
         ("file_wal_settings", file_wal_settings, FileWalSettings),
         ("object_wal_settings", object_wal_settings, ObjectWalSettings),
     ):
         check_instance(name, value, cls, allow_none=True)
+    check_str_map("environ", environ, allow_none=True)
+
+
+def resolve_settings(
+    settings: ClientSettings | Mapping[str, Any] | None,
+    *,
+    file_wal_settings: FileWalSettings | None = None,
+    object_wal_settings: ObjectWalSettings | None = None,
+    environ: Mapping[str, str],
+    local_default_wal: bool = False,
+) -> ClientSettings:
+    """The `ClientSettings` `open` uses, WAL sections included, from its explicit arguments
+    over the environment over the defaults (the module's docstring has the order; a WAL URL's
+    query is applied over these when the WAL is opened). `local_default_wal`: the client
+    gets the default file WAL of a local directory, whose default capacity is smaller."""
+    defaults = ClientSettings(
+        file_wal=FileWalSettings(capacity_bytes=parse_size(DEFAULT_LOCAL_WAL_CAPACITY))
+        if local_default_wal
+        else None
+    )
+    from_env = settings_from_environ(ClientSettings, environ, base=defaults)
+    resolved: ClientSettings
+    if isinstance(settings, ClientSettings):
+        # An object gives every field; the environment only fills WAL sections it left None.
+        resolved = dataclasses.replace(
+            settings,
+            file_wal=settings.file_wal if settings.file_wal is not None else from_env.file_wal,
+            object_wal=(
+                settings.object_wal if settings.object_wal is not None else from_env.object_wal
+            ),
+        )
+    elif settings is None:
+        resolved = from_env
+    else:
+        resolved = settings_from_mapping(ClientSettings, settings, base=from_env)
+    if file_wal_settings is not None:
+        _refuse_twice(settings, "file_wal")
+        resolved = dataclasses.replace(resolved, file_wal=file_wal_settings)
+    if object_wal_settings is not None:
+        _refuse_twice(settings, "object_wal")
+        resolved = dataclasses.replace(resolved, object_wal=object_wal_settings)
+    return resolved
+
+
+def _refuse_twice(settings: ClientSettings | Mapping[str, Any] | None, section: str) -> None:
+    """Refuse ``{section}_settings=`` when `settings` gives that section too (which one was
+    meant is anybody's guess)."""
+    if isinstance(settings, ClientSettings):
+        given = getattr(settings, section) is not None
+    else:
+        given = settings is not None and any(
+            k == section or k.startswith(f"{section}.") for k in settings
+        )
+    if given:
+        raise InvalidArgumentError(
+            f"{section}_settings and settings.{section} both give the {section} settings: give one"
+        )
 
 
 def open(
@@ -181,21 +224,31 @@ def open(
     wal: str | WriteAheadLog | None = None,
     node_id: str = "local",
     storage_options: Mapping[str, Any] | None = None,
-    settings: ClientSettings | None = None,
+    settings: ClientSettings | Mapping[str, Any] | None = None,
     file_wal_settings: FileWalSettings | None = None,
     object_wal_settings: ObjectWalSettings | None = None,
     clock: Clock | None = None,
     rng: random.Random | None = None,
     accept_wal_loss: bool = False,
+    environ: Mapping[str, str] | None = None,
+    metadata: str | MetadataLogStore | None = None,
 ) -> StreamClient:
     """Open a stream-storage client.
 
     `url` names the object store: a local directory (the embedded default), ``s3://bucket/
     prefix``, ``memory://`` or any fsspec URL. `wal` names the write-ahead log: a URL
-    (``file:///path?capacity=2GiB``, ``memory://``, ``s3://bucket/prefix/wal``) or a
+    (``file:///path?capacity_bytes=2GiB``, ``memory://``, ``s3://bucket/prefix/wal``) or a
     `WriteAheadLog` instance. By default a local directory gets a file WAL inside it (one
     per node id), ``memory://`` a memory WAL, and a remote store the object WAL under its
     ``wal/`` prefix (see `default_wal_url` and ``docs/s3-wal.md``).
+
+    `settings` is a `ClientSettings` or a mapping of setting names to values, text as in
+    docs/configuration.md: ``{"compaction.background": True, "file_wal.full_wait_ms": "5s"}``.
+    The WAL's settings are its sections
+    ``file_wal`` and ``object_wal``; `file_wal_settings` and `object_wal_settings` are the
+    older way to give them (either way, not both). `environ` holds the ``S3STREAM_*``
+    variables to read (default: `os.environ`, read now; ``{}`` reads none). What wins where
+    several give a setting: the module's docstring.
 
     A node whose streams are still open (its last session did not close them) may hold
     acknowledged appends in its WAL; if that WAL is gone (a file WAL missing or empty, an
@@ -203,15 +256,37 @@ def open(
     it, and so does an object WAL chain missing an object that had landed (docs/s3-wal.md,
     "What recovery detects"). ``accept_wal_loss=True`` goes on without them (logged as a
     warning): for an operator who knows the lost part of the WAL is gone for good.
+
+    `metadata` names where the metadata log lives: by default in the object store itself;
+    ``postgresql://user@host:5432/db`` keeps it in PostgreSQL (the ``postgres`` extra;
+    docs/metadata.md, "The PostgreSQL backend"), a `MetadataLogStore` anywhere. The data objects
+    stay in the store. Every node and reader of a store must name the same log.
     """
+    if not isinstance(metadata, MetadataLogStore):
+        check_metadata_url(metadata)
     _check_open_args(
-        url, wal, node_id, storage_options, settings, file_wal_settings, object_wal_settings
+        url,
+        wal,
+        node_id,
+        storage_options,
+        settings,
+        file_wal_settings,
+        object_wal_settings,
+        environ,
     )
     check_bool("accept_wal_loss", accept_wal_loss)
     check_instance("clock", clock, Clock, allow_none=True)
     check_instance("rng", rng, random.Random, allow_none=True)
     if isinstance(url, Path):
         url = str(url)
+    scheme = split_scheme(url)[0]
+    resolved = resolve_settings(
+        settings,
+        file_wal_settings=file_wal_settings,
+        object_wal_settings=object_wal_settings,
+        environ=environ if environ is not None else os.environ,
+        local_default_wal=wal is None and scheme == "file",
+    )
     clock = clock if clock is not None else SystemClock()
     raw_store = open_object_store(url, storage_options)
     # The client's one store stack, built here so that an object WAL in the same store shares
@@ -220,18 +295,16 @@ def open(
         raw_store,
         clock=clock,
         rng=rng if rng is not None else random.Random(f"s3stream:{node_id}"),
-        timeout_s=(settings if settings is not None else ClientSettings()).store_timeout_ms
-        / 1000,
+        timeout_s=resolved.store_timeout_ms / 1000,
     )
     wal_arg: WriteAheadLog | WalFactory
     held: WalHolderLock | None = None
-    scheme = split_scheme(url)[0]
     if isinstance(wal, WriteAheadLog):
         wal_arg = wal
     elif wal is None and scheme not in ("memory", "file"):
         # A remote store's default: the object WAL in it, on this client's store stack.
         wal_arg = _shared_object_wal(
-            store, clock=clock, settings=object_wal_settings, accept_wal_loss=accept_wal_loss
+            store, clock=clock, settings=resolved.object_wal, accept_wal_loss=accept_wal_loss
         )
     elif split_scheme(wal if wal is not None else url)[0] == "memory":
         wal_arg = MemoryWal()
@@ -239,11 +312,9 @@ def open(
         target: str | Callable[[str], str]
         if wal is None:
             # The default file WAL of each node inside the directory (so that `take_over`
-            # finds another node's beside this one's).
-            capacity = None if file_wal_settings is not None else DEFAULT_LOCAL_WAL_CAPACITY
-
+            # finds another node's beside this one's); its capacity is in the settings.
             def target(node: str) -> str:
-                return default_wal_url(str(url), node, capacity=capacity) or ""
+                return default_wal_url(str(url), node, capacity=None) or ""
         else:
             target = wal
         # A file WAL of this node that a live process holds must fail the open here, before
@@ -253,18 +324,24 @@ def open(
         except BaseException:
             store.close()
             raise
-        wal_arg = _wal_factory(
+        wal_arg = url_wal_factory(
             target,
             clock=clock,
-            file_settings=file_wal_settings,
-            object_settings=object_wal_settings,
+            file_settings=resolved.file_wal,
+            object_settings=resolved.object_wal,
             storage_options=storage_options,
             held=held,
             accept_wal_loss=accept_wal_loss,
         )
     try:
         return StreamClient(
-            store, wal_arg, node_id=node_id, settings=settings, clock=clock, rng=rng
+            store,
+            wal_arg,
+            node_id=node_id,
+            settings=resolved,
+            clock=clock,
+            rng=rng,
+            metadata=metadata,
         )
     except BaseException:
         if held is not None:

@@ -12,10 +12,11 @@ CLI's ``inspect``, ``dump`` and ``verify`` use it.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Mapping
+import threading
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._closeable import Closeable
 from ._registry import split_scheme
@@ -23,18 +24,33 @@ from .cache.block_cache import BlockCache
 from .clock import Clock, SystemClock
 from .errors import (
     InvalidArgumentError,
-    OffsetOutOfRangeError,
     StreamClosedError,
 )
-from .metadata import MetadataManager, MetadataState
+from .metadata import ExternalMetadataLog, MetadataLogStore, MetadataManager, MetadataState
+from .metadata.binding import bind_log
+from .metadata.marker import check_not_bound_elsewhere
+from .metadata.registry import check_metadata_url, open_metadata_log
 from .objectstore.base import ObjectStore
 from .objectstore.registry import open_object_store
 from .objectstore.stack import store_stack
-from .records import Record, records_in
+from .records import Record, batch_records, records_in
 from .settings import ClientSettings
 from .storage.reader import ObjectDataReader
-from .types import FetchResult, StreamInfo
-from .validation import check_instance, check_int, check_read_args, check_str_map, check_text
+from .storage.seek import check_timestamp, seek_committed
+from .types import FetchedBatch, FetchResult, StreamInfo
+from .validation import (
+    check_bool,
+    check_instance,
+    check_int,
+    check_offset_in_range,
+    check_read_args,
+    check_str_map,
+    check_text,
+    check_timeout,
+)
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = [
     "ObjectSummary",
@@ -65,6 +81,10 @@ class StreamReader(Closeable):
 
     Each call that looks at streams first applies entries committed since the last look, so a
     long-lived reader follows the writers. Thread-safe.
+
+    `metadata` is where the metadata log lives, as for `StreamClient`: None (in the store), a
+    URL (``postgresql://...``) or a `MetadataLogStore`; the reader owns and closes it, and
+    checks, without writing, that it belongs to this store.
     """
 
     def __init__(
@@ -74,23 +94,44 @@ class StreamReader(Closeable):
         metadata_prefix: str = "meta",
         settings: ClientSettings | None = None,
         clock: Clock | None = None,
+        metadata: str | MetadataLogStore | None = None,
     ) -> None:
         check_instance("store", store, ObjectStore)
         check_text("metadata_prefix", metadata_prefix, allow_empty=False)
         check_instance("settings", settings, ClientSettings, allow_none=True)
         check_instance("clock", clock, Clock, allow_none=True)
+        if not isinstance(metadata, MetadataLogStore):
+            check_metadata_url(metadata)
         self._settings = settings if settings is not None else ClientSettings()
         self._store = store
-        self._meta = MetadataManager(
-            store,
-            clock=clock if clock is not None else SystemClock(),
-            writer_id="reader",  # never used: a reader commits nothing
-            prefix=metadata_prefix,
+        self._clock = clock if clock is not None else SystemClock()
+        log = open_metadata_log(
+            metadata, store=store, prefix=metadata_prefix, settings=self._settings
         )
-        self._meta.load()
+        self._meta = MetadataManager(
+            log,
+            clock=self._clock,
+            writer_id="reader",  # never used: a reader commits nothing
+        )
+        try:
+            bind_log(log, store, metadata_prefix, create=False)
+            self._meta.load()
+            if self._meta.seq == 0 and not isinstance(log, ExternalMetadataLog):
+                # An empty log in the store: is the metadata elsewhere (one GET)?
+                check_not_bound_elsewhere(store, metadata_prefix)
+        except BaseException:
+            log.close()
+            raise
         self._cache = BlockCache(store, capacity_bytes=self._settings.block_cache_bytes)
         self._objects = ObjectDataReader(self._cache)
         self._closed = False
+        #: Tails wait on it between polls of the metadata log; `close` wakes them.
+        self._wake = threading.Condition()
+
+    @property
+    def settings(self) -> ClientSettings:
+        """The settings this reader reads with (caches, `tail_poll_ms`)."""
+        return self._settings
 
     @property
     def metadata(self) -> MetadataManager:
@@ -136,13 +177,50 @@ class StreamReader(Closeable):
         end_offset: int | None = None,
         *,
         max_bytes: int = 1 << 20,
+        wait_s: float | None = None,
     ) -> FetchResult:
         """Committed batches of the stream covering ``[start_offset, end_offset)``, about
-        `max_bytes` (at least one batch when any data lies there), as `Stream.fetch`."""
+        `max_bytes` (at least one batch when any data lies there), as `Stream.fetch`.
+
+        With `wait_s`, when nothing is committed at `start_offset` yet, waits up to `wait_s`
+        seconds for a commit, following the metadata log every ``settings.tail_poll_ms``
+        (a long poll; empty on timeout or when the reader closes).
+        """
         check_int("stream_id", stream_id)
         start, end_arg, max_bytes = check_read_args(start_offset, end_offset, max_bytes)
+        wait = check_timeout("wait_s", wait_s)
         self._check_open()
-        return read_committed_range(self._meta, self._objects, stream_id, start, end_arg, max_bytes)
+        if not wait:
+            return read_committed_range(
+                self._meta, self._objects, stream_id, start, end_arg, max_bytes
+            )
+        return self._read_waiting(
+            stream_id, start, end_arg, max_bytes, wait, self._settings.tail_poll_ms / 1000
+        )
+
+    def _read_waiting(
+        self, stream_id: int, start: int, end: int | None, max_bytes: int, wait: float, poll: float
+    ) -> FetchResult:
+        """`read`, looking at the log again every `poll` seconds for up to `wait` seconds
+        while nothing is committed at `start`."""
+        deadline = self._clock.monotonic() + wait
+        known = self._meta.state.streams.get(stream_id)
+        # Look at the log only once caught up with what it said last time.
+        refresh = known is None or start >= known.end_offset
+        while True:
+            result = read_committed_range(
+                self._meta, self._objects, stream_id, start, end, max_bytes, refresh=refresh
+            )
+            if result.batches or (end is not None and start >= end):
+                return result
+            if not refresh:
+                refresh = True  # the snapshot promised data it did not have: look again
+                continue
+            remaining = deadline - self._clock.monotonic()
+            with self._wake:
+                if self._closed or remaining <= 0:
+                    return result
+                self._wake.wait(min(poll, remaining))
 
     def read_records(
         self,
@@ -171,6 +249,141 @@ class StreamReader(Closeable):
 
         return records_in(fetch, start_offset, end)
 
+    def offset_for_timestamp(self, stream_id: int, ts_ms: int) -> int | None:
+        """The first committed offset of the stream whose timestamp is >= `ts_ms`
+        (milliseconds since the epoch, any i64), or None; as `Stream.offset_for_timestamp`,
+        over ``[start_offset, end_offset)`` of the latest metadata. Reads the object indexes
+        it needs through the reader's cache, and at most one block (docs/consuming.md)."""
+        check_int("stream_id", stream_id)
+        ts = check_timestamp("ts_ms", ts_ms)
+        self._check_open()
+        self._meta.refresh()
+        m = self._meta.get_stream(stream_id)
+        return seek_committed(self._meta, self._cache, stream_id, m.start_offset, m.end_offset, ts)
+
+    def tail(
+        self,
+        stream_id: int,
+        start_offset: int,
+        *,
+        max_bytes: int = 1 << 20,
+        poll_s: float | None = None,
+    ) -> Iterator[FetchedBatch]:
+        """Every committed batch of the stream from `start_offset` on, blocking for new ones.
+
+        A batch appears once its upload is committed to the metadata log, which this follows:
+        every `poll_s` seconds (default ``settings.tail_poll_ms``) while caught up, it reads
+        the log's next entry (a GET, and a HEAD of the last one seen: no LIST). Each batch is
+        delivered once, in offset order. Ends cleanly when the reader closes; raises
+        `OffsetOutOfRangeError` if a trim passes the position and `StreamNotFoundError` if the
+        stream is deleted.
+        """
+        check_int("stream_id", stream_id)
+        pos = check_int("start_offset", start_offset)
+        check_int("max_bytes", max_bytes, minimum=1)
+        poll = self._settings.tail_poll_ms / 1000 if poll_s is None else poll_s
+        if not check_timeout("poll_s", poll):
+            # A tail that never waits would hammer the metadata log.
+            raise InvalidArgumentError(f"poll_s must be a number of seconds > 0, got {poll_s!r}")
+        self._check_open()
+        return self._tail(stream_id, pos, max_bytes, poll)
+
+    def _tail(
+        self, stream_id: int, pos: int, max_bytes: int, poll: float
+    ) -> Iterator[FetchedBatch]:
+        while True:
+            try:
+                self._check_open()
+                result = self._read_waiting(stream_id, pos, None, max_bytes, poll, poll)
+            except StreamClosedError:
+                return  # the reader closed
+            yield from result.batches
+            pos = result.next_offset
+
+    def tail_records(
+        self,
+        stream_id: int,
+        start_offset: int,
+        *,
+        max_bytes: int = 1 << 20,
+        poll_s: float | None = None,
+    ) -> Iterator[tuple[int, Record]]:
+        """``(offset, record)`` from `start_offset` on, as `tail` delivers committed batches
+        (a RAW batch is one record at its base offset, as in `read_records`)."""
+        start = check_int("start_offset", start_offset)
+        batches = self.tail(stream_id, start, max_bytes=max_bytes, poll_s=poll_s)
+        for batch in batches:
+            yield from batch_records(batch, start)
+
+    def read_arrow(
+        self,
+        stream_ids: int | Iterable[int] | None = None,
+        start: int | Mapping[int, int] | None = None,
+        end: int | Mapping[int, int] | None = None,
+        *,
+        start_timestamp: int | None = None,
+        end_timestamp: int | None = None,
+        tags: Mapping[str, str] | None = None,
+        include_headers: bool = False,
+        topic_tag: str = "topic",
+        partition_tag: str = "partition",
+        batch_rows: int = 65536,
+        max_bytes: int = 1 << 20,
+    ) -> pa.RecordBatchReader:
+        """Committed records as a `pyarrow.RecordBatchReader`, with the Spark source's columns
+        and values: one code path, the Spark source's decoder (`s3stream.arrow`; docs/arrow.md).
+
+        Streams: `stream_ids` (an id or several), else every stream, in both cases only those
+        whose tags include all of `tags`; rows come stream by stream, by id, in offset order.
+        Offsets: ``[start, end)``, each one offset for every stream or a mapping of stream id
+        to offset (a stream it leaves out: from its start offset, to its end), clipped to what
+        each stream holds, from `start_offset` to the end committed when this is called: this
+        is a scan, so offsets trimmed away or not yet written are no error. A RAW batch is one
+        row at its base offset, in the range holding that offset (as `read_records`).
+
+        Time (ms since the epoch): `start_timestamp` moves each stream's start up to its first
+        offset whose timestamp is >= it (`offset_for_timestamp`; no rows if none is), and
+        `end_timestamp` its end down to the first offset whose timestamp is >= that, as the
+        Spark source's ``startingTimestamp`` and ``endingTimestamp``: a range of offsets, not
+        a filter on the ``timestamp`` column (timestamps need not grow with offsets).
+
+        `include_headers` adds the ``headers`` column; `topic_tag` and `partition_tag` name the
+        tags behind ``topic`` and ``partition`` (Spark's ``topicTag``, ``partitionTag``).
+        A record batch holds one stream's rows and closes once it reaches `batch_rows` (an
+        appended batch is never split). Objects are read about `max_bytes` at a time, only
+        those holding the chosen offsets, as the reader is consumed. Needs pyarrow:
+        ``pip install 's3stream[arrow]'`` (else an `ImportError` says so).
+        """
+        from .arrow import range_slices, record_batch_reader
+
+        for name, ts in (("start_timestamp", start_timestamp), ("end_timestamp", end_timestamp)):
+            if ts is not None:
+                check_timestamp(name, ts)
+        check_str_map("tags", tags, allow_none=True)
+        check_bool("include_headers", include_headers)
+        check_text("topic_tag", topic_tag)
+        check_text("partition_tag", partition_tag)
+        check_int("batch_rows", batch_rows, minimum=1)
+        check_int("max_bytes", max_bytes, minimum=1)
+        slices = range_slices(
+            self.snapshot(), stream_ids, start, end,
+            start_timestamp=start_timestamp, end_timestamp=end_timestamp,
+            seek=self.offset_for_timestamp,
+            tags=tags, topic_tag=topic_tag, partition_tag=partition_tag,
+            location=self._store.describe(),
+        )  # fmt: skip
+
+        def read(stream_id: int, pos: int, stop: int) -> FetchResult:
+            # On the snapshot taken above (no refresh per page): the range is fixed at the call.
+            self._check_open()
+            return read_committed_range(
+                self._meta, self._objects, stream_id, pos, stop, max_bytes, refresh=False
+            )
+
+        return record_batch_reader(
+            slices, read, include_headers=include_headers, batch_rows=batch_rows
+        )
+
     def objects(self) -> list[ObjectSummary]:
         """Every data object the metadata lists, live ones and those awaiting deletion."""
         self.refresh()
@@ -189,11 +402,14 @@ class StreamReader(Closeable):
 
     def close(self) -> None:
         """Drop the caches and close the store. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
+        with self._wake:
+            if self._closed:
+                return
+            self._closed = True
+            self._wake.notify_all()
         self._cache.close()
         self._store.close()
+        self._meta.log.close()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -218,10 +434,7 @@ def read_committed_range(
         meta.refresh()
     m = meta.get_stream(stream_id)
     stop = m.end_offset if end is None else min(end, m.end_offset)
-    if not m.start_offset <= start <= m.end_offset:
-        raise OffsetOutOfRangeError(
-            f"offset {start} is outside [{m.start_offset}, {m.end_offset}] of stream {stream_id}"
-        )
+    check_offset_in_range(stream_id, start, m.start_offset, m.end_offset)
     if start >= stop:
         return FetchResult([], start)
     batches = objects.read_latest(meta, stream_id, start, stop, max_bytes)
@@ -236,16 +449,26 @@ def open_reader(
     metadata_prefix: str = "meta",
     clock: Clock | None = None,
     rng: random.Random | None = None,
+    metadata: str | MetadataLogStore | None = None,
 ) -> StreamReader:
     """A `StreamReader` for the store `url` names (a local directory, ``s3://bucket/prefix``,
     any fsspec URL). Needs read access only; a local directory that does not exist is an
-    `InvalidArgumentError`, not created."""
+    `InvalidArgumentError`, not created. `metadata`: where the metadata log lives, if not in
+    the store (``postgresql://...``, as `s3stream.open` takes it)."""
+    if not isinstance(metadata, MetadataLogStore):
+        check_metadata_url(metadata)
     clock = clock if clock is not None else SystemClock()
     store = open_reader_store(
         url, storage_options=storage_options, settings=settings, clock=clock, rng=rng
     )
     try:
-        return StreamReader(store, metadata_prefix=metadata_prefix, settings=settings, clock=clock)
+        return StreamReader(
+            store,
+            metadata_prefix=metadata_prefix,
+            settings=settings,
+            clock=clock,
+            metadata=metadata,
+        )
     except BaseException:
         store.close()
         raise
@@ -274,8 +497,7 @@ def open_reader_store(
         open_object_store(url, storage_options),
         clock=clock if clock is not None else SystemClock(),
         rng=rng if rng is not None else random.Random("s3stream:reader"),
-        timeout_s=(settings if settings is not None else ClientSettings()).store_timeout_ms
-        / 1000,
+        timeout_s=(settings if settings is not None else ClientSettings()).store_timeout_ms / 1000,
     )
 
 

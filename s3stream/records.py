@@ -41,6 +41,7 @@ __all__ = [
     "batch_records",
     "decode_columns",
     "decode_records",
+    "decode_timestamps",
     "encode_records",
     "records_batch",
 ]
@@ -452,6 +453,77 @@ def decode_columns(
         header_value_data=header_value_data,
         has_headers=total_headers > 0,
     )
+
+
+def decode_timestamps(
+    payload: bytes | memoryview,
+    *,
+    expected_count: int,
+    location: str = "?",
+    decompressor: zstandard.ZstdDecompressor | None = None,
+) -> npt.NDArray[np.int64] | None:
+    """The timestamp column of a records payload (`NO_TIMESTAMP` where a record has none;
+    None when no record has one), reading only the header and that column.
+
+    For object writers and seek by time, which need every record's time but none of its
+    bytes: a zstd body is decompressed only as far as the column (it comes first), and the
+    other columns are not checked (`decode_columns` does that). Raises `CorruptionError` when
+    the header or the column is unreadable, the same way for the same bytes. A caller
+    decoding many payloads on one thread may pass its `decompressor` (making one costs more
+    than reading a small column).
+    """
+    view = memoryview(payload)
+    if view.ndim != 1 or view.itemsize != 1:
+        view = view.cast("B")
+    if len(view) < RECORDS_HEADER.size:
+        raise _corrupt(
+            location, f"{len(view)} bytes cannot hold the {RECORDS_HEADER.size}-byte header"
+        )
+    version, flags, ts_mode, *_widths, n, body_len, ts_base = RECORDS_HEADER.unpack_from(view, 0)
+    if version != RECORDS_FORMAT_VERSION:
+        raise _corrupt(location, f"unsupported records format version {version}")
+    if flags & ~_KNOWN_FLAGS:
+        raise _corrupt(location, f"unknown flags {flags:#x}")
+    if ts_mode not in _TS_MODES:
+        raise _corrupt(location, f"unknown timestamp mode {ts_mode}")
+    if n != expected_count:
+        raise _corrupt(location, f"holds {n} records, the batch says {expected_count}")
+    if ts_mode == _TS_NONE:
+        return None
+    width = 4 if ts_mode == _TS_DELTA32 else 8
+    need = width * n
+    stored = view[RECORDS_HEADER.size :]
+    if need > body_len:
+        raise _corrupt(location, f"timestamps need {need} bytes, the body has {body_len}")
+    column: bytes | memoryview
+    if flags & _FLAG_ZSTD:
+        try:
+            dctx = decompressor if decompressor is not None else zstandard.ZstdDecompressor()
+            reader = dctx.stream_reader(stored)
+            parts: list[bytes] = []
+            got = 0
+            while got < need:
+                chunk = reader.read(need - got)
+                if not chunk:
+                    break
+                parts.append(chunk)
+                got += len(chunk)
+        except zstandard.ZstdError as exc:
+            raise _corrupt(location, f"body does not decompress: {exc}") from exc
+        column = b"".join(parts)
+        if len(column) < need:
+            raise _corrupt(location, f"body decompresses to fewer than {need} bytes")
+    else:
+        if len(stored) != body_len:
+            raise _corrupt(location, f"body has {len(stored)} bytes, header says {body_len}")
+        column = stored[:need]
+    if ts_mode == _TS_DELTA32:
+        deltas = np.frombuffer(column, dtype="<u4").astype(np.int64)
+        # Only a base within 2**32 of the top can overflow: the common case skips the max.
+        if ts_base > _I64_MAX - _U32_MAX and ts_base + int(deltas.max()) > _I64_MAX:
+            raise _corrupt(location, "timestamp overflows i64")
+        return deltas + np.int64(ts_base)
+    return np.frombuffer(column, dtype="<i8").astype(np.int64)
 
 
 def _split(data: memoryview, lengths: npt.NDArray[np.int64]) -> list[bytes | None]:

@@ -6,13 +6,20 @@ never chosen by flags here. Each class validates itself so a bad value fails at 
 checked against its annotation (an int field refuses bools, floats and strings; a bool field
 refuses anything but a bool), sizes and counts must be > 0 unless 0 is documented to mean
 something, ``*_ms`` durations fit the platform's timers, and the cross-field limits hold.
+
+Each name means one thing: a field's name is also its name in a settings mapping, a WAL URL's
+query and an ``S3STREAM_*`` environment variable, all read by `s3stream.settings_parse`
+(docs/configuration.md). Nested classes are sections of `ClientSettings`: ``compaction``,
+``file_wal`` and ``object_wal``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+import warnings
+from dataclasses import InitVar, dataclass, field, fields
 
 from .errors import InvalidArgumentError
+from .units import GiB, KiB, MiB
 from .validation import (
     I64_MAX,
     MAX_DURATION_MS,
@@ -31,10 +38,6 @@ __all__ = [
     "ObjectWalSettings",
 ]
 
-KiB = 1 << 10
-MiB = 1 << 20
-GiB = 1 << 30
-
 #: The shortest `CompactionSettings.orphan_grace_ms`: an orphan sweep must never race an
 #: upload between its PUT and its commit (a session's own keys are not swept at all; this is
 #: the second line of defence).
@@ -46,6 +49,8 @@ MAX_BLOCK_TARGET_BYTES = 1 << 31
 #: Largest `ObjectWalSettings.max_unflushed_bytes`; ``wal.object.SESSION_GAP`` is twice it, so
 #: that a new owner's WAL positions never meet the old owner's (docs/s3-wal.md).
 MAX_OBJECT_WAL_UNFLUSHED_BYTES = 1 << 39
+
+_STREAM_SET_SPLIT_BYTES = 8 * MiB
 
 
 def _check_fields(
@@ -85,8 +90,8 @@ class CompactionSettings:
     #: Stream-set objects smaller than this are merged; a merged one this big is left alone.
     stream_set_object_target_bytes: int = 256 * MiB
     #: A stream with at least this many bytes in the merged stream-set objects leaves them as
-    #: stream objects of its own.
-    stream_split_bytes: int = 8 * MiB
+    #: stream objects of its own (at upload time `ClientSettings.stream_split_bytes` decides).
+    stream_set_split_bytes: int = _STREAM_SET_SPLIT_BYTES
     #: Stream-set objects holding data older than this are split completely (0: never).
     stream_set_max_age_ms: int = 3_600_000
     #: Merge stream-set objects only when at least this many can be merged.
@@ -115,8 +120,25 @@ class CompactionSettings:
     #: on the same machine (docs/compaction.md has the measurements behind the default);
     #: raise it when compaction falls behind the ingest.
     bytes_per_s: int = 4 * MiB
+    #: Deprecated spelling of `stream_set_split_bytes` (it read like the upload-time
+    #: `ClientSettings.stream_split_bytes`, which has another meaning and default).
+    stream_split_bytes: InitVar[int | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, stream_split_bytes: int | None) -> None:
+        if stream_split_bytes is not None:
+            warnings.warn(
+                "CompactionSettings.stream_split_bytes is deprecated: it is now "
+                "stream_set_split_bytes (ClientSettings.stream_split_bytes is the upload-time "
+                "split)",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            if self.stream_set_split_bytes != _STREAM_SET_SPLIT_BYTES:
+                raise InvalidArgumentError(
+                    "CompactionSettings: give stream_set_split_bytes or its deprecated "
+                    "spelling stream_split_bytes, not both"
+                )
+            object.__setattr__(self, "stream_set_split_bytes", stream_split_bytes)
         _check_fields(
             self,
             allow_zero=(
@@ -145,7 +167,8 @@ class ClientSettings:
     upload_threshold_bytes: int = 64 * MiB
     #: Upload at least this often while anything is pending (0 disables the timer).
     upload_interval_ms: int = 30_000
-    #: A stream with at least this many pending bytes gets its own stream object.
+    #: A stream with at least this many pending bytes gets its own stream object when
+    #: uploaded (the compactor's threshold is `CompactionSettings.stream_set_split_bytes`).
     stream_split_bytes: int = 16 * MiB
     #: Target size of one data block inside an object (one stream per block; at most 2 GiB).
     block_target_bytes: int = 1 * MiB
@@ -178,12 +201,26 @@ class ClientSettings:
     readahead_initial_bytes: int = 1 * MiB
     #: ... and doubles per sequential fetch up to this (0 disables readahead).
     readahead_max_bytes: int = 64 * MiB
+    #: How often a `StreamReader.tail` that has caught up looks for newly committed data
+    #: (one GET and one HEAD of the metadata log per look).
+    tail_poll_ms: int = 500
+    #: An idempotent producer idle this long is forgotten (its next append starts afresh).
+    producer_expiry_ms: int = 15 * 60_000
+    #: At most this many bytes of a reopened stream's newest data are read to rebuild its
+    #: producers (on its first idempotent append), back to `producer_expiry_ms` ago.
+    producer_scan_bytes: int = 64 * MiB
     #: Rate limit of background object-store traffic (uploads, compaction, readahead), in
     #: bytes and requests per second; 0 means unlimited. Foreground reads are never delayed.
     background_bytes_per_s: int = 0
     background_requests_per_s: int = 0
     #: The compactor (merging objects, retention, deleting garbage).
     compaction: CompactionSettings = field(default_factory=CompactionSettings)
+    #: The file WAL, when the client opens one from a URL (`s3stream.open`, `take_over`);
+    #: None: that WAL's defaults (a WAL URL's query still overrides single fields).
+    file_wal: FileWalSettings | None = None
+    #: The object WAL, when the client opens one (the default WAL of a remote store, a WAL
+    #: URL, `take_over`); None: that WAL's defaults.
+    object_wal: ObjectWalSettings | None = None
 
     def __post_init__(self) -> None:
         _check_fields(
@@ -197,9 +234,13 @@ class ClientSettings:
                 "background_bytes_per_s",
                 "background_requests_per_s",
             ),
-            own_checks=("block_compression", "zstd_level", "compaction"),
+            own_checks=("block_compression", "zstd_level", "compaction", "file_wal", "object_wal"),
         )
         check_instance("ClientSettings.compaction", self.compaction, CompactionSettings)
+        check_instance("ClientSettings.file_wal", self.file_wal, FileWalSettings, allow_none=True)
+        check_instance(
+            "ClientSettings.object_wal", self.object_wal, ObjectWalSettings, allow_none=True
+        )
         check_choice("ClientSettings.block_compression", self.block_compression, ("none", "zstd"))
         # Checked even with compression off: a level libzstd refuses would otherwise only
         # fail once compression is turned on, in the uploader thread.

@@ -6,22 +6,64 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ._closeable import Closeable
+from .clock import Clock
 from .errors import (
+    InvalidArgumentError,
     OffsetOutOfRangeError,
     StreamClosedError,
 )
-from .records import Record, records_batch, records_in
+from .records import Record, batch_records, records_batch, records_in
 from .storage.engine import Storage, WriterState
-from .types import AppendResult, FetchResult, RecordBatch
-from .validation import check_instance, check_int, check_read_args, check_timeout
+from .storage.producers import stamp_batch
+from .storage.seek import check_timestamp
+from .types import AppendResult, FetchedBatch, FetchResult, RecordBatch
+from .validation import (
+    check_instance,
+    check_int,
+    check_offset_in_range,
+    check_read_args,
+    check_text,
+    check_timeout,
+)
 
-if TYPE_CHECKING:
-    from .client import StreamClient
+__all__ = ["Stream", "StreamOwner"]
 
-__all__ = ["Stream"]
+
+class StreamOwner(Protocol):
+    """What a `Stream` asks of the client that opened it: the metadata side of its life.
+
+    The stream keeps its append state (`WriterState`) and reads through `Storage`; what needs
+    the metadata log or the client's bookkeeping goes through this protocol, so neither side
+    reaches into the other's private state.
+    """
+
+    @property
+    def clock(self) -> Clock:
+        """The client's clock (deadlines of waits)."""
+        ...
+
+    def committed_start(self, stream_id: int) -> int:
+        """The stream's start offset as the owner last read it from the metadata log."""
+        ...
+
+    def closed_reason(self) -> str | None:
+        """Why every handle of the owner is closed (the owner closed), else None."""
+        ...
+
+    def trim(self, stream: Stream, new_start: int) -> None:
+        """Commit a trim of `stream` to `new_start` (uploading first what it needs)."""
+        ...
+
+    def release(self, stream: Stream) -> None:
+        """Upload what `stream` has pending and release it in the metadata."""
+        ...
+
+    def destroy(self, stream: Stream) -> None:
+        """Delete `stream` and all its data."""
+        ...
 
 
 class Stream(Closeable):
@@ -38,14 +80,15 @@ class Stream(Closeable):
 
     def __init__(
         self,
-        client: StreamClient,
+        owner: StreamOwner,
         storage: Storage,
         writer: WriterState,
         *,
         start_offset: int,
         tags: Mapping[str, str],
     ) -> None:
-        self._client = client
+        self._owner = owner
+        self._clock = owner.clock
         self._storage = storage
         self._w = writer
         self._start_offset = start_offset
@@ -78,7 +121,7 @@ class Stream(Closeable):
         compactor or a standalone one) as soon as this client has read them from the
         metadata log, which it does at its next upload commit at the latest.
         """
-        committed = self._client._committed_start(self.stream_id)
+        committed = self._owner.committed_start(self.stream_id)
         return self._start_offset if committed <= self._start_offset else committed
 
     @property
@@ -93,13 +136,33 @@ class Stream(Closeable):
 
     @property
     def closed(self) -> bool:
-        """Whether the handle was closed or the stream destroyed."""
-        return self._closed is not None
+        """Whether the handle was closed, the stream destroyed or the client closed."""
+        return self._closed is not None or self._owner.closed_reason() is not None
 
     # ------------------------------------------------------------------ appends
 
-    def append(self, batch: RecordBatch, *, timeout_s: float | None = None) -> AppendResult:
+    def append(
+        self,
+        batch: RecordBatch,
+        *,
+        timeout_s: float | None = None,
+        expected_offset: int | None = None,
+        producer_id: str | None = None,
+        sequence: int | None = None,
+    ) -> AppendResult:
         """Append a batch and wait until it is durable; returns where it landed.
+
+        With `producer_id` and `sequence` (an idempotent producer, as Kafka's): a batch whose
+        (producer, sequence) the stream already took returns the original `AppendResult`
+        and writes nothing; sequences of a producer must follow each other (+1), else
+        `SequenceError`. This holds across a crash, a reopen and a take-over, within the
+        last 5 sequences of a producer and while it is not idle longer than
+        ``producer_expiry_ms`` (docs/consuming.md).
+
+        With `expected_offset`, the batch is appended only if it would land at that offset
+        (the stream's `next_offset`); otherwise nothing is written and `OffsetMismatchError`
+        says where the next append would land. Retrying an append that timed out with the
+        same `expected_offset` therefore never writes it twice (docs/consuming.md).
 
         Waits at most `timeout_s` (default: the client's ``call_timeout_ms``), then raises
         `UnavailableError`; the batch may still become durable after that. Errors: a bad
@@ -108,41 +171,53 @@ class Stream(Closeable):
         (`UnavailableError`) are retryable; `FencedError`, `CorruptionError` and
         `StreamClosedError` are permanent for this handle.
         """
-        # The checks cost a call only when they have something to say (the hot path).
-        if not isinstance(batch, RecordBatch):
-            check_instance("batch", batch, RecordBatch)
         if timeout_s is not None:
             check_timeout("timeout_s", timeout_s)
+        batch, ident = _checked(batch, expected_offset, producer_id, sequence)
         self._check_open()
-        return self._storage.append_and_wait(self._w, batch, timeout_s)
+        return self._storage.append_and_wait(self._w, batch, timeout_s, expected_offset, ident)
 
-    def append_async(self, batch: RecordBatch) -> Future[AppendResult]:
+    def append_async(
+        self,
+        batch: RecordBatch,
+        *,
+        expected_offset: int | None = None,
+        producer_id: str | None = None,
+        sequence: int | None = None,
+    ) -> Future[AppendResult]:
         """Append a batch; the future resolves once it is durable. Futures of one stream
-        resolve in append order."""
-        check_instance("batch", batch, RecordBatch)
+        resolve in append order. `expected_offset`, `producer_id` and `sequence`: as for
+        `append` (a mismatch or an out-of-order sequence is raised at the call, nothing is
+        written; a duplicate of an append still in flight gets that append's future)."""
+        batch, ident = _checked(batch, expected_offset, producer_id, sequence)
         self._check_open()
-        return self._storage.append(self._w, batch)
+        return self._storage.append(self._w, batch, expected_offset, ident)
 
     # ------------------------------------------------------------------ reads
 
     def fetch(
-        self, start_offset: int, end_offset: int | None = None, *, max_bytes: int = 1 << 20
+        self,
+        start_offset: int,
+        end_offset: int | None = None,
+        *,
+        max_bytes: int = 1 << 20,
+        wait_s: float | None = None,
     ) -> FetchResult:
         """Whole batches covering ``[start_offset, end_offset)``, up to about `max_bytes`.
 
         The first batch may begin before `start_offset`; at least one batch is returned when
         any data lies in the range (`max_bytes` is a soft limit). `end_offset` defaults to
-        `confirm_offset`; fetching at `confirm_offset` returns no batches.
+        `confirm_offset`; fetching at `confirm_offset` returns no batches, or, with `wait_s`,
+        waits up to `wait_s` seconds for an append to make data there durable (a long poll:
+        empty on timeout, or when appends stop because the stream or client closes).
         """
-        start, end_arg, max_bytes = check_read_args(start_offset, end_offset, max_bytes)
-        self._check_open()
-        confirm = self._w.confirm_offset
-        end = confirm if end_arg is None else min(end_arg, confirm)
-        first = self.start_offset
-        if start < first or start > confirm:
-            raise OffsetOutOfRangeError(
-                f"offset {start} is outside [{first}, {confirm}] of stream {self.stream_id}"
-            )
+        if wait_s is not None:
+            wait = check_timeout("wait_s", wait_s)
+            start = check_int("start_offset", start_offset)
+            self._check_open()
+            if wait and start == self._w.confirm_offset and start >= self.start_offset:
+                self._w.wait_for_data(start, wait, self._clock)
+        start, end, max_bytes = self._read_range(start_offset, end_offset, max_bytes)
         if start >= end:
             return FetchResult([], start)
         batches = self._storage.read(self.stream_id, start, end, max_bytes)
@@ -156,23 +231,42 @@ class Stream(Closeable):
         *,
         compression: str = "none",
         timeout_s: float | None = None,
+        expected_offset: int | None = None,
+        producer_id: str | None = None,
+        sequence: int | None = None,
     ) -> AppendResult:
         """Pack `records` into one RECORDS batch, append it and wait until it is durable.
 
         The batch holds ``len(records)`` offsets, one per record, in order. `compression`
         ("none" or "zstd") applies to this batch's payload. Records without a timestamp
-        take the batch's append time.
+        take the batch's append time. `expected_offset`, `producer_id` and `sequence`: as
+        for `append`.
         """
-        timeout = check_timeout("timeout_s", timeout_s)
         batch = records_batch(records, compression=compression)
-        self._check_open()
-        return self._storage.append_and_wait(self._w, batch, timeout)
+        return self.append(
+            batch,
+            timeout_s=timeout_s,
+            expected_offset=expected_offset,
+            producer_id=producer_id,
+            sequence=sequence,
+        )
 
     def append_records_async(
-        self, records: Sequence[Record], *, compression: str = "none"
+        self,
+        records: Sequence[Record],
+        *,
+        compression: str = "none",
+        expected_offset: int | None = None,
+        producer_id: str | None = None,
+        sequence: int | None = None,
     ) -> Future[AppendResult]:
         """Like `append_records`, but return a future that resolves once durable."""
-        return self.append_async(records_batch(records, compression=compression))
+        return self.append_async(
+            records_batch(records, compression=compression),
+            expected_offset=expected_offset,
+            producer_id=producer_id,
+            sequence=sequence,
+        )
 
     def read_records(
         self, start_offset: int, end_offset: int | None = None, *, max_bytes: int = 1 << 20
@@ -186,16 +280,64 @@ class Stream(Closeable):
         that base offset is in the range: a raw batch belongs to the range holding its first
         offset (as in the Spark source), so adjacent ranges never both return it.
         """
-        start, end_arg, max_bytes = check_read_args(start_offset, end_offset, max_bytes)
-        self._check_open()
-        confirm = self._w.confirm_offset
-        end = confirm if end_arg is None else min(end_arg, confirm)
-        first = self.start_offset
-        if start < first or start > confirm:
-            raise OffsetOutOfRangeError(
-                f"offset {start} is outside [{first}, {confirm}] of stream {self.stream_id}"
-            )
+        start, end, max_bytes = self._read_range(start_offset, end_offset, max_bytes)
         return records_in(lambda pos: self.fetch(pos, end, max_bytes=max_bytes), start, end)
+
+    # -- seek by time
+
+    def offset_for_timestamp(self, ts_ms: int) -> int | None:
+        """The first offset whose timestamp is >= `ts_ms` (milliseconds since the epoch, any
+        i64), among ``[start_offset, confirm_offset)``; None when there is none.
+
+        An offset's timestamp is its record's own, or its batch's base timestamp (records
+        without one, and every offset of a raw batch): what `read_records` reports. Timestamps
+        need not grow with offsets: the answer is the first offset that qualifies, wherever
+        it lies. Searches the LogCache, then committed objects, reading at most one block
+        (see docs/consuming.md, "Seek by time").
+        """
+        ts = check_timestamp("ts_ms", ts_ms)
+        self._check_open()
+        return self._storage.offset_for_timestamp(
+            self.stream_id, self.start_offset, self._w.confirm_offset, ts
+        )
+
+    # -- tailing
+
+    def tail(
+        self, start_offset: int, *, max_bytes: int = 1 << 20, wait_s: float = 1.0
+    ) -> Iterator[FetchedBatch]:
+        """Every batch from `start_offset` on, blocking for new ones as they become durable.
+
+        A batch is yielded as soon as its append is acknowledged (this process holds the
+        stream). The iterator ends when the stream or its client closes (cleanly, between
+        batches) and raises `OffsetOutOfRangeError` if a trim passes its position. `wait_s`
+        is how long each internal long poll waits (any value works: appends wake it at once).
+        """
+        pos = check_int("start_offset", start_offset)
+        check_int("max_bytes", max_bytes, minimum=1)
+        wait = check_timeout("wait_s", wait_s)
+        if not wait:
+            # A tail that never waits would spin on fetch at the end of the stream.
+            raise InvalidArgumentError(f"wait_s must be a number of seconds > 0, got {wait_s!r}")
+        return self._tail(pos, max_bytes, wait)
+
+    def _tail(self, pos: int, max_bytes: int, wait: float) -> Iterator[FetchedBatch]:
+        while True:
+            try:
+                result = self.fetch(pos, max_bytes=max_bytes, wait_s=wait)
+            except StreamClosedError:
+                return
+            yield from result.batches
+            pos = result.next_offset
+
+    def tail_records(
+        self, start_offset: int, *, max_bytes: int = 1 << 20, wait_s: float = 1.0
+    ) -> Iterator[tuple[int, Record]]:
+        """``(offset, record)`` from `start_offset` on, as `tail` delivers batches (a RAW
+        batch counts as one record at its base offset, as in `read_records`)."""
+        start = check_int("start_offset", start_offset)
+        for batch in self.tail(start, max_bytes=max_bytes, wait_s=wait_s):
+            yield from batch_records(batch, start)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -211,7 +353,7 @@ class Stream(Closeable):
                 )
             if new_start <= self.start_offset:
                 return
-            self._client._trim_stream(self, new_start)
+            self._owner.trim(self, new_start)
             self._start_offset = new_start
 
     def close(self) -> None:
@@ -219,23 +361,32 @@ class Stream(Closeable):
 
         If the release fails (the store is unreachable) it raises, the stream stays owned by
         this node, and calling `close` again retries the release."""
-        if self._closed is None:
-            self._client._close_stream(self)
+        if not self.closed:
+            self._owner.release(self)
             self._closed = "closed"
 
     def destroy(self) -> None:
         """Delete the stream and all its data. Irreversible."""
         if self._closed == "destroyed":
             return
-        self._client._destroy_stream(self)
+        self._owner.destroy(self)
         self._closed = "destroyed"
 
-    def _mark_closed(self, how: str) -> None:
-        self._closed = how
+    def _read_range(
+        self, start_offset: object, end_offset: object, max_bytes: object
+    ) -> tuple[int, int, int]:
+        """A read's arguments checked against this stream: (start, end, max_bytes), with
+        `end` capped at `confirm_offset` (and defaulting to it)."""
+        start, end_arg, max_bytes = check_read_args(start_offset, end_offset, max_bytes)
+        self._check_open()
+        confirm = self._w.confirm_offset
+        check_offset_in_range(self.stream_id, start, self.start_offset, confirm)
+        return start, confirm if end_arg is None else min(end_arg, confirm), max_bytes
 
     def _check_open(self) -> None:
-        if self._closed is not None:
-            raise StreamClosedError(f"stream {self.stream_id} is {self._closed}")
+        how = self._closed or self._owner.closed_reason()
+        if how is not None:
+            raise StreamClosedError(f"stream {self.stream_id} is {how}")
         if self._w.error is not None:
             raise self._w.error
 
@@ -244,3 +395,29 @@ class Stream(Closeable):
             f"Stream(id={self.stream_id}, epoch={self.epoch}, start={self.start_offset}, "
             f"confirm={self.confirm_offset}, next={self.next_offset})"
         )
+
+
+def _checked(
+    batch: RecordBatch, expected_offset: object, producer_id: object, sequence: object
+) -> tuple[RecordBatch, tuple[str, int] | None]:
+    """An append's arguments checked: the batch to write (stamped with its producer and
+    sequence, if any) and (producer, sequence). The checks cost a call only when they have
+    something to say (the hot path)."""
+    if not isinstance(batch, RecordBatch):
+        check_instance("batch", batch, RecordBatch)
+    if expected_offset is not None:
+        check_int("expected_offset", expected_offset)
+    if producer_id is None and sequence is None:
+        return batch, None
+    return _idempotent(batch, producer_id, sequence)
+
+
+def _idempotent(
+    batch: RecordBatch, producer_id: object, sequence: object
+) -> tuple[RecordBatch, tuple[str, int]]:
+    """`batch` stamped with its producer and sequence, and the pair; both or neither."""
+    if producer_id is None or sequence is None:
+        raise InvalidArgumentError("producer_id and sequence go together: give both or neither")
+    pid = check_text("producer_id", producer_id, max_bytes=255, allow_empty=False)
+    seq = check_int("sequence", sequence)
+    return stamp_batch(batch, pid, seq), (pid, seq)

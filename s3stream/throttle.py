@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from .clock import Clock
 from .errors import InvalidArgumentError
-from .validation import check_instance, check_int
+from .validation import check_instance, check_int, check_number
 
 __all__ = ["Priority", "PriorityRateLimiter", "ThrottleMetrics"]
 
@@ -58,12 +58,6 @@ class ThrottleMetrics:
     waited_s: dict[str, float] = field(default_factory=dict)
 
 
-def _check_rate(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise InvalidArgumentError(f"{name} must be a number >= 0, got {value!r}")
-    return float(value)
-
-
 class PriorityRateLimiter:
     """A priority token bucket of `bytes_per_s` and `requests_per_s` (0: that dimension is
     unlimited). Each bucket holds at most `burst_s` seconds of its rate. Thread-safe.
@@ -80,9 +74,9 @@ class PriorityRateLimiter:
         if not isinstance(clock, Clock):
             raise InvalidArgumentError(f"clock must be a Clock, got {clock!r}")
         self._clock = clock
-        self._bytes_rate = _check_rate("bytes_per_s", bytes_per_s)
-        self._req_rate = _check_rate("requests_per_s", requests_per_s)
-        burst = _check_rate("burst_s", burst_s)
+        self._bytes_rate = check_number("bytes_per_s", bytes_per_s)
+        self._req_rate = check_number("requests_per_s", requests_per_s)
+        burst = check_number("burst_s", burst_s)
         if burst <= 0:
             raise InvalidArgumentError(f"burst_s must be > 0, got {burst_s!r}")
         self._bytes_cap = self._bytes_rate * burst

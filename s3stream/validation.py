@@ -22,7 +22,7 @@ from typing import Any, TypeGuard, TypeVar
 
 import zstandard
 
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, OffsetOutOfRangeError
 
 __all__ = [
     "I64_MAX",
@@ -36,10 +36,13 @@ __all__ = [
     "check_instance",
     "check_int",
     "check_node_id",
+    "check_number",
     "check_options",
     "check_read_args",
+    "check_scheme",
     "check_seconds",
     "check_str_map",
+    "check_target",
     "check_text",
     "check_timeout",
     "check_zstd_level",
@@ -63,6 +66,8 @@ ZSTD_MAX_LEVEL: int = zstandard.MAX_COMPRESSION_LEVEL
 # Node ids become path segments of object keys and WAL names. fullmatch, not match with
 # ``$``: ``$`` also matches before a trailing newline, which would let "n1\n" through.
 _NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+# URL schemes a registry accepts (RFC 3986's syntax, lower case: lookups are by lower case).
+_SCHEME = re.compile(r"[a-z][a-z0-9+.-]*")
 
 
 # Reprs for messages are cut short: an argument may be megabytes (a payload, a long string).
@@ -88,6 +93,23 @@ def check_bool(name: str, value: object) -> bool:
     if type(value) is not bool:
         raise InvalidArgumentError(f"{name} must be a bool, got {_show(value)}")
     return value
+
+
+def check_number(
+    name: str, value: object, *, minimum: float = 0.0, maximum: float = math.inf
+) -> float:
+    """A finite number (an int or a float, not a bool) in ``[minimum, maximum]``, as a float.
+
+    NaN is refused: it compares false with every bound, so it would pass a plain ``< 0``
+    test and then poison whatever arithmetic uses it (a rate, a probability).
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidArgumentError(f"{name} must be a number, got {_show(value)}")
+    number = float(value)
+    if not (math.isfinite(number) and minimum <= number <= maximum):
+        bound = f">= {minimum:g}" if maximum == math.inf else f"in [{minimum:g}, {maximum:g}]"
+        raise InvalidArgumentError(f"{name} must be a finite number {bound}, got {_show(value)}")
+    return number
 
 
 def check_seconds(name: str, value: object) -> float:
@@ -203,6 +225,27 @@ def check_node_id(value: object, name: str = "node_id") -> str:
     return value
 
 
+def check_scheme(value: object, name: str = "scheme") -> str:
+    """`value` if it is a URL scheme as registries key them: a lower-case letter, then
+    lower-case letters, digits, ``+``, ``.`` or ``-`` (``s3``, ``object+file``)."""
+    if not isinstance(value, str) or _SCHEME.fullmatch(value) is None:
+        raise InvalidArgumentError(
+            f"{name} must be lower-case letters, digits, '+', '.' or '-' (starting with a "
+            f"letter), got {_show(value)}"
+        )
+    return value
+
+
+def check_target(value: object, name: str = "target") -> object:
+    """`value` if it can stand for a factory: a callable, or its import path
+    ``"package.module:attribute"`` (imported when first used)."""
+    if not (callable(value) or (isinstance(value, str) and ":" in value)):
+        raise InvalidArgumentError(
+            f"{name} must be a callable or 'module:attribute', got {_show(value)}"
+        )
+    return value
+
+
 def check_read_args(
     start_offset: object, end_offset: object, max_bytes: object
 ) -> tuple[int, int | None, int]:
@@ -214,3 +257,13 @@ def check_read_args(
     if end is not None and end < start:
         raise InvalidArgumentError(f"end_offset {end} is below start_offset {start}")
     return start, end, check_int("max_bytes", max_bytes, minimum=1)
+
+
+def check_offset_in_range(stream_id: int, start: int, first: int, last: int) -> None:
+    """The one rule for where a read may begin: at an offset of ``[first, last]`` (`last`,
+    the end, reads nothing); raises `OffsetOutOfRangeError` otherwise (trimmed away, or not
+    written yet)."""
+    if not first <= start <= last:
+        raise OffsetOutOfRangeError(
+            f"offset {start} is outside [{first}, {last}] of stream {stream_id}"
+        )

@@ -2,80 +2,48 @@
 
 from __future__ import annotations
 
-import socket
+import os
 import uuid
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from s3stream.testing.seaweedfs import SeaweedS3Server, SeaweedUnavailable
+from s3stream.testing.s3_servers import SERVER_CHOICES, LoopbackS3Server, start_s3_server
 
 # ==============================================================================================
 # S3 server: SeaweedFS (``weed mini``) for the whole session; moto's server only as a fallback
-# when the weed binary cannot run here.
+# when the weed binary cannot run here, or when S3STREAM_TEST_S3_SERVER=moto asks for it.
 # ==============================================================================================
 
+#: ``auto`` (default: SeaweedFS, else moto with a warning), ``seaweedfs`` (fail without it) or
+#: ``moto`` (the fallback, on purpose).
+S3_SERVER_ENV = "S3STREAM_TEST_S3_SERVER"
 
-class MotoS3Server:
-    """moto's S3 server on a free loopback port, with the interface of `SeaweedS3Server`."""
 
-    kind = "moto"
-
-    def __init__(self, bucket: str = "s3stream-test") -> None:
-        from moto.server import ThreadedMotoServer
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.bucket = bucket
-        self.access_key = "testing"
-        self.secret_key = "testing"
-        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
-
-    def start(self) -> MotoS3Server:
-        self._server.start()
-        self.make_bucket(self.bucket)
-        return self
-
-    def stop(self) -> None:
-        self._server.stop()
-
-    @property
-    def endpoint_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def storage_options(self) -> dict[str, Any]:
-        return {
-            "endpoint_url": self.endpoint_url,
-            "aws_access_key_id": self.access_key,
-            "aws_secret_access_key": self.secret_key,
-            "region_name": "us-east-1",
-        }
-
-    def client(self) -> Any:
-        import boto3
-
-        return boto3.session.Session().client("s3", **self.storage_options())
-
-    def make_bucket(self, name: str) -> str:
-        self.client().create_bucket(Bucket=name)
-        return name
+@pytest.fixture(scope="session", autouse=True)
+def _aws_sdks_stay_on_loopback() -> Iterator[None]:
+    """No AWS SDK in the test process (or its children) probes EC2 instance metadata for
+    credentials or a region: every client gets explicit test credentials, and this makes a
+    forgotten one fail fast instead of waiting on 169.254.169.254."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        yield
 
 
 @pytest.fixture(scope="session")
-def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A running S3 server (`SeaweedS3Server`, or `MotoS3Server` if weed cannot run)."""
-    server: Any = SeaweedS3Server(tmp_path_factory.mktemp("seaweedfs"))
-    try:
-        server.start()
-    except SeaweedUnavailable as exc:
-        warnings.warn(
-            f"SeaweedFS unavailable, falling back to moto's S3 server: {exc}", stacklevel=1
+def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackS3Server]:
+    """A running S3 server: `SeaweedS3Server`, or `MotoS3Server` if weed cannot run here (see
+    `S3_SERVER_ENV`). Tests that need what moto does not model check the server's flags
+    (``checks_credentials``, ``atomic_conditional_create``)."""
+    choice = os.environ.get(S3_SERVER_ENV, "auto")
+    if choice not in SERVER_CHOICES:
+        raise pytest.UsageError(
+            f"{S3_SERVER_ENV} must be one of {', '.join(SERVER_CHOICES)}, got {choice!r}"
         )
-        print(f"WARNING: SeaweedFS unavailable, using moto's S3 server instead: {exc}")
-        server = MotoS3Server().start()
+    server = start_s3_server(tmp_path_factory.mktemp("seaweedfs"), choice=choice)
+    if server.kind != "seaweedfs":
+        print(f"WARNING: the S3 tests run against {server.kind}'s server, not SeaweedFS")
     try:
         yield server
     finally:
@@ -94,3 +62,27 @@ def s3_store(seaweedfs: Any) -> Iterator[Any]:
         yield store
     finally:
         store.close()
+
+
+# ==============================================================================================
+# PostgreSQL: one throw-away server from the machine's binaries for the whole session (the
+# metadata log's PostgreSQL backend); tests that need it skip, saying why, where it cannot run.
+# ==============================================================================================
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Any]:
+    """A running `PostgresServer` on loopback (`server.url()` names its database; each test
+    takes a namespace of its own). Skips when PostgreSQL or psycopg is not installed."""
+    pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (s3stream[postgres])")
+    from s3stream.testing.postgres import PostgresServer, PostgresUnavailable
+
+    server = PostgresServer()
+    try:
+        server.start()
+    except PostgresUnavailable as exc:
+        pytest.skip(f"no PostgreSQL server here: {exc}")
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -29,8 +29,8 @@ class UploadMarks(logging.Handler):
         out.flush()
 
 
-logging.getLogger("s3stream.storage.engine").addHandler(UploadMarks())
-logging.getLogger("s3stream.storage.engine").setLevel(logging.DEBUG)
+logging.getLogger("s3stream.storage").addHandler(UploadMarks())
+logging.getLogger("s3stream.storage").setLevel(logging.DEBUG)
 
 settings = ClientSettings(
     upload_threshold_bytes=256 * 1024, stream_split_bytes=128 * 1024, upload_interval_ms=200

@@ -62,7 +62,7 @@ KiB = 1024
 def settings(**compaction: Any) -> ClientSettings:
     """Tiny uploads (every flush makes objects), tiny blocks; compaction as given."""
     compaction.setdefault("deletion_delay_ms", 0)
-    compaction.setdefault("stream_split_bytes", 16 * KiB)
+    compaction.setdefault("stream_set_split_bytes", 16 * KiB)
     compaction.setdefault("stream_object_target_bytes", 64 * KiB)
     compaction.setdefault("orphan_sweep_interval_ms", 0)
     return ClientSettings(
@@ -188,7 +188,7 @@ def test_old_stream_set_objects_are_split_completely_then_merged() -> None:
 def test_stream_object_compaction_merges_adjacent_small_objects() -> None:
     store = MemoryObjectStore()
     # Every stream is big enough to leave each upload as stream objects.
-    with client_on(store, stream_split_bytes=1, stream_object_target_bytes=16 * KiB) as client:
+    with client_on(store, stream_set_split_bytes=1, stream_object_target_bytes=16 * KiB) as client:
         streams = [client.create_stream() for _ in range(3)]
         model = fill(client, streams, 20, lambda i: 700 * (i + 1))
         report = client.compact()
@@ -211,7 +211,7 @@ def test_outputs_cut_at_the_size_limit_inside_a_source_range() -> None:
     (between blocks) falls inside the range one source object held (a case the coverage check
     must allow)."""
     store = MemoryObjectStore()
-    with client_on(store, stream_split_bytes=1, stream_object_target_bytes=8 * KiB) as client:
+    with client_on(store, stream_set_split_bytes=1, stream_object_target_bytes=8 * KiB) as client:
         streams = [client.create_stream() for _ in range(2)]
         model: Model = {}
         for _ in range(6):
@@ -234,7 +234,7 @@ def test_outputs_cut_at_the_size_limit_inside_a_source_range() -> None:
 
 def test_trim_and_delete_drop_data_and_objects() -> None:
     store = MemoryObjectStore()
-    with client_on(store, stream_split_bytes=1, stream_object_target_bytes=8 * KiB) as client:
+    with client_on(store, stream_set_split_bytes=1, stream_object_target_bytes=8 * KiB) as client:
         a, b, c = (client.create_stream() for _ in range(3))
         model = fill(client, [a, b, c], 30, lambda i: 600)
         a.trim(40)  # 20 uploads of 2 records: most of a's objects are below the start
@@ -306,7 +306,7 @@ def test_trimmed_start_blocks_drop_exactly_the_batches_below_start(
 ) -> None:
     spy = DecodeSpy(monkeypatch)
     store = MemoryObjectStore()
-    with client_on(store, stream_split_bytes=1) as client:
+    with client_on(store, stream_set_split_bytes=1) as client:
         a, b = client.create_stream(), client.create_stream()
         model: Model = {}
         for _ in range(3):
@@ -614,7 +614,7 @@ def test_the_sweeper_deletes_only_its_own_keys_of_ended_sessions() -> None:
         s.append(RecordBatch(b"committed"))
         writer.flush()
         # The window: this session's next key PUT, its commit not made (yet).
-        in_flight = writer._storage._keys.next_key("stream_set")
+        in_flight = writer._storage.keys.next_key(ObjectKind.STREAM_SET)
         store.put(in_flight, b"uploaded, commit pending")
         grace = MIN_ORPHAN_GRACE_MS
         with client_on(store, clock, orphan_grace_ms=grace, node_id="sweeper") as sweeper:
@@ -641,8 +641,9 @@ def test_orphan_grace_has_a_floor(tmp_path: Path) -> None:
     assert CompactionSettings(orphan_grace_ms=MIN_ORPHAN_GRACE_MS).orphan_grace_ms > 0
     with s3stream.open(tmp_path / "s") as c:
         c.create_stream()
-    assert cli_main(["compact", str(tmp_path / "s"), "--orphan-grace-ms", "0",
-                     "--no-progress"]) != 0
+    assert (
+        cli_main(["compact", str(tmp_path / "s"), "--orphan-grace-ms", "0", "--no-progress"]) != 0
+    )
 
 
 def test_compaction_traffic_is_throttled() -> None:
@@ -797,7 +798,7 @@ def _prop_settings() -> ClientSettings:
         readahead_initial_bytes=1024,
         readahead_max_bytes=8192,
         compaction=CompactionSettings(
-            stream_split_bytes=3000,
+            stream_set_split_bytes=3000,
             stream_object_target_bytes=2500,
             stream_set_max_age_ms=30_000,
             deletion_delay_ms=PROP_DELAY_MS,
@@ -1045,7 +1046,7 @@ _CHILD = textwrap.dedent(
         max_pending_bytes=4 << 20,
         upload_interval_ms=0,
         compaction=CompactionSettings(
-            stream_split_bytes=8192,
+            stream_set_split_bytes=8192,
             stream_object_target_bytes=32768,
             deletion_delay_ms=0,
             orphan_sweep_interval_ms=0,

@@ -3,7 +3,8 @@
 The writers are real child processes (this file run as a script) that report every
 acknowledged append on stdout (``ACK <stream> <id>``); the parent kills them with SIGKILL and
 takes their node over, then checks that every acknowledged batch is readable exactly once and
-that nothing the zombie wrote after the fence is visible.
+that nothing the zombie wrote after the fence is visible. Each test runs with the metadata log
+in the object store and in PostgreSQL (`metadata_url`): fencing must hold on either.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def _child_main(mode: str, config: dict[str, Any]) -> None:
         storage_options=config["options"],
         settings=ClientSettings(upload_threshold_bytes=64 << 10, upload_interval_ms=300),
         object_wal_settings=ObjectWalSettings(wal_batch_interval_ms=20),
+        metadata=config.get("metadata"),
     )
     out(f"EPOCH {client.node_epoch}")
     tag = config["tag"]
@@ -159,6 +161,17 @@ class Child:
                 f.close()
 
 
+@pytest.fixture(params=["store", "postgres"])
+def metadata_url(request: pytest.FixtureRequest) -> str | None:
+    """Where the metadata log lives: None (in the object store) or a PostgreSQL namespace of
+    the test's own on the session's server."""
+    if request.param == "store":
+        return None
+    server = request.getfixturevalue("postgres")
+    url: str = server.url(namespace=f"failover-{uuid.uuid4().hex[:12]}")
+    return url
+
+
 def _count_acks(n: int) -> Any:
     return lambda lines: sum(line.startswith("ACK ") for line in lines) >= n
 
@@ -180,14 +193,16 @@ def _visible(reader: Any, stream_ids: list[int]) -> dict[int, list[str]]:
 
 @pytest.mark.s3
 @pytest.mark.slow
-def test_sigkilled_writer_is_taken_over_and_its_zombie_is_fenced(seaweedfs: Any) -> None:
+def test_sigkilled_writer_is_taken_over_and_its_zombie_is_fenced(
+    seaweedfs: Any, metadata_url: str | None
+) -> None:
     import s3stream
     from s3stream.settings import ObjectWalSettings
     from s3stream.types import RecordBatch
 
     url = f"s3://{seaweedfs.bucket}/failover-{uuid.uuid4().hex}"
     options = seaweedfs.storage_options()
-    base = {"url": url, "options": options, "streams": []}
+    base = {"url": url, "options": options, "streams": [], "metadata": metadata_url}
     children: list[Child] = []
     try:
         # The zombie: an earlier holder of node A, still running with epoch 1.
@@ -209,6 +224,7 @@ def test_sigkilled_writer_is_taken_over_and_its_zombie_is_fenced(seaweedfs: Any)
             node_id="B",
             storage_options=options,
             object_wal_settings=ObjectWalSettings(wal_batch_interval_ms=10),
+            metadata=metadata_url,
         )
         with taker:
             report = taker.take_over("A")
@@ -231,7 +247,8 @@ def test_sigkilled_writer_is_taken_over_and_its_zombie_is_fenced(seaweedfs: Any)
             a2.kill()
             cli = subprocess.run(
                 [sys.executable, "-m", "s3stream", "take-over", url, "A"]
-                + [f"-o{k}={v}" for k, v in options.items()],
+                + [f"-o{k}={v}" for k, v in options.items()]
+                + (["--metadata", metadata_url] if metadata_url else []),
                 capture_output=True,
                 text=True,
                 timeout=_CHILD_TIMEOUT_S,
@@ -270,20 +287,20 @@ def test_sigkilled_writer_is_taken_over_and_its_zombie_is_fenced(seaweedfs: Any)
             child.close()
 
 
-def test_take_over_of_a_file_wal_given_by_path(tmp_path: Path) -> None:
+def test_take_over_of_a_file_wal_given_by_path(tmp_path: Path, metadata_url: str | None) -> None:
     """In-process: node A's file WAL (a local directory store) recovered by node B."""
     import s3stream
     from s3stream.types import RecordBatch
 
     root = tmp_path / "store"
-    a = s3stream.open(root, node_id="A")
+    a = s3stream.open(root, node_id="A", metadata=metadata_url)
     stream = a.create_stream()
     payloads = [b"A:%d:" % i for i in range(30)]
     for p in payloads:
         stream.append(RecordBatch(p, count=1))
     a._storage.abandon()  # crash: everything is only in A's WAL
     a._wal._abandon()  # type: ignore[attr-defined]
-    with s3stream.open(root, node_id="B") as b:
+    with s3stream.open(root, node_id="B", metadata=metadata_url) as b:
         wal_path = root.resolve() / "wal" / "A.wal"
         report = b.take_over("A", wal=f"file://{wal_path}")
         assert report.recovery.uploaded_batches == 30

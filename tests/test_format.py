@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import random
@@ -33,12 +34,17 @@ from s3stream.format import (
     read_blocks,
     read_index,
 )
+from s3stream.format.objects import FLAG_TIME_RANGES, TIME_ENTRY_SIZE, time_table_size
+from s3stream.format.timestamps import time_range
 from s3stream.objectstore.base import ObjectInfo
 from s3stream.objectstore.memory import MemoryObjectStore
+from s3stream.records import Record, encode_records
 from s3stream.types import BatchKind, FetchedBatch
 
 GOLDEN = Path(__file__).parent / "golden"
 GOLDEN_NAMES = ["plain", "zstd", "big_offsets", "empty"]
+# (generation, name): v1 = version 1 without a time-range table, v1t = with one.
+GOLDEN_FILES = [("v1", n) for n in GOLDEN_NAMES] + [("v1t", n) for n in [*GOLDEN_NAMES, "records"]]
 KEY = "objects/test.s3o"
 
 
@@ -119,9 +125,9 @@ def by_stream(batches: list[FetchedBatch]) -> list[FetchedBatch]:
 # Golden files: these bytes must keep decoding forever.
 
 
-def load_golden(name: str) -> tuple[bytes, dict[str, Any]]:
-    data = (GOLDEN / f"v1_{name}.s3o").read_bytes()
-    meta = json.loads((GOLDEN / f"v1_{name}.json").read_text())
+def load_golden(name: str, generation: str = "v1") -> tuple[bytes, dict[str, Any]]:
+    data = (GOLDEN / f"{generation}_{name}.s3o").read_bytes()
+    meta = json.loads((GOLDEN / f"{generation}_{name}.json").read_text())
     return data, meta
 
 
@@ -144,15 +150,17 @@ def golden_batches(meta: dict[str, Any]) -> list[FetchedBatch]:
     return out
 
 
-@pytest.mark.parametrize("name", GOLDEN_NAMES)
-def test_golden_file_decodes(name: str) -> None:
-    data, meta = load_golden(name)
+@pytest.mark.parametrize(("generation", "name"), GOLDEN_FILES)
+def test_golden_file_decodes(generation: str, name: str) -> None:
+    data, meta = load_golden(name, generation)
     assert hashlib.sha256(data).hexdigest() == meta["object_sha256"]
     assert len(data) == meta["object_size"]
     assert meta["format_version"] == 1
+    assert struct.unpack_from("<H", data, len(data) - 14)[0] == meta.get("footer_flags", 0)
     store = stored(data)
     index = read_index(store, KEY)
     assert store.requests == 1
+    assert index.has_time_ranges is (generation == "v1t" or not index.blocks)
     assert [
         {
             "stream_id": b.stream_id,
@@ -166,6 +174,7 @@ def test_golden_file_decodes(name: str) -> None:
             "max_timestamp": b.max_timestamp,
             "compressed": b.compressed,
             "crc": b.crc,
+            **({"time_range": list(b.time_range)} if b.time_range is not None else {}),
         }
         for b in index.blocks
     ] == meta["blocks"]
@@ -200,10 +209,11 @@ def test_golden_files_cover_the_features() -> None:
     assert kinds == {0, 1} and props and compressed and raw_in_zstd and big and negative_ts
 
 
-@pytest.mark.parametrize("name", ["plain", "big_offsets", "empty"])
+@pytest.mark.parametrize("name", ["plain", "big_offsets", "empty", "records"])
 def test_writer_still_produces_uncompressed_golden_bytes(name: str) -> None:
     # Catches an accidental change of the writer's layout that the reader would also accept.
-    data, meta = load_golden(name)
+    # The writer makes the newest generation; the v1 files are only read.
+    data, meta = load_golden(name, "v1t")
     w = ObjectWriter(**meta["writer"])
     for b in golden_batches(meta):
         w.add(
@@ -235,6 +245,50 @@ def test_golden_footer_layout() -> None:
     assert crc32c.crc32c(data[index_pos : index_pos + index_len]) == index_crc
     assert crc32c.crc32c(data[-FOOTER_SIZE : -FOOTER_SIZE + 28]) == footer_crc
     assert (MAGIC, FORMAT_VERSION, FOOTER_SIZE, INDEX_ENTRY_SIZE) == (b"S3STREAM", 1, 40, 72)
+
+
+def test_golden_time_table_layout() -> None:
+    data, meta = load_golden("records", "v1t")
+    index_pos, index_len, count, _, version, flags, _, _ = struct.unpack(
+        "<QQIIHHI8s", data[-FOOTER_SIZE:]
+    )
+    assert (version, flags, FLAG_TIME_RANGES, TIME_ENTRY_SIZE) == (1, 0x0100, 0x0100, 16)
+    assert index_pos + index_len + FOOTER_SIZE == len(data)
+    table_pos = index_pos - time_table_size(count)
+    assert table_pos == max(b["position"] + b["stored_size"] for b in meta["blocks"])
+    entries = data[table_pos : table_pos + 16 * count]
+    assert [list(e) for e in struct.iter_unpack("<qq", entries)] == [
+        b["time_range"] for b in meta["blocks"]
+    ]
+    assert struct.unpack_from("<II", data, table_pos + 16 * count) == (
+        crc32c.crc32c(entries),
+        count,
+    )
+
+
+@pytest.mark.parametrize("name", GOLDEN_NAMES)
+def test_the_time_table_is_a_compatible_addition(name: str) -> None:
+    # The same inputs written with and without the table: the same blocks at the same
+    # positions and byte-identical index entries; the table sits in the gap between the
+    # last block and the index, which version-1 readers allow.
+    old, _ = load_golden(name, "v1")
+    new, _ = load_golden(name, "v1t")
+    old_index_pos = struct.unpack_from("<Q", old, len(old) - FOOTER_SIZE)[0]
+    new_index_pos = struct.unpack_from("<Q", new, len(new) - FOOTER_SIZE)[0]
+    assert new[:old_index_pos] == old[:old_index_pos]
+    assert new[new_index_pos:-FOOTER_SIZE] == old[old_index_pos:-FOOTER_SIZE]
+    # A reader that does not know the flag (here: the flag cleared) reads the same blocks.
+    plain = rewrite(new, flags=0)
+    without = read_index(stored(plain), KEY)
+    with_table = read_index(stored(new), KEY)
+    assert [dataclasses.replace(b, time_range=None) for b in with_table.blocks] == list(
+        without.blocks
+    )
+    assert list(read_index(stored(old), KEY).blocks) == list(without.blocks)
+    assert read_blocks(stored(plain), KEY, without.blocks) == read_blocks(
+        stored(new), KEY, with_table.blocks
+    )
+    assert with_table.data_size == old_index_pos
 
 
 # ---------------------------------------------------------------------------------------------
@@ -288,7 +342,8 @@ def test_round_trip(case: tuple[list[FetchedBatch], dict[str, Any]], tail: int) 
         assert estimate == len(data)
     store = stored(data)
     index = read_index(store, KEY, tail_read_bytes=tail)
-    fits = len(index.blocks) * INDEX_ENTRY_SIZE + FOOTER_SIZE <= tail or len(data) <= tail
+    n = len(index.blocks)
+    fits = time_table_size(n) + n * INDEX_ENTRY_SIZE + FOOTER_SIZE <= tail or len(data) <= tail
     assert (store.suffix_gets, len(store.gets), store.heads) == (1, 0 if fits else 1, 0)
     assert index.object_size == len(data)
     assert index.stream_ranges() == ranges
@@ -301,6 +356,11 @@ def test_round_trip(case: tuple[list[FetchedBatch], dict[str, Any]], tail: int) 
         assert read_blocks(store, KEY, blocks) == mine
         assert store.requests == 1  # a stream's blocks are adjacent: one GET
         assert index.stream_bytes(sid) == sum(b.stored_size for b in blocks)
+        # Each block's time range is that of the timestamps of its offsets.
+        for blk in blocks:
+            inside = [b for b in mine if blk.start_offset <= b.base_offset < blk.end_offset]
+            ranges = [time_range(int(b.kind), b.count, b.base_timestamp, b.view) for b in inside]
+            assert blk.time_range == (min(r[0] for r in ranges), max(r[1] for r in ranges))
         # Pick a batch in the middle: find must start at the block holding it.
         probe = mine[len(mine) // 2]
         got = read_blocks(store, KEY, index.find(sid, probe.last_offset, probe.last_offset + 1))
@@ -344,7 +404,7 @@ def test_empty_object() -> None:
     w = ObjectWriter()
     assert w.is_empty() and w.ranges() == []
     data = w.finish()
-    assert len(data) == FOOTER_SIZE
+    assert len(data) == FOOTER_SIZE + time_table_size(0) == FOOTER_SIZE + 8
     index = read_index(stored(data), KEY)
     assert list(index.blocks) == [] and index.stream_ids() == [] and index.stream_ranges() == []
     assert index.find(1, 0) == [] and index.stream_range(1) is None and index.stream_bytes(1) == 0
@@ -449,10 +509,10 @@ def test_one_request_when_index_fits_the_tail() -> None:
 
 
 def test_large_index_needs_exactly_two_gets() -> None:
-    # One block per batch: 1200 entries of 72 bytes do not fit a 64 KiB tail.
+    # One block per batch: 1200 entries of 72 + 16 bytes do not fit a 64 KiB tail.
     batches = [fetched(i % 3, i // 3, 1, b"p") for i in range(1200)]
     data = write(batches, block_target_bytes=1)
-    index_len = 1200 * INDEX_ENTRY_SIZE
+    index_len = 1200 * INDEX_ENTRY_SIZE + time_table_size(1200)
     assert index_len + FOOTER_SIZE > DEFAULT_TAIL_READ_BYTES
     store = stored(data)
     index = read_index(store, KEY)
@@ -518,6 +578,8 @@ def test_every_flipped_byte_is_detected(known_size: bool) -> None:
     assert isinstance(index, ObjectIndex)
     assert any(b.compressed for b in index.blocks) and any(not b.compressed for b in index.blocks)
     index_pos = len(data) - FOOTER_SIZE - len(index.blocks) * INDEX_ENTRY_SIZE
+    table_pos = index_pos - time_table_size(len(index.blocks))
+    assert index.data_size == table_pos
     assert read_everything(stored(data)) == by_stream(batches)
     for i in range(len(data)):
         bad = bytearray(data)
@@ -532,6 +594,8 @@ def test_every_flipped_byte_is_detected(known_size: bool) -> None:
             assert e.position >= len(data) - FOOTER_SIZE, i
         elif i >= index_pos:
             assert e.position == index_pos, i
+        elif i >= table_pos:
+            assert e.position == table_pos, i
         else:
             (blk,) = [b for b in index.blocks if b.position <= i < b.end_position]
             assert e.position == blk.position, i
@@ -588,9 +652,25 @@ def test_structural_checks_behind_valid_crcs() -> None:
         assert err.value.location == KEY and err.value.position is not None
 
     assert_corrupt(rewrite(data, version=2), "version 2")
-    assert_corrupt(rewrite(data, flags=0x0001), "footer flags")
-    assert read_everything(stored(rewrite(data, flags=0x0100)))  # compatible bit: ignored
+    assert_corrupt(rewrite(data, flags=0x0101), "footer flags")
+    assert read_everything(stored(rewrite(data, flags=0x0300)))  # unknown compatible bit: ignored
     assert_corrupt(rewrite(data, count=3), "footer places")
+    # The time-range table: checked by its own crc, then entry by entry.
+    index_pos = struct.unpack_from("<Q", data, len(data) - FOOTER_SIZE)[0]
+    n = len(entry_list(data))
+    table_pos = index_pos - time_table_size(n)
+
+    def with_table(entries: list[tuple[int, int]], count: int = n) -> bytes:
+        raw = b"".join(struct.pack("<qq", *e) for e in entries)
+        table = raw + struct.pack("<II", crc32c.crc32c(raw), count)
+        return data[:table_pos] + table + data[index_pos:]
+
+    times = [tuple(e) for e in struct.iter_unpack("<qq", data[table_pos : table_pos + 16 * n])]
+    assert with_table(times) == data  # faithful
+    assert_corrupt(with_table(times, count=n + 1), "time-range table has")
+    assert_corrupt(with_table([(5, 4), *times[1:]]), "min 5 above max 4")
+    # Without the flag the table is just a gap: no time ranges, blocks as before.
+    assert not read_index(stored(rewrite(data, flags=0)), KEY).has_time_ranges
 
     def mutate(i: int, field: int, value: Any, match: str) -> None:
         entries = entry_list(data)
@@ -805,6 +885,69 @@ def test_add_block_rejects_damaged_or_misplaced_blocks() -> None:
     w.finish()
     with pytest.raises(StreamClosedError):
         w.add_block(blk, raw)
+
+
+# ---------------------------------------------------------------------------------------------
+# Time ranges (the time-range table)
+
+
+def records_batch_at(off: int, base_ts: int, stamps: list[int | None], **kw: Any) -> FetchedBatch:
+    payload = encode_records([Record(b"v", timestamp=t) for t in stamps], **kw)
+    return fetched(1, off, len(stamps), payload, ts=base_ts, kind=1)
+
+
+def test_block_time_ranges_come_from_record_timestamps() -> None:
+    batches = [
+        records_batch_at(0, 100, [50, 70, 60]),  # all own: 50..70, whatever the base says
+        records_batch_at(3, 100, [500, None]),  # the one without takes the base: 100..500
+        records_batch_at(5, 100, [None, None]),  # none own: all 100
+        records_batch_at(7, 9, [-3, 2**40], compression="zstd"),  # body read partly
+        fetched(1, 9, 4, b"raw", ts=42),  # raw: its base timestamp
+        fetched(1, 13, 2, b"not records", ts=43, kind=1),  # unreadable: as raw
+    ]
+    data = write(batches, block_target_bytes=1)  # a block per batch
+    index = read_index(stored(data), KEY)
+    assert [b.time_range for b in index.blocks] == [
+        (50, 70),
+        (100, 500),
+        (100, 100),
+        (-3, 2**40),
+        (42, 42),
+        (43, 43),
+    ]
+    # first/max_timestamp stay what version 1 defined: batch base timestamps.
+    assert [(b.first_timestamp, b.max_timestamp) for b in index.blocks][:2] == [
+        (100, 100),
+        (100, 100),
+    ]
+    merged = read_index(stored(write(batches, block_target_bytes=1 << 20)), KEY)
+    assert [b.time_range for b in merged.blocks] == [(-3, 2**40)]
+
+
+def test_add_block_keeps_merges_and_computes_time_ranges() -> None:
+    src = write(
+        [records_batch_at(0, 5, [30, 10]), records_batch_at(2, 5, [None]), fetched(1, 3, 1, b"r")],
+        block_target_bytes=1,
+    )
+    ranges = [b.time_range for b, _ in blocks_of(src)]
+    assert ranges == [(10, 30), (5, 5), (1003, 1003)]
+    # Verbatim copies keep their range; merged ones combine.
+    for target, want in ((1, ranges), (1 << 20, [(5, 1003)])):
+        w = ObjectWriter(block_target_bytes=target)
+        for blk, raw in blocks_of(src):
+            w.add_block(blk, raw)
+        assert [b.time_range for b, _ in blocks_of(w.finish())] == want
+    # A block without a range (from an object written before the table) is decoded for one,
+    # also when it is compressed and copied verbatim.
+    for generation in ("v1", "v1t"):
+        old, _ = load_golden("zstd", generation)
+        expected = [b.time_range for b, _ in blocks_of(load_golden("zstd", "v1t")[0])]
+        w = ObjectWriter(block_target_bytes=1)
+        for blk, raw in blocks_of(old):
+            w.add_block(blk, raw)
+        copied = blocks_of(w.finish())
+        assert any(b.compressed for b, _ in copied)
+        assert [b.time_range for b, _ in copied] == expected
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,7 +1,10 @@
 """Metadata log: every op and invariant, replay, checkpoints, corruption, races and fencing.
 
-Core tests run against both `MemoryObjectStore` and `LocalObjectStore` (a tmp dir). Request
-counts come from `CountingStore`, a pass-through wrapper over the real store.
+Tests take a `backend` (the conformance kit's `MetadataBackend`): the object-store log on a
+`MemoryObjectStore` and on a `LocalObjectStore` (a tmp dir), and the PostgreSQL log on the
+session's server, so the manager is checked on every backend. Failures and races are injected
+at the log by `HookLog`, which also records the calls. The few tests of the object-store log's
+own requests take a `store` and count them with `CountingStore`, a wrapper over the store.
 """
 
 from __future__ import annotations
@@ -52,10 +55,13 @@ from s3stream.metadata import (
     encode_checkpoint,
     encode_entry,
 )
-from s3stream.metadata.codec import encode_pointer, validate_entry
+from s3stream.metadata.base import MetadataLogStore
+from s3stream.metadata.codec import validate_entry
+from s3stream.metadata.model import Checkpoint
 from s3stream.objectstore.base import ObjectInfo, ObjectStore
 from s3stream.objectstore.local import LocalObjectStore
 from s3stream.objectstore.memory import MemoryObjectStore
+from s3stream.testing.metadata import MetadataBackend, ObjectStoreBackend, PostgresBackend
 
 # -- helpers --------------------------------------------------------------------------------
 
@@ -112,30 +118,93 @@ class CountingStore(ObjectStore):
         return self.inner.list(prefix)
 
 
-class HookStore(CountingStore):
-    """A `CountingStore` that runs `before_create(key, data)` before each `put_if_absent`,
-    and may fail puts of keys containing `fail_put_substring`."""
+class HookLog(MetadataLogStore):
+    """Passes every call to the log `inner`, whatever its backend, recording each (method,
+    seq); runs `before_create(seq, data)` before one `create_entry`, and fails checkpoint writes
+    while `fail_checkpoints`. With ``yield_gil=True`` each call first lets other threads run, as
+    the I/O of a remote backend would, so that threads sharing an in-memory store interleave.
+    """
 
-    def __init__(self, inner: ObjectStore) -> None:
-        super().__init__(inner)
-        self.before_create: Callable[[str, bytes], bool | None] | None = None
-        self.fail_put_substring: str | None = None
+    def __init__(self, inner: MetadataLogStore, *, yield_gil: bool = False) -> None:
+        self.inner = inner
+        self.calls: list[tuple[str, int | None]] = []
+        self._lock = threading.Lock()
+        self._yield_gil = yield_gil
+        self.before_create: Callable[[int, bytes], bool | None] | None = None
+        self.fail_checkpoints = False
 
-    def put(self, key: str, data: bytes) -> None:
-        if self.fail_put_substring and self.fail_put_substring in key:
-            raise UnavailableError(f"injected: put {key!r} failed")
-        super().put(key, data)
+    def _note(self, method: str, seq: int | None = None) -> None:
+        if self._yield_gil:
+            time.sleep(0)
+        with self._lock:
+            self.calls.append((method, seq))
 
-    def put_if_absent(self, key: str, data: bytes) -> bool:
+    def seqs(self, method: str) -> list[int | None]:
+        return [q for m, q in self.calls if m == method]
+
+    def describe(self) -> str:
+        return self.inner.describe()
+
+    @property
+    def namespace(self) -> str:
+        return self.inner.namespace
+
+    def entry_key(self, seq: int) -> str:
+        return self.inner.entry_key(seq)
+
+    def checkpoint_key(self, seq: int) -> str:
+        return self.inner.checkpoint_key(seq)
+
+    @property
+    def pointer_key(self) -> str:
+        return self.inner.pointer_key
+
+    def read_entry(self, seq: int) -> tuple[LogEntry, bytes]:
+        self._note("read_entry", seq)
+        return self.inner.read_entry(seq)
+
+    def read_entries(self, first: int) -> Iterator[tuple[LogEntry, bytes]]:
+        self._note("read_entries", first)
+        return self.inner.read_entries(first)
+
+    def create_entry(self, seq: int, payload: bytes) -> bool:
+        self._note("create_entry", seq)
         hook = self.before_create
         if hook is not None:
             self.before_create = None
-            if hook(key, data):
+            if hook(seq, payload):
                 # The hook asked to raise *after* writing: an ambiguous failure.
-                created = super().put_if_absent(key, data)
-                assert created
-                raise UnavailableError(f"injected: lost the response to put_if_absent {key!r}")
-        return super().put_if_absent(key, data)
+                assert self.inner.create_entry(seq, payload)
+                raise UnavailableError(f"injected: lost the response to create_entry {seq}")
+        return self.inner.create_entry(seq, payload)
+
+    def has_entry(self, seq: int) -> bool:
+        self._note("has_entry", seq)
+        return self.inner.has_entry(seq)
+
+    def check_writable(self) -> None:
+        self.inner.check_writable()
+
+    def read_pointer(self) -> int | None:
+        self._note("read_pointer")
+        return self.inner.read_pointer()
+
+    def read_checkpoint(self, seq: int) -> Checkpoint:
+        self._note("read_checkpoint", seq)
+        return self.inner.read_checkpoint(seq)
+
+    def write_checkpoint(self, checkpoint: Checkpoint) -> None:
+        self._note("write_checkpoint", checkpoint.seq)
+        if self.fail_checkpoints:
+            raise UnavailableError(f"injected: checkpoint {checkpoint.seq} failed")
+        self.inner.write_checkpoint(checkpoint)
+
+    def listed_seqs(self, *, checkpoints: bool = False) -> set[int]:
+        self._note("listed_seqs")
+        return self.inner.listed_seqs(checkpoints=checkpoints)
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 STORE_KINDS = ["memory", "local"]
@@ -152,9 +221,34 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> ObjectStore:
     return make_store(request.param, tmp_path)
 
 
-def manager(store: ObjectStore, writer: str = "w1", **kwargs: Any) -> MetadataManager:
+#: Where the log of the backend-independent tests lives: the object-store log on both stores,
+#: and PostgreSQL (the session's server: tests/conftest.py).
+BACKENDS = [*STORE_KINDS, "postgres"]
+
+
+def make_backend(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> MetadataBackend:
+    if kind == "postgres":
+        return PostgresBackend(request.getfixturevalue("postgres").url())
+    return ObjectStoreBackend(make_store(kind, tmp_path))
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MetadataBackend]:
+    """An empty log (the kit's `MetadataBackend`): each manager gets a handle of its own."""
+    made = make_backend(request.param, tmp_path, request)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def manager(
+    where: ObjectStore | MetadataBackend | MetadataLogStore, writer: str = "w1", **kwargs: Any
+) -> MetadataManager:
+    """A loaded manager on an object store's log, a new handle of a backend, or a log."""
     kwargs.setdefault("clock", ManualClock())
-    m = MetadataManager(store, writer_id=writer, **kwargs)
+    target = where.open_log() if isinstance(where, MetadataBackend) else where
+    m = MetadataManager(target, writer_id=writer, **kwargs)
     m.load()
     return m
 
@@ -192,20 +286,24 @@ def open_new(m: MetadataManager, node: str = "n1", **tags: str) -> int:
     return sid
 
 
-def log_keys(store: ObjectStore) -> list[str]:
-    return [info.key for info in store.list("meta/log/")]
+def log_keys(where: ObjectStore | MetadataBackend) -> list[str]:
+    """The names of the entries stored (listed in the store, or through the backdoor)."""
+    if isinstance(where, MetadataBackend):
+        names = where.open_log()
+        return [names.entry_key(seq) for seq in where.entry_seqs()]
+    return [info.key for info in where.list("meta/log/")]
 
 
 def assert_rejected_unwritten(
-    m: MetadataManager, store: ObjectStore, err: type[Exception], *ops: Op
+    m: MetadataManager, backend: MetadataBackend, err: type[Exception], *ops: Op
 ) -> None:
     """The commit of `ops` raises `err`, writes no entry and leaves the state alone."""
     before = m.state
-    keys = log_keys(store)
+    seqs = backend.entry_seqs()
     with pytest.raises(err):
         m.commit(fixed(*ops))
-    assert log_keys(store) == keys
-    assert store.head(m.log.entry_key(before.seq + 1)) is None
+    assert backend.entry_seqs() == seqs
+    assert not m.log.has_entry(before.seq + 1)
     assert m.state is before
 
 
@@ -216,9 +314,9 @@ def same_state(a: MetadataState, b: MetadataState) -> bool:
 # -- ops and invariants -----------------------------------------------------------------------
 
 
-def test_stream_lifecycle(store: ObjectStore) -> None:
+def test_stream_lifecycle(backend: MetadataBackend) -> None:
     clock = ManualClock(start_ms=5_000)
-    m = manager(store, clock=clock)
+    m = manager(backend, clock=clock)
     s = m.create_stream({"topic": "orders", "partition": "0"})
     assert (s.stream_id, s.epoch, s.start_offset, s.end_offset) == (0, 0, 0, 0)
     assert s.state is StreamState.CLOSED and s.owner is None and s.created_ms == 5_000
@@ -251,8 +349,8 @@ def test_stream_lifecycle(store: ObjectStore) -> None:
     assert check_state(m.state) == []
 
 
-def test_list_streams_matches_tag_subsets(store: ObjectStore) -> None:
-    m = manager(store)
+def test_list_streams_matches_tag_subsets(backend: MetadataBackend) -> None:
+    m = manager(backend)
     m.create_stream({"topic": "a", "partition": "0"})
     m.create_stream({"topic": "a", "partition": "1"})
     m.create_stream({"topic": "b", "partition": "0"})
@@ -267,8 +365,8 @@ def test_list_streams_matches_tag_subsets(store: ObjectStore) -> None:
         m.create_stream({"topic": 1})  # type: ignore[dict-item]
 
 
-def test_commit_advances_end_offsets_and_indexes_objects(store: ObjectStore) -> None:
-    m = manager(store)
+def test_commit_advances_end_offsets_and_indexes_objects(backend: MetadataBackend) -> None:
+    m = manager(backend)
     a, b = open_new(m), open_new(m)
     o1 = upload(m, "o1", {a: 10, b: 5})
     # Two objects of one stream in a single commit: contiguous, in any order.
@@ -295,58 +393,60 @@ def test_commit_advances_end_offsets_and_indexes_objects(store: ObjectStore) -> 
     assert check_state(m.state) == []
 
 
-def test_commit_at_wrong_offset_is_rejected_and_not_written(store: ObjectStore) -> None:
-    m = manager(store)
+def test_commit_at_wrong_offset_is_rejected_and_not_written(backend: MetadataBackend) -> None:
+    m = manager(backend)
     a, b = open_new(m), open_new(m)
     upload(m, "o1", {a: 10, b: 10})
     bad = InvalidArgumentError
-    assert_rejected_unwritten(m, store, bad, CommitObjects((obj("x", (a, 11, 20)),), {a: 1}))  # gap
     assert_rejected_unwritten(
-        m, store, bad, CommitObjects((obj("x", (a, 9, 20)),), {a: 1})
+        m, backend, bad, CommitObjects((obj("x", (a, 11, 20)),), {a: 1})
+    )  # gap
+    assert_rejected_unwritten(
+        m, backend, bad, CommitObjects((obj("x", (a, 9, 20)),), {a: 1})
     )  # overlap
     assert_rejected_unwritten(
-        m, store, bad, CommitObjects((obj("x", (a, 0, 10)),), {a: 1})
+        m, backend, bad, CommitObjects((obj("x", (a, 0, 10)),), {a: 1})
     )  # again
     # Contiguous per stream across the objects of one commit, or nothing.
     gap = (obj("x", (a, 10, 12)), obj("y", (a, 13, 15)))
-    assert_rejected_unwritten(m, store, bad, CommitObjects(gap, {a: 1}))
+    assert_rejected_unwritten(m, backend, bad, CommitObjects(gap, {a: 1}))
     dup = (obj("x", (a, 10, 12)), obj("y", (a, 11, 15)))
-    assert_rejected_unwritten(m, store, bad, CommitObjects(dup, {a: 1}))
+    assert_rejected_unwritten(m, backend, bad, CommitObjects(dup, {a: 1}))
     # One stream right, the other wrong: the whole entry is rejected.
     both = obj("x", (a, 10, 12), (b, 11, 12))
-    assert_rejected_unwritten(m, store, bad, CommitObjects((both,), {a: 1, b: 1}))
+    assert_rejected_unwritten(m, backend, bad, CommitObjects((both,), {a: 1, b: 1}))
     # Epochs must name exactly the streams committed.
-    assert_rejected_unwritten(m, store, bad, CommitObjects((obj("x", (a, 10, 12)),), {}))
+    assert_rejected_unwritten(m, backend, bad, CommitObjects((obj("x", (a, 10, 12)),), {}))
     extra = CommitObjects((obj("x", (a, 10, 12)),), {a: 1, b: 1})
-    assert_rejected_unwritten(m, store, bad, extra)
-    assert_rejected_unwritten(m, store, bad, CommitObjects((), {}))
+    assert_rejected_unwritten(m, backend, bad, extra)
+    assert_rejected_unwritten(m, backend, bad, CommitObjects((), {}))
     # ... and a valid ops list after a rejected one in the same entry does not help.
     ok = CommitObjects((obj("x", (a, 10, 12)),), {a: 1})
-    assert_rejected_unwritten(m, store, bad, ok, CommitObjects((obj("y", (a, 13, 14)),), {a: 1}))
+    assert_rejected_unwritten(m, backend, bad, ok, CommitObjects((obj("y", (a, 13, 14)),), {a: 1}))
     m.commit(fixed(ok))
     assert m.get_stream(a).end_offset == 12
 
 
-def test_commit_epochs_and_states(store: ObjectStore) -> None:
-    m = manager(store)
+def test_commit_epochs_and_states(backend: MetadataBackend) -> None:
+    m = manager(backend)
     a = open_new(m)
     c = m.create_stream({}).stream_id  # never opened
     m.open_stream(a, "n2", force=True)  # epoch 2 now
     one = lambda sid, e: CommitObjects((obj("x", (sid, 0, 1)),), {sid: e})  # noqa: E731
-    assert_rejected_unwritten(m, store, FencedError, one(a, 1))
-    assert_rejected_unwritten(m, store, FencedError, one(a, 3))
-    assert_rejected_unwritten(m, store, StreamClosedError, one(c, 0))
-    assert_rejected_unwritten(m, store, StreamNotFoundError, one(77, 0))
+    assert_rejected_unwritten(m, backend, FencedError, one(a, 1))
+    assert_rejected_unwritten(m, backend, FencedError, one(a, 3))
+    assert_rejected_unwritten(m, backend, StreamClosedError, one(c, 0))
+    assert_rejected_unwritten(m, backend, StreamNotFoundError, one(77, 0))
     m.close_stream(a, 2)
-    assert_rejected_unwritten(m, store, StreamClosedError, one(a, 2))
+    assert_rejected_unwritten(m, backend, StreamClosedError, one(a, 2))
     m.delete_stream(a, 2)
-    assert_rejected_unwritten(m, store, StreamNotFoundError, one(a, 2))
+    assert_rejected_unwritten(m, backend, StreamNotFoundError, one(a, 2))
     for op in (CloseStream(a, 2), TrimStream(a, 2, 0), DeleteStream(a, 2), OpenStream(a, 3, "n")):
-        assert_rejected_unwritten(m, store, StreamNotFoundError, op)
+        assert_rejected_unwritten(m, backend, StreamNotFoundError, op)
 
 
-def test_object_shape_invariants(store: ObjectStore) -> None:
-    m = manager(store)
+def test_object_shape_invariants(backend: MetadataBackend) -> None:
+    m = manager(backend)
     a, b = open_new(m), open_new(m)
     upload(m, "o1", {a: 5})
     bad = InvalidArgumentError
@@ -354,9 +454,9 @@ def test_object_shape_invariants(store: ObjectStore) -> None:
     def commit_of(o: ObjectMeta) -> CommitObjects:
         return CommitObjects((o,), {r.stream_id: 1 for r in o.ranges})
 
-    assert_rejected_unwritten(m, store, bad, commit_of(obj("o1", (a, 5, 6))))  # key reused
+    assert_rejected_unwritten(m, backend, bad, commit_of(obj("o1", (a, 5, 6))))  # key reused
     twice = CommitObjects((obj("x", (a, 5, 6)), obj("x", (a, 6, 7))), {a: 1})
-    assert_rejected_unwritten(m, store, bad, twice)
+    assert_rejected_unwritten(m, backend, bad, twice)
     unsorted = ObjectMeta(
         key="x",
         kind=ObjectKind.STREAM_SET,
@@ -365,10 +465,10 @@ def test_object_shape_invariants(store: ObjectStore) -> None:
         committed_ms=0,
         node_id="n",
     )
-    assert_rejected_unwritten(m, store, bad, commit_of(unsorted))
-    assert_rejected_unwritten(m, store, bad, commit_of(obj("x", (a, 5, 5))))  # empty range
+    assert_rejected_unwritten(m, backend, bad, commit_of(unsorted))
+    assert_rejected_unwritten(m, backend, bad, commit_of(obj("x", (a, 5, 5))))  # empty range
     two = obj("x", (a, 5, 6), (b, 0, 1), kind=ObjectKind.STREAM)
-    assert_rejected_unwritten(m, store, bad, commit_of(two))
+    assert_rejected_unwritten(m, backend, bad, commit_of(two))
     marked = ObjectMeta(
         key="x",
         kind=ObjectKind.STREAM,
@@ -378,12 +478,12 @@ def test_object_shape_invariants(store: ObjectStore) -> None:
         node_id="n",
         marked_deleted_ms=1,
     )
-    assert_rejected_unwritten(m, store, bad, commit_of(marked))
-    assert_rejected_unwritten(m, store, bad, commit_of(obj("/abs", (a, 5, 6))))
+    assert_rejected_unwritten(m, backend, bad, commit_of(marked))
+    assert_rejected_unwritten(m, backend, bad, commit_of(obj("/abs", (a, 5, 6))))
     norange = ObjectMeta(
         key="x", kind=ObjectKind.STREAM_SET, size=1, ranges=(), committed_ms=0, node_id="n"
     )
-    assert_rejected_unwritten(m, store, bad, CommitObjects((norange,), {}))
+    assert_rejected_unwritten(m, backend, bad, CommitObjects((norange,), {}))
     # Field types and ranges are checked by decoding the encoded entry before writing.
     negative = ObjectMeta(
         key="x",
@@ -393,38 +493,38 @@ def test_object_shape_invariants(store: ObjectStore) -> None:
         committed_ms=0,
         node_id="n",
     )
-    assert_rejected_unwritten(m, store, bad, commit_of(negative))
-    assert_rejected_unwritten(m, store, bad, TrimStream(a, 1, "3"))  # type: ignore[arg-type]
+    assert_rejected_unwritten(m, backend, bad, commit_of(negative))
+    assert_rejected_unwritten(m, backend, bad, TrimStream(a, 1, "3"))  # type: ignore[arg-type]
 
 
-def test_open_trim_register_rules(store: ObjectStore) -> None:
-    m = manager(store)
+def test_open_trim_register_rules(backend: MetadataBackend) -> None:
+    m = manager(backend)
     a = open_new(m)
-    assert_rejected_unwritten(m, store, FencedError, OpenStream(a, 1, "n"))  # not previous + 1
-    assert_rejected_unwritten(m, store, FencedError, OpenStream(a, 3, "n"))
+    assert_rejected_unwritten(m, backend, FencedError, OpenStream(a, 1, "n"))  # not previous + 1
+    assert_rejected_unwritten(m, backend, FencedError, OpenStream(a, 3, "n"))
     upload(m, "o1", {a: 10})
     m.trim_stream(a, 1, 5)
-    assert_rejected_unwritten(m, store, InvalidArgumentError, TrimStream(a, 1, 4))  # backwards
-    assert_rejected_unwritten(m, store, InvalidArgumentError, TrimStream(a, 1, 11))  # past end
-    assert_rejected_unwritten(m, store, FencedError, TrimStream(a, 0, 6))
+    assert_rejected_unwritten(m, backend, InvalidArgumentError, TrimStream(a, 1, 4))  # backwards
+    assert_rejected_unwritten(m, backend, InvalidArgumentError, TrimStream(a, 1, 11))  # past end
+    assert_rejected_unwritten(m, backend, FencedError, TrimStream(a, 0, 6))
     m.trim_stream(a, 1, 10)
     assert m.get_stream(a).start_offset == 10
     with pytest.raises(InvalidArgumentError, match="start_offset"):
         m.trim_stream(a, 1, -1)
-    assert_rejected_unwritten(m, store, FencedError, CloseStream(a, 0))
-    assert_rejected_unwritten(m, store, FencedError, DeleteStream(a, 2))
-    assert_rejected_unwritten(m, store, InvalidArgumentError, CreateStream(5, {}, 0))
+    assert_rejected_unwritten(m, backend, FencedError, CloseStream(a, 0))
+    assert_rejected_unwritten(m, backend, FencedError, DeleteStream(a, 2))
+    assert_rejected_unwritten(m, backend, InvalidArgumentError, CreateStream(5, {}, 0))
     assert m.register_node("n1") == 1
     assert m.register_node("n1") == 2
     assert m.register_node("n2") == 1
-    assert_rejected_unwritten(m, store, FencedError, RegisterNode("n1", 2))
-    assert_rejected_unwritten(m, store, FencedError, RegisterNode("n3", 2))
+    assert_rejected_unwritten(m, backend, FencedError, RegisterNode("n1", 2))
+    assert_rejected_unwritten(m, backend, FencedError, RegisterNode("n3", 2))
     assert m.state.nodes["n1"].epoch == 2
 
 
-def test_compaction_and_purge(store: ObjectStore) -> None:
+def test_compaction_and_purge(backend: MetadataBackend) -> None:
     clock = ManualClock(start_ms=1_000)
-    m = manager(store, clock=clock)
+    m = manager(backend, clock=clock)
     a, b = open_new(m), open_new(m)
     upload(m, "s1", {a: 10, b: 4})
     upload(m, "s2", {a: 5, b: 6})
@@ -442,11 +542,13 @@ def test_compaction_and_purge(store: ObjectStore) -> None:
         (sa, obj("b1", (b, 1, 10))),  # drops b's first record (b not trimmed)
     ]
     for new in cases:
-        assert_rejected_unwritten(m, store, bad, CompactObjects(new, replaced))
-    assert_rejected_unwritten(m, store, bad, CompactObjects((sa, sb), ("s1", "s2", "nope")))
-    assert_rejected_unwritten(m, store, bad, CompactObjects((sa, sb), ("s1", "s1", "s2")))
-    assert_rejected_unwritten(m, store, bad, CompactObjects((sa, sb), ()))
-    assert_rejected_unwritten(m, store, bad, CompactObjects((obj("s3", (a, 0, 15)), sb), replaced))
+        assert_rejected_unwritten(m, backend, bad, CompactObjects(new, replaced))
+    assert_rejected_unwritten(m, backend, bad, CompactObjects((sa, sb), ("s1", "s2", "nope")))
+    assert_rejected_unwritten(m, backend, bad, CompactObjects((sa, sb), ("s1", "s1", "s2")))
+    assert_rejected_unwritten(m, backend, bad, CompactObjects((sa, sb), ()))
+    assert_rejected_unwritten(
+        m, backend, bad, CompactObjects((obj("s3", (a, 0, 15)), sb), replaced)
+    )
 
     clock.advance(1)
     m.commit(fixed(CompactObjects((sa, sb), replaced)))
@@ -457,15 +559,15 @@ def test_compaction_and_purge(store: ObjectStore) -> None:
     assert m.get_stream(a).end_offset == 20  # compaction moves no offsets
     assert check_state(st) == []
     # A replaced object cannot be replaced again, nor be reused as a key.
-    assert_rejected_unwritten(m, store, bad, CompactObjects((obj("z", (a, 0, 15)),), ("s1",)))
-    assert_rejected_unwritten(m, store, bad, CompactObjects((obj("s1", (a, 0, 15)),), ("a1",)))
+    assert_rejected_unwritten(m, backend, bad, CompactObjects((obj("z", (a, 0, 15)),), ("s1",)))
+    assert_rejected_unwritten(m, backend, bad, CompactObjects((obj("s1", (a, 0, 15)),), ("a1",)))
 
     # Data wholly below the start offset may be dropped; a straddling piece may be kept.
     m.trim_stream(a, 1, 12)
     keep_tail = CompactObjects((obj("a2", (a, 12, 20)),), ("a1", "s3"))
     straddle = CompactObjects((obj("a2", (a, 11, 20)),), ("a1", "s3"))
     too_short = CompactObjects((obj("a2", (a, 13, 20)),), ("a1", "s3"))
-    assert_rejected_unwritten(m, store, bad, too_short)
+    assert_rejected_unwritten(m, backend, bad, too_short)
     m.commit(fixed(straddle))
     assert [o.key for o in m.objects_for(a, 0)] == ["a2"]
     del keep_tail
@@ -475,21 +577,23 @@ def test_compaction_and_purge(store: ObjectStore) -> None:
     assert m.state.stream_objects(b) == []
 
     # Purge: only objects marked deleted.
-    assert_rejected_unwritten(m, store, bad, PurgeObjects(("a2",)))
-    assert_rejected_unwritten(m, store, bad, PurgeObjects(("nope",)))
-    assert_rejected_unwritten(m, store, bad, PurgeObjects(()))
+    assert_rejected_unwritten(m, backend, bad, PurgeObjects(("a2",)))
+    assert_rejected_unwritten(m, backend, bad, PurgeObjects(("nope",)))
+    assert_rejected_unwritten(m, backend, bad, PurgeObjects(()))
     m.commit(fixed(PurgeObjects(("s1", "s2"))))
     assert "s1" not in m.state.objects and "s3" in m.state.objects
-    assert_rejected_unwritten(m, store, bad, PurgeObjects(("s1",)))
+    assert_rejected_unwritten(m, backend, bad, PurgeObjects(("s1",)))
     assert check_state(m.state) == []
 
 
-def test_build_without_ops_writes_nothing_and_build_errors_propagate(store: ObjectStore) -> None:
-    m = manager(store)
+def test_build_without_ops_writes_nothing_and_build_errors_propagate(
+    backend: MetadataBackend,
+) -> None:
+    m = manager(backend)
     m.create_stream({})
     entry, state = m.commit(lambda s: [])
     assert entry.ops == () and entry.seq == 1 and state is m.state
-    assert log_keys(store) == [m.log.entry_key(1)]
+    assert log_keys(backend) == [m.log.entry_key(1)]
 
     class Abort(Exception):
         pass
@@ -543,17 +647,19 @@ def busy_history(m: MetadataManager, rounds: int) -> None:
             m.delete_stream(sid, 1)
 
 
-def test_replay_equals_live_state(store: ObjectStore) -> None:
-    m = manager(store, checkpoint_interval=1000)
+def test_replay_equals_live_state(backend: MetadataBackend) -> None:
+    m = manager(backend, checkpoint_interval=1000)
     busy_history(m, 6)
-    fresh = manager(store, writer="w2")
+    fresh = manager(backend, writer="w2")
     assert fresh.seq == m.seq
     assert same_state(fresh.state, m.state)
     assert check_state(fresh.state) == []
     # Replay from scratch, entry by entry, gives the same too.
     state = MetadataState.empty()
     for seq in range(1, m.seq + 1):
-        state = state.apply(decode_entry(store.get(m.log.entry_key(seq)), "k"))
+        data = backend.get_entry(seq)
+        assert data is not None
+        state = state.apply(decode_entry(data, "k"))
     assert same_state(state, m.state)
 
 
@@ -586,57 +692,62 @@ def test_load_reads_checkpoint_then_only_later_entries_and_never_lists(
 
 
 def test_stale_pointer_and_failed_checkpoint_writes_are_harmless(
-    store: ObjectStore, caplog: pytest.LogCaptureFixture
+    backend: MetadataBackend, caplog: pytest.LogCaptureFixture
 ) -> None:
-    hooked = HookStore(store)
+    hooked = HookLog(backend.open_log())
     m = manager(hooked, checkpoint_interval=5)
     while m.seq < 12:
         m.create_stream({})
-    assert manager(store, writer="x").seq == 12
+    assert manager(backend, writer="x").seq == 12
     # Point back at checkpoint 5: a longer replay, same state.
-    store.put(m.log.pointer_key, encode_pointer(5))
-    assert same_state(manager(store, writer="y").state, m.state)
-    hooked.fail_put_substring = "checkpoint"
+    backend.set_pointer(5)
+    assert same_state(manager(backend, writer="y").state, m.state)
+    hooked.fail_checkpoints = True
     with caplog.at_level(logging.WARNING, logger="s3stream.metadata.manager"):
         while m.seq < 16:
             m.create_stream({})
     assert "could not write metadata checkpoint 15" in caplog.text
-    assert same_state(manager(store, writer="z").state, m.state)
+    assert same_state(manager(backend, writer="z").state, m.state)
     # An explicit checkpoint writes one now.
-    hooked.fail_put_substring = None
+    hooked.fail_checkpoints = False
     assert m.write_checkpoint() == 16
-    reader = CountingStore(store)
+    reader = HookLog(backend.open_log())
     manager(reader, writer="v")
-    assert reader.keys("get")[1:] == [m.log.checkpoint_key(16), m.log.entry_key(17)]
+    assert reader.calls[:3] == [
+        ("read_pointer", None),
+        ("read_checkpoint", 16),
+        ("read_entries", 17),
+    ]
 
 
 # -- corruption -------------------------------------------------------------------------------
 
 
-def test_corrupt_entry_is_reported_with_its_key(store: ObjectStore) -> None:
-    m = manager(store, checkpoint_interval=1000)
+def test_corrupt_entry_is_reported_with_its_key(backend: MetadataBackend) -> None:
+    m = manager(backend, checkpoint_interval=1000)
     busy_history(m, 2)
     key = m.log.entry_key(3)
-    good = store.get(key)
+    good = backend.get_entry(3)
+    assert good is not None
     bad = bytearray(good)
     bad[-1] ^= 0x40
     for blob in (bytes(bad), good[:5], b"XXXX" + good[4:], b""):
-        store.put(key, blob)
+        backend.put_entry(3, blob)
         with pytest.raises(CorruptionError, match=key) as info:
-            manager(store, writer="r")
+            manager(backend, writer="r")
         assert info.value.location == key
     # Well framed, but an entry from another position.
-    store.put(key, store.get(m.log.entry_key(4)))
+    backend.put_entry(3, backend.get_entry(4) or b"")
     with pytest.raises(CorruptionError, match="holds entry 4"):
-        manager(store, writer="r")
-    store.put(key, good)
-    assert same_state(manager(store, writer="r").state, m.state)
+        manager(backend, writer="r")
+    backend.put_entry(3, good)
+    assert same_state(manager(backend, writer="r").state, m.state)
 
 
-def test_entry_breaking_an_invariant_is_corruption(store: ObjectStore) -> None:
-    m = manager(store)
+def test_entry_breaking_an_invariant_is_corruption(backend: MetadataBackend) -> None:
+    m = manager(backend)
     a = open_new(m)
-    reader = manager(store, writer="r")
+    reader = manager(backend, writer="r")
     # A foreign writer that skipped validation: a commit at the wrong offset, epoch from nowhere.
     rogue = LogEntry(
         seq=m.seq + 1,
@@ -644,34 +755,35 @@ def test_entry_breaking_an_invariant_is_corruption(store: ObjectStore) -> None:
         writer="rogue",
         ts_ms=0,
     )
-    assert store.put_if_absent(m.log.entry_key(rogue.seq), encode_entry(rogue))
+    assert backend.open_log().create_entry(rogue.seq, encode_entry(rogue))
     with pytest.raises(CorruptionError, match=m.log.entry_key(rogue.seq)):
         reader.refresh()
     assert reader.seq == rogue.seq - 1  # progress before the bad entry is kept
     with pytest.raises(CorruptionError, match="I8"):
-        manager(store, writer="r2")
+        manager(backend, writer="r2")
 
 
-def test_corrupt_or_missing_checkpoint(store: ObjectStore) -> None:
-    m = manager(store, checkpoint_interval=4)
+def test_corrupt_or_missing_checkpoint(backend: MetadataBackend) -> None:
+    m = manager(backend, checkpoint_interval=4)
     while m.seq < 9:
         m.create_stream({})
     key = m.log.checkpoint_key(8)
-    good = store.get(key)
-    store.put(key, good[:-3])
+    good = backend.get_checkpoint(8)
+    assert good is not None
+    backend.put_checkpoint(8, good[:-3])
     with pytest.raises(CorruptionError, match=key):
-        manager(store, writer="r")
+        manager(backend, writer="r")
     # Decodes, but breaks invariants (stream ids past next_stream_id).
     cp = m.state.to_checkpoint()
     broken = type(cp)(seq=8, next_stream_id=1, streams=cp.streams[:8], objects=(), nodes=())
-    store.put(key, encode_checkpoint(broken))
+    backend.put_checkpoint(8, encode_checkpoint(broken))
     with pytest.raises(CorruptionError, match="breaks invariants"):
-        manager(store, writer="r")
-    store.delete_many([key])
+        manager(backend, writer="r")
+    backend.delete_checkpoint(8)
     with pytest.raises(CorruptionError, match=key):
-        manager(store, writer="r")
-    store.put(key, good)
-    assert same_state(manager(store, writer="r").state, m.state)
+        manager(backend, writer="r")
+    backend.put_checkpoint(8, good)
+    assert same_state(manager(backend, writer="r").state, m.state)
 
 
 # -- concurrency ------------------------------------------------------------------------------
@@ -699,13 +811,11 @@ def run_writer(
         errors.append(exc)
 
 
-@pytest.mark.parametrize("kind", STORE_KINDS)
-def test_race_two_writers_every_op_lands_once(kind: str, tmp_path: Path) -> None:
-    store = make_store(kind, tmp_path)
-    counting = CountingStore(store, yield_gil=True)
+def test_race_two_writers_every_op_lands_once(backend: MetadataBackend) -> None:
+    logs = [HookLog(backend.open_log(), yield_gil=True) for _ in "AB"]
     # Real time: the jittered backoff after repeated lost races must really wait.
-    ma = manager(counting, writer="A", checkpoint_interval=50, clock=SystemClock())
-    mb = manager(counting, writer="B", checkpoint_interval=50, clock=SystemClock())
+    ma = manager(logs[0], writer="A", checkpoint_interval=50, clock=SystemClock())
+    mb = manager(logs[1], writer="B", checkpoint_interval=50, clock=SystemClock())
     errors: list[BaseException] = []
     start = threading.Barrier(2)
     threads = [
@@ -722,13 +832,13 @@ def test_race_two_writers_every_op_lands_once(kind: str, tmp_path: Path) -> None
     assert same_state(ma.state, mb.state)
     assert check_state(ma.state) == []
     # Dense seqs; every op exactly once; both writers' entries interleaved.
-    entries = [decode_entry(store.get(ma.log.entry_key(s)), "k") for s in range(1, 401)]
+    entries = [ma.log.read_entry(s)[0] for s in range(1, 401)]
     assert [e.seq for e in entries] == list(range(1, 401))
-    assert log_keys(store) == [ma.log.entry_key(s) for s in range(1, 401)]
+    assert backend.entry_seqs() == list(range(1, 401))
     assert Counter(e.writer for e in entries) == {"A": 200, "B": 200}
     # The writers really raced: some creates lost and were retried. (A writer that keeps
     # losing backs off with jitter, so entries need not interleave much.)
-    assert counting.count("put_if_absent") > 400
+    assert sum(len(log.seqs("create_entry")) for log in logs) > 400
     committed = [
         o.key for e in entries for op in e.ops if isinstance(op, CommitObjects) for o in op.objects
     ]
@@ -740,13 +850,13 @@ def test_race_two_writers_every_op_lands_once(kind: str, tmp_path: Path) -> None
         assert len(mine) == 20 and all(s.owner == w and s.epoch == 1 for s in mine)
         ends = [s.end_offset for s in sorted(mine, key=lambda s: int(s.tags["n"]))]
         assert ends == [sum(1 + i % 3 for i in range(j, 160, 20)) for j in range(20)]
-    assert counting.count("list") == 0
-    fresh = manager(store, writer="C")
+    assert not any(log.seqs("listed_seqs") for log in logs)
+    fresh = manager(backend, writer="C")
     assert same_state(fresh.state, st)
 
 
-def test_threads_sharing_one_manager(store: ObjectStore) -> None:
-    m = manager(store)
+def test_threads_sharing_one_manager(backend: MetadataBackend) -> None:
+    m = manager(backend)
     sids = [open_new(m) for _ in range(4)]
     errors: list[BaseException] = []
 
@@ -765,11 +875,11 @@ def test_threads_sharing_one_manager(store: ObjectStore) -> None:
     assert errors == []
     assert [m.get_stream(s).end_offset for s in sids] == [50] * 4
     assert m.seq == 8 + 100
-    assert same_state(manager(store, writer="r").state, m.state)
+    assert same_state(manager(backend, writer="r").state, m.state)
 
 
-def test_fenced_writer_gets_fenced_error_after_rereading(store: ObjectStore) -> None:
-    counting = CountingStore(store)
+def test_fenced_writer_gets_fenced_error_after_rereading(backend: MetadataBackend) -> None:
+    counting = HookLog(backend.open_log())
     ma = manager(counting, writer="A")
     sid = ma.create_stream({}).stream_id
     assert ma.open_stream(sid, "node-a").epoch == 1
@@ -777,16 +887,16 @@ def test_fenced_writer_gets_fenced_error_after_rereading(store: ObjectStore) -> 
     # A prepares its next upload commit with the epoch it holds ...
     commit = CommitObjects((obj("a/1", (sid, 5, 9)),), {sid: 1})
     # ... while B takes the stream over (after catching up on the log).
-    mb = manager(store, writer="B")
+    mb = manager(backend, writer="B")
     assert mb.open_stream(sid, "node-b", force=True).epoch == 2
     counting.calls.clear()
     with pytest.raises(FencedError, match="epoch"):
         ma.commit(fixed(commit))
     # A tried once, lost the race for the entry, re-read B's entry, then refused to write.
-    assert counting.keys("put_if_absent") == [ma.log.entry_key(4)]
+    assert counting.seqs("create_entry") == [4]
     assert ma.get_stream(sid).epoch == 2 and ma.get_stream(sid).owner == "node-b"
     assert ma.seq == mb.seq == 4
-    assert log_keys(store) == [ma.log.entry_key(s) for s in range(1, 5)]
+    assert log_keys(backend) == [ma.log.entry_key(s) for s in range(1, 5)]
     # A's later attempts fail fast, without writing; B commits at the same offset freely.
     with pytest.raises(FencedError):
         ma.commit(fixed(commit))
@@ -794,8 +904,8 @@ def test_fenced_writer_gets_fenced_error_after_rereading(store: ObjectStore) -> 
     assert [o.key for o in mb.objects_for(sid, 0)] == ["a/0", "b/1"]
 
 
-def test_stale_view_is_refreshed_before_a_commit_is_refused(store: ObjectStore) -> None:
-    ma, mb = manager(store, writer="A"), manager(store, writer="B")
+def test_stale_view_is_refreshed_before_a_commit_is_refused(backend: MetadataBackend) -> None:
+    ma, mb = manager(backend, writer="A"), manager(backend, writer="B")
     sid = ma.create_stream({}).stream_id
     # B has not seen the stream: its build and validation fail on its stale view, so it
     # re-reads the log and succeeds instead of reporting StreamNotFoundError.
@@ -803,13 +913,15 @@ def test_stale_view_is_refreshed_before_a_commit_is_refused(store: ObjectStore) 
     assert mb.seq == 2
 
 
-def test_commit_gives_up_after_losing_the_race_commit_attempts_times(store: ObjectStore) -> None:
-    hooked = HookStore(store)
+def test_commit_gives_up_after_losing_the_race_commit_attempts_times(
+    backend: MetadataBackend,
+) -> None:
+    hooked = HookLog(backend.open_log())
     mine = manager(hooked, writer="me", commit_attempts=3)
-    rival = manager(store, writer="rival")
+    rival = manager(backend, writer="rival")
     losses = 0
 
-    def sneak_in(key: str, data: bytes) -> None:
+    def sneak_in(seq: int, data: bytes) -> None:
         nonlocal losses
         losses += 1
         rival.create_stream({})
@@ -823,27 +935,27 @@ def test_commit_gives_up_after_losing_the_race_commit_attempts_times(store: Obje
     assert mine.create_stream({}).stream_id == 3
 
 
-def test_ambiguous_create_that_landed_is_recognised(store: ObjectStore) -> None:
-    hooked = HookStore(store)
+def test_ambiguous_create_that_landed_is_recognised(backend: MetadataBackend) -> None:
+    hooked = HookLog(backend.open_log())
     m = manager(hooked)
-    hooked.before_create = lambda key, data: True  # write, then report a failure
+    hooked.before_create = lambda seq, data: True  # write, then report a failure
     s = m.create_stream({"x": "1"})
     assert s.stream_id == 0 and m.seq == 1
-    assert log_keys(store) == [m.log.entry_key(1)]
-    assert same_state(manager(store, writer="r").state, m.state)
+    assert log_keys(backend) == [m.log.entry_key(1)]
+    assert same_state(manager(backend, writer="r").state, m.state)
 
 
-def test_ambiguous_create_that_did_not_land_raises_unavailable(store: ObjectStore) -> None:
-    hooked = HookStore(store)
+def test_ambiguous_create_that_did_not_land_raises_unavailable(backend: MetadataBackend) -> None:
+    hooked = HookLog(backend.open_log())
     m = manager(hooked)
 
-    def fail(key: str, data: bytes) -> None:
-        raise UnavailableError("injected: store unreachable")
+    def fail(seq: int, data: bytes) -> None:
+        raise UnavailableError("injected: backend unreachable")
 
     hooked.before_create = fail
     with pytest.raises(UnavailableError, match="unreachable"):
         m.create_stream({})
-    assert m.seq == 0 and log_keys(store) == []
+    assert m.seq == 0 and log_keys(backend) == []
     assert m.create_stream({}).stream_id == 0
 
 
@@ -1101,8 +1213,8 @@ def test_random_ops_match_a_simple_model(data: st.DataObject) -> None:
     assert same_state(fresh.state, observer.state)
 
 
-def test_open_stream_owned_by_another_node(store: ObjectStore) -> None:
-    ma, mb = manager(store, writer="A"), manager(store, writer="B")
+def test_open_stream_owned_by_another_node(backend: MetadataBackend) -> None:
+    ma, mb = manager(backend, writer="A"), manager(backend, writer="B")
     sid = ma.create_stream({}).stream_id
     ma.open_stream(sid, "node-a")
     seq = ma.seq
@@ -1117,19 +1229,20 @@ def test_open_stream_owned_by_another_node(store: ObjectStore) -> None:
     assert ma.open_stream(sid, "node-a", force=True).epoch == 4
 
 
-def test_a_rolled_back_log_is_refused_by_a_client_that_saw_more() -> None:
+def test_a_rolled_back_log_is_refused_by_a_client_that_saw_more(
+    backend: MetadataBackend,
+) -> None:
     """Entries are never deleted: a client that applied entry N and finds it gone (someone
     deleted the newest entries) raises `CorruptionError` instead of writing a different
     history under the same numbers."""
-    store = MemoryObjectStore()
-    m = manager(store)
+    m = manager(backend)
     for _ in range(5):
         m.create_stream({})
     seen = m.state.seq
     assert m.refresh() is False  # nothing new, nothing wrong
-    other = manager(store, writer="w2")
+    other = manager(backend, writer="w2")
     other.create_stream({})
-    store.delete_many([m.log.entry_key(seq) for seq in (seen - 1, seen, seen + 1)])
+    backend.delete_entries([seen - 1, seen, seen + 1])
     with pytest.raises(CorruptionError, match="gone") as err:
         m.refresh()
     assert err.value.location == m.log.entry_key(seen)

@@ -703,7 +703,7 @@ def test_urls_choose_the_object_wal(tmp_path: Path) -> None:
     assert (tmp_path / "wal" / "n1" / f"{pos:020d}").exists()
     assert isinstance(open_wal("object+memory://", node_id="n1", clock=clock), ObjectWal)
     assert isinstance(open_wal("memory://", node_id="n1", clock=clock), MemoryWal)
-    with pytest.raises(InvalidArgumentError, match="unknown object WAL option"):
+    with pytest.raises(InvalidArgumentError, match="unknown object WAL setting"):
         open_wal("object+memory://?nonsense=1", node_id="n1", clock=clock)
     assert s3stream.opening.default_wal_url("s3://b/p", "n1") == "s3://b/p/wal"
     assert s3stream.opening.default_wal_url("gcs://b/p/", "n1") == "object+gcs://b/p/wal"

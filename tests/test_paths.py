@@ -33,8 +33,35 @@ from s3stream.settings import MIN_ORPHAN_GRACE_MS
 #: Pieces of directory names: the characters URLs and shells treat specially, escapes that
 #: decode to ``.``, ``/`` and ``A``, unicode, and plain letters.
 _PIECES = [
-    "a", "Z", "0", "%", "%2e", "%2f", "%2E%2E%2F", "%41", "..", ".", "-", "_", " ", "\t",
-    "\n", "?", "#", "&", "=", "+", ";", "~", "ü", "€", "\\", ":", "@", "'", '"',
+    "a",
+    "Z",
+    "0",
+    "%",
+    "%2e",
+    "%2f",
+    "%2E%2E%2F",
+    "%41",
+    "..",
+    ".",
+    "-",
+    "_",
+    " ",
+    "\t",
+    "\n",
+    "?",
+    "#",
+    "&",
+    "=",
+    "+",
+    ";",
+    "~",
+    "ü",
+    "€",
+    "\\",
+    ":",
+    "@",
+    "'",
+    '"',
 ]
 names = (
     st.lists(st.sampled_from(_PIECES), min_size=1, max_size=6)
@@ -53,8 +80,9 @@ node_ids = st.from_regex(NODE_ID, fullmatch=True)
 bad_node_ids = st.one_of(
     node_ids.map(lambda n: n + "\n"),
     node_ids.map(lambda n: "\n" + n),
-    st.tuples(st.sampled_from([".", "-", "_", "..", "/", "a/", "a\\", " ", "ü"]), node_ids)
-    .map("".join),
+    st.tuples(st.sampled_from([".", "-", "_", "..", "/", "a/", "a\\", " ", "ü"]), node_ids).map(
+        "".join
+    ),
     node_ids.map(lambda n: (n * 65)[:65]),
     st.text(max_size=70),
 ).filter(lambda n: re.fullmatch(NODE_ID, n) is None)
@@ -152,8 +180,9 @@ def test_invalid_node_ids_are_refused_before_anything_is_created(
         with pytest.raises(InvalidArgumentError, match="node_id"):
             s3stream.open(root, node_id=node_id)
         assert not root.exists()
-        with s3stream.open("memory://") as client, pytest.raises(
-            InvalidArgumentError, match="node_id"
+        with (
+            s3stream.open("memory://") as client,
+            pytest.raises(InvalidArgumentError, match="node_id"),
         ):
             client.take_over(node_id)
 
@@ -187,8 +216,13 @@ def test_namespaces_in_one_store_are_isolated(tmp_path: Path) -> None:
     settings = ClientSettings(compaction=CompactionSettings(orphan_grace_ms=MIN_ORPHAN_GRACE_MS))
 
     def client(prefix: str) -> StreamClient:
-        return StreamClient(LocalObjectStore(tmp_path), MemoryWal(), clock=clock,
-                            settings=settings, metadata_prefix=prefix)
+        return StreamClient(
+            LocalObjectStore(tmp_path),
+            MemoryWal(),
+            clock=clock,
+            settings=settings,
+            metadata_prefix=prefix,
+        )
 
     payloads = {"meta": b"tenant A", "tenantB/meta": b"tenant B"}
     for prefix, payload in payloads.items():

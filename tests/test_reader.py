@@ -21,8 +21,7 @@ from s3stream.testing import disk_faults
 
 def _listing(root: Path) -> list[tuple[str, int, int]]:
     return sorted(
-        (str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns)
-        for p in root.rglob("*")
+        (str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")
     )
 
 

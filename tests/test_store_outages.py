@@ -76,16 +76,18 @@ def test_every_call_ends_within_its_deadline_on_a_frozen_server(
     crashed = s3stream.open(url, node_id="gone", storage_options=opts, settings=SETTINGS)
     crashed.create_stream().append(RecordBatch(b"in gone's WAL"))
     crashed.abandon()
-    reader = s3stream.open(url, node_id="r", wal="memory://", storage_options=opts,
-                           settings=SETTINGS)
+    reader = s3stream.open(
+        url, node_id="r", wal="memory://", storage_options=opts, settings=SETTINGS
+    )
     with server.frozen():
         store_limit = STORE_S + MARGIN_S
         call_limit = CALL_S + MARGIN_S
         outcomes = {
             "open": ends_within(
                 store_limit,
-                lambda: s3stream.open(url, node_id="late", storage_options=opts,
-                                      settings=SETTINGS).close(),
+                lambda: s3stream.open(
+                    url, node_id="late", storage_options=opts, settings=SETTINGS
+                ).close(),
             ),
             "read": ends_within(store_limit, lambda: reader.read(stream.stream_id, 0)),
             "fetch": ends_within(store_limit, lambda: stream.fetch(0)),
@@ -136,11 +138,13 @@ def _append_outcomes(stream: Any, tag: str, count: int) -> tuple[list[bytes], li
     return acked, errors
 
 
-def _check_after_restart(url: str, opts: dict[str, Any], stream_id: int,
-                         acked: list[bytes]) -> None:
+def _check_after_restart(
+    url: str, opts: dict[str, Any], stream_id: int, acked: list[bytes]
+) -> None:
     """A fresh client (another node, after a take-over) reads exactly `acked`, in order."""
-    with s3stream.open(url, node_id="checker", wal="memory://", storage_options=opts,
-                       settings=RESTART_SETTINGS) as reader:
+    with s3stream.open(
+        url, node_id="checker", wal="memory://", storage_options=opts, settings=RESTART_SETTINGS
+    ) as reader:
         got = reader.read(stream_id, 0, max_bytes=1 << 30).batches
         assert [b.payload for b in got] == acked
 
@@ -154,8 +158,9 @@ def test_appends_resume_after_the_server_is_killed_and_restarted(
     url = f"s3://{server.bucket}/restart-{wal_kind}-{uuid.uuid4().hex}"
     opts = server.storage_options()
     wal = f"file://{tmp_path / 'w.wal'}?capacity=64MiB" if wal_kind == "file" else None
-    client = s3stream.open(url, node_id="w", wal=wal, storage_options=opts,
-                           settings=RESTART_SETTINGS)
+    client = s3stream.open(
+        url, node_id="w", wal=wal, storage_options=opts, settings=RESTART_SETTINGS
+    )
     try:
         stream = client.create_stream()
         acked, _ = _append_outcomes(stream, "before", 50)
@@ -207,8 +212,9 @@ def test_a_crashed_writer_survives_a_server_restart(
     assert len(acked) == 40
     client.abandon()
     server.restart()
-    with s3stream.open(url, node_id="next", storage_options=opts,
-                       settings=RESTART_SETTINGS) as successor:
+    with s3stream.open(
+        url, node_id="next", storage_options=opts, settings=RESTART_SETTINGS
+    ) as successor:
         successor.take_over("w")
         got = successor.read(stream.stream_id, 0, max_bytes=1 << 30).batches
         assert [b.payload for b in got] == acked

@@ -77,7 +77,14 @@ def test_every_settings_field_has_a_rule() -> None:
     for cls in SETTINGS_CLASSES:
         cls()
     kinds = {f.type for cls in SETTINGS_CLASSES for f in dataclasses.fields(cls)}
-    assert kinds <= {"int", "bool", "str", "CompactionSettings"}
+    assert kinds <= {
+        "int",
+        "bool",
+        "str",
+        "CompactionSettings",
+        "FileWalSettings | None",
+        "ObjectWalSettings | None",
+    }
 
 
 @pytest.mark.parametrize(("cls", "name"), _fields("int"), ids=lambda x: getattr(x, "__name__", x))
@@ -386,7 +393,8 @@ OPEN_CASES: list[tuple[str, str, dict[str, Any]]] = [
     ("wal-empty", "wal", {"wal": ""}),
     ("storage_options-list", "storage_options", {"storage_options": [("a", 1)]}),
     ("storage_options-keys", "storage_options", {"storage_options": {1: "a"}}),
-    ("settings-dict", "settings", {"settings": {"zstd_level": 3}}),
+    ("settings-dict", "settings", {"settings": {"zstd_level": "fast"}}),
+    ("settings-dict-unknown", "settings", {"settings": {"zstd": 3}}),
     ("settings-wrong", "settings", {"settings": CompactionSettings()}),
     ("file_wal_settings", "file_wal_settings", {"file_wal_settings": ClientSettings()}),
     ("object_wal_settings", "object_wal_settings", {"object_wal_settings": FileWalSettings()}),
@@ -697,5 +705,6 @@ def test_endpoint_url_must_be_an_http_url(endpoint: object) -> None:
     from s3stream.objectstore.s3 import S3ObjectStore
 
     with pytest.raises(InvalidArgumentError, match="endpoint_url"):
-        S3ObjectStore("bucket", endpoint_url=endpoint, aws_access_key_id="a",
-                      aws_secret_access_key="b")
+        S3ObjectStore(
+            "bucket", endpoint_url=endpoint, aws_access_key_id="a", aws_secret_access_key="b"
+        )

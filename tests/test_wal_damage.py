@@ -133,9 +133,7 @@ def test_the_crash_image_recovers_every_batch_and_verifies(crashed: Path, tmp_pa
 
 
 @pytest.mark.parametrize("kind", list(DAMAGE))
-def test_damage_is_refused_and_verify_names_it(
-    crashed: Path, tmp_path: Path, kind: str
-) -> None:
+def test_damage_is_refused_and_verify_names_it(crashed: Path, tmp_path: Path, kind: str) -> None:
     root, wal = copy_of(crashed, tmp_path)
     DAMAGE[kind](wal)
     before = listing(root)

@@ -172,8 +172,11 @@ class NoSpaceStore(ForwardingObjectStore):
 
 def test_store_without_space_then_freed_appends_resume(tmp_path: Path) -> None:
     store = NoSpaceStore(_local(tmp_path))
-    wal = FileWal(tmp_path / "n.wal", node_id="local", settings=FileWalSettings(capacity_bytes=MiB,
-                                                               full_wait_ms=300))
+    wal = FileWal(
+        tmp_path / "n.wal",
+        node_id="local",
+        settings=FileWalSettings(capacity_bytes=MiB, full_wait_ms=300),
+    )
     client = s3stream.StreamClient(store, wal, settings=FULL_SETTINGS)
     stream = client.create_stream()
     store.full = True
@@ -199,8 +202,11 @@ def test_waits_under_backpressure_never_add_up_and_close_says_how_it_ended(
         upload_interval_ms=50, upload_threshold_bytes=64 * KiB, max_pending_bytes=256 * KiB,
     )  # fmt: skip
     store = NoSpaceStore(_local(tmp_path))
-    wal = FileWal(tmp_path / "n.wal", node_id="local",
-                  settings=FileWalSettings(capacity_bytes=4 * MiB, full_wait_ms=1000))
+    wal = FileWal(
+        tmp_path / "n.wal",
+        node_id="local",
+        settings=FileWalSettings(capacity_bytes=4 * MiB, full_wait_ms=1000),
+    )
     client = s3stream.StreamClient(store, wal, settings=settings)
     stream = client.create_stream()
     store.full = True
@@ -248,8 +254,11 @@ def test_a_full_wal_holds_no_append_past_its_deadline(tmp_path: Path) -> None:
     import threading
 
     store = NoSpaceStore(_local(tmp_path))
-    wal = FileWal(tmp_path / "n.wal", node_id="local",
-                  settings=FileWalSettings(capacity_bytes=MiB, full_wait_ms=1000))
+    wal = FileWal(
+        tmp_path / "n.wal",
+        node_id="local",
+        settings=FileWalSettings(capacity_bytes=MiB, full_wait_ms=1000),
+    )
     client = s3stream.StreamClient(
         store, wal, settings=ClientSettings(max_pending_bytes=64 * MiB, upload_interval_ms=50)
     )
@@ -370,8 +379,9 @@ def test_clean_close_releases_streams(tmp_path: Path) -> None:
         assert [x.payload for x in s.fetch(0).batches] == [b"from a", b"from b"]
 
 
-def _spawn_owner(url: str, node: str, n: int, options: dict[str, Any] | None = None
-                 ) -> tuple[subprocess.Popen[str], int, str]:
+def _spawn_owner(
+    url: str, node: str, n: int, options: dict[str, Any] | None = None
+) -> tuple[subprocess.Popen[str], int, str]:
     args = [sys.executable, str(HERE / "owner_child.py"), url, node, str(n)]
     if options is not None:
         args.append(json.dumps(options))
@@ -487,8 +497,7 @@ def test_a_stream_whose_release_failed_is_released_by_the_next_close(tmp_path: P
         s.close()
     store.full = False
     client.close()
-    with s3stream.StreamClient(_local(tmp_path), MemoryWal(),
-                               node_id="b") as other:
+    with s3stream.StreamClient(_local(tmp_path), MemoryWal(), node_id="b") as other:
         opened = other.open_stream(s.stream_id)  # no StreamOwnedError: it was released
         assert [b.payload for b in opened.fetch(0).batches] == [b"uploaded"]
 
@@ -541,8 +550,9 @@ def test_default_object_wal_shares_the_client_store_stack(seaweedfs: Any) -> Non
 
     url = f"s3://{seaweedfs.bucket}/stack-{uuid.uuid4().hex}"
     settings = ClientSettings(upload_interval_ms=0, upload_threshold_bytes=64 * MiB)
-    with s3stream.open(url, storage_options=seaweedfs.storage_options(),
-                       settings=settings) as client:
+    with s3stream.open(
+        url, storage_options=seaweedfs.storage_options(), settings=settings
+    ) as client:
         wal = client.wal
         assert isinstance(wal, ObjectWal)
         assert wal.store is client.object_store
@@ -598,3 +608,50 @@ def test_a_deleted_wal_of_a_cleanly_closed_node_is_no_damage(tmp_path: Path) -> 
     (tmp_path / "wal" / "n1.wal").unlink()
     with s3stream.open(tmp_path, node_id="n1") as again:
         assert read_back(again, s.stream_id) == [b"uploaded at close"]
+
+
+def test_a_backlog_drains_in_bounded_uploads_without_spinning(tmp_path: Path) -> None:
+    """Slow data PUTs (a real delay in the store): uploads take at most about
+    `upload_threshold_bytes` each, several in flight, and the uploader thread sleeps while
+    its PUTs are in flight instead of spinning (it once burned a core there)."""
+    import os
+    import random
+    import threading
+    import time
+
+    from s3stream.clock import SystemClock
+    from s3stream.objectstore.local import LocalObjectStore
+    from s3stream.testing.faults import FaultRule, FaultyObjectStore
+    from s3stream.wal.memory import MemoryWal
+
+    slow = FaultyObjectStore(
+        LocalObjectStore(tmp_path),
+        rng=random.Random(3),
+        clock=SystemClock(),
+        rules=[FaultRule(latency_s=(0.4, 0.4), operations=frozenset({"put"}), key_prefix="data/")],
+    )
+    threshold = 64 * 1024
+    settings = ClientSettings(
+        upload_threshold_bytes=threshold, stream_split_bytes=1 << 30, upload_interval_ms=0
+    )
+    with s3stream.StreamClient(slow, MemoryWal(), settings=settings) as client:
+        s = client.create_stream()
+        for i in range(64):  # 1 MiB of backlog: 16 uploads' worth
+            s.append(RecordBatch(bytes([i]) * 16384))
+        time.sleep(0.1)
+        uploader = next(t for t in threading.enumerate() if t.name == "s3stream-uploader")
+
+        def cpu_ticks() -> int:
+            assert uploader.native_id is not None
+            path = f"/proc/{os.getpid()}/task/{uploader.native_id}/stat"
+            with open(path) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return int(fields[11]) + int(fields[12])  # utime + stime
+
+        before = cpu_ticks()
+        time.sleep(0.8)  # PUTs in flight all along
+        assert cpu_ticks() - before <= 10, "the uploader spins while its PUTs are in flight"
+        client.flush()
+        objects = [o for o in client.metadata.state.objects.values()]
+        assert len(objects) >= 8
+        assert max(o.size for o in objects) < 2 * threshold + 16384

@@ -5,8 +5,9 @@
 - Single flight: readers of a block that is being fetched wait for that fetch instead of
   issuing their own GET; so do readers of an object index being fetched.
 - Adjacent missing blocks (at most `merge_gap_bytes` apart) are fetched with one ranged GET,
-  split at `max_get_bytes` so that one GET never grows without bound.
-- Parsed object indexes are cached too (LRU by count).
+  split at `max_get_bytes` so that one GET never grows without bound: the merge rule, the GET
+  and its length check are the shared `BlockReader`'s (`s3stream.format.block_reader`).
+- Parsed object indexes are cached too, in an `ObjectIndexCache` (LRU by count).
 - `Readahead` watches each reader's position per stream: a fetch that starts exactly where the
   previous one of that stream ended is sequential (a catch-up reader), and the window of
   blocks fetched ahead in the background doubles with each such fetch up to a maximum; any
@@ -25,22 +26,27 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ..errors import CorruptionError, InvalidArgumentError, S3StreamError
-from ..format.objects import BlockInfo, ObjectIndex, decode_block, read_index
+from ..errors import InvalidArgumentError, S3StreamError
+from ..format.block import BlockInfo
+from ..format.block_reader import BlockReader, decode_run
+from ..format.objects import ObjectIndex
 from ..metadata import MetadataState
 from ..metrics.logs import ContextLogger
 from ..objectstore.base import ObjectStore
 from ..throttle import Priority, PriorityRateLimiter
 from ..types import FetchedBatch
+from ..units import MiB
 from ..validation import check_int, check_text
+from .index_cache import ObjectIndexCache
 
 __all__ = ["BlockCache", "BlockCacheMetrics", "Readahead"]
 
 log = logging.getLogger(__name__)
 
-MiB = 1 << 20
 
 _BlockKey = tuple[str, int]
+#: Blocks whose fetch a caller owns, each with the future its readers wait on.
+_Owned = list[tuple[BlockInfo, Future[list[FetchedBatch]]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,19 +111,21 @@ class BlockCache:
     ) -> None:
         if not isinstance(store, ObjectStore):
             raise InvalidArgumentError(f"store must be an ObjectStore, got {store!r}")
-        self._store = store
         # Whose cache this is, for its log records ("" for a reader, which is no node).
         self._log = ContextLogger(log, check_text("node_id", node_id))
         self._capacity = check_int("capacity_bytes", capacity_bytes, minimum=0)
         self._limiter = limiter
-        self._max_get = check_int("max_get_bytes", max_get_bytes, minimum=1)
-        self._merge_gap = check_int("merge_gap_bytes", merge_gap_bytes, minimum=0)
-        self._index_max = check_int("index_entries", index_entries, minimum=1)
+        self._reader = BlockReader(
+            store,
+            max_gap_bytes=check_int("merge_gap_bytes", merge_gap_bytes, minimum=0),
+            max_run_bytes=check_int("max_get_bytes", max_get_bytes, minimum=1),
+        )
+        self._indexes = ObjectIndexCache(
+            store, max_entries=check_int("index_entries", index_entries, minimum=1)
+        )
         self._lock = threading.Lock()
         self._entries: OrderedDict[_BlockKey, _Entry] = OrderedDict()
         self._inflight: dict[_BlockKey, Future[list[FetchedBatch]]] = {}
-        self._indexes: OrderedDict[str, ObjectIndex] = OrderedDict()
-        self._index_inflight: dict[str, Future[ObjectIndex]] = {}
         self._bytes = 0
         self._pool = ThreadPoolExecutor(
             max_workers=check_int("readahead_workers", readahead_workers, minimum=1),
@@ -133,8 +141,6 @@ class BlockCache:
                 "readahead_used",
                 "gets",
                 "get_bytes",
-                "index_hits",
-                "index_misses",
                 "evictions",
             ),
             0,
@@ -150,7 +156,11 @@ class BlockCache:
         """A snapshot of the counters."""
         with self._lock:
             return BlockCacheMetrics(
-                **self._c, cached_blocks=len(self._entries), cached_bytes=self._bytes
+                **self._c,
+                index_hits=self._indexes.hits,
+                index_misses=self._indexes.misses,
+                cached_blocks=len(self._entries),
+                cached_bytes=self._bytes,
             )
 
     def close(self) -> None:
@@ -161,50 +171,29 @@ class BlockCache:
         with self._lock:
             self._entries.clear()
             self._bytes = 0
-            self._indexes.clear()
             # Prefetches cancelled before they ran never complete their futures.
             for fut in self._inflight.values():
                 if not fut.done():
                     fut.set_exception(S3StreamError("the block cache was closed"))
             self._inflight.clear()
+        self._indexes.clear()
 
     # ------------------------------------------------------------------ indexes
+
+    @property
+    def indexes(self) -> ObjectIndexCache:
+        """The cache of parsed object indexes (shareable with other readers of the store)."""
+        return self._indexes
 
     def index(self, key: str, size: int | None = None) -> ObjectIndex:
         """The parsed index of object `key` (one tail GET on a miss, shared by concurrent
         callers)."""
-        with self._lock:
-            idx = self._indexes.get(key)
-            if idx is not None:
-                self._indexes.move_to_end(key)
-                self._c["index_hits"] += 1
-                return idx
-            fut = self._index_inflight.get(key)
-            mine = fut is None
-            if fut is None:
-                fut = self._index_inflight[key] = Future()
-                self._c["index_misses"] += 1
-        if not mine:
-            return fut.result()
-        try:
-            idx = read_index(self._store, key, object_size=size)
-        except BaseException as exc:
-            with self._lock:
-                self._index_inflight.pop(key, None)
-            fut.set_exception(exc)
-            raise
-        with self._lock:
-            self._index_inflight.pop(key, None)
-            self._indexes[key] = idx
-            while len(self._indexes) > self._index_max:
-                self._indexes.popitem(last=False)
-        fut.set_result(idx)
-        return idx
+        return self._indexes.get(key, size)
 
     def forget(self, key: str) -> None:
         """Drop everything cached for object `key` (it was deleted)."""
+        self._indexes.forget(key)
         with self._lock:
-            self._indexes.pop(key, None)
             for bk in [bk for bk in self._entries if bk[0] == key]:
                 self._bytes -= self._entries.pop(bk).size
 
@@ -259,7 +248,7 @@ class BlockCache:
     def prefetch(self, key: str, blocks: Sequence[BlockInfo]) -> int:
         """Fetch `blocks` of object `key` in the background unless cached or in flight;
         returns how many were scheduled."""
-        todo: list[tuple[BlockInfo, Future[list[FetchedBatch]]]] = []
+        todo: _Owned = []
         with self._lock:
             if self._closed:
                 return 0
@@ -279,78 +268,42 @@ class BlockCache:
                 self._fail(key, run, S3StreamError("the block cache was closed"))
         return len(todo)
 
-    def _prefetch_run(
-        self, key: str, run: list[tuple[BlockInfo, Future[list[FetchedBatch]]]]
-    ) -> None:
+    def _prefetch_run(self, key: str, run: _Owned) -> None:
         try:
             self._fetch(key, run, Priority.READAHEAD, prefetched=True)
         except S3StreamError as exc:
             self._log.debug("readahead of %s failed: %s", key, exc)
 
-    def _runs(
-        self, items: list[tuple[BlockInfo, Future[list[FetchedBatch]]]]
-    ) -> list[list[tuple[BlockInfo, Future[list[FetchedBatch]]]]]:
-        """Group blocks (sorted by position) into GET-sized runs of near-adjacent blocks."""
-        runs: list[list[tuple[BlockInfo, Future[list[FetchedBatch]]]]] = []
-        ordered = sorted(items, key=lambda it: it[0].position)
-        for blk, fut in ordered:
-            if runs:
-                first, last = runs[-1][0][0], runs[-1][-1][0]
-                gap = blk.position - last.end_position
-                if (
-                    0 <= gap <= self._merge_gap
-                    and blk.end_position - first.position <= self._max_get
-                ):
-                    runs[-1].append((blk, fut))
-                    continue
-            runs.append([(blk, fut)])
-        return runs
+    def _runs(self, items: _Owned) -> list[_Owned]:
+        """`items` in position order, grouped into the reader's runs (one GET each)."""
+        futures = {blk.position: fut for blk, fut in items}
+        ordered = sorted((blk for blk, _ in items), key=lambda b: b.position)
+        return [[(b, futures[b.position]) for b in run] for run in self._reader.runs(ordered)]
 
-    def _fetch(
-        self,
-        key: str,
-        items: list[tuple[BlockInfo, Future[list[FetchedBatch]]]],
-        priority: Priority,
-        *,
-        prefetched: bool,
-    ) -> None:
+    def _fetch(self, key: str, items: _Owned, priority: Priority, *, prefetched: bool) -> None:
         """GET and decode `items` (whose futures this caller owns), completing every future;
         raises the first error after failing the futures it could not complete."""
         runs = self._runs(items)
         for n, run in enumerate(runs):
-            start = run[0][0].position
-            end = run[-1][0].end_position
+            blocks = [b for b, _ in run]
             try:
                 if self._limiter is not None:
-                    self._limiter.acquire(end - start, priority)
-                data = self._store.get(key, start, end)
-                with self._lock:
-                    self._c["gets"] += 1
-                    self._c["get_bytes"] += len(data)
-                if len(data) != end - start:
-                    raise CorruptionError(
-                        f"corrupt object {key} at byte {start + len(data)}: object ends "
-                        f"before byte {end}",
-                        location=key,
-                        position=start + len(data),
-                    )
-                view = memoryview(data)
-                decoded = [
-                    decode_block(view[b.position - start : b.end_position - start], b, key)
-                    for b, _ in run
-                ]
+                    self._limiter.acquire(blocks[-1].end_position - blocks[0].position, priority)
+                data = self._reader.fetch(key, blocks, on_response=self._count_get)
+                decoded = decode_run(key, blocks, data)
             except BaseException as exc:
                 for later in runs[n:]:
                     self._fail(key, later, exc)
                 raise
             self._store_blocks(key, run, decoded, prefetched)
 
+    def _count_get(self, nbytes: int) -> None:
+        with self._lock:
+            self._c["gets"] += 1
+            self._c["get_bytes"] += nbytes
+
     def _store_blocks(
-        self,
-        key: str,
-        run: list[tuple[BlockInfo, Future[list[FetchedBatch]]]],
-        decoded: list[list[FetchedBatch]],
-        prefetched: bool,
+        self, key: str, run: _Owned, decoded: list[list[FetchedBatch]], prefetched: bool
     ) -> None:
         with self._lock:
             for (blk, _), batches in zip(run, decoded, strict=True):
@@ -366,12 +319,7 @@ class BlockCache:
         for (_, fut), batches in zip(run, decoded, strict=True):
             fut.set_result(batches)
 
-    def _fail(
-        self,
-        key: str,
-        run: list[tuple[BlockInfo, Future[list[FetchedBatch]]]],
-        exc: BaseException,
-    ) -> None:
+    def _fail(self, key: str, run: _Owned, exc: BaseException) -> None:
         with self._lock:
             for blk, _ in run:
                 self._inflight.pop((key, blk.position), None)

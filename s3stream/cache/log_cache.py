@@ -100,6 +100,8 @@ class LogCache:
         self._evict_queue: deque[tuple[int, int]] = deque()
         # Not-yet-uploaded entries in WAL order; the uploader takes them as snapshots.
         self._pending: list[CachedBatch] = []
+        #: Bytes of `_pending`: acknowledged, not yet taken by an upload.
+        self._untaken_bytes = 0
         self._last_seq = 0
         # Seqs of entries neither uploaded nor discarded: flush waits for the oldest.
         self._unfinished: OrderedDict[int, None] = OrderedDict()
@@ -138,7 +140,8 @@ class LogCache:
         wal_position: int,
         epoch: int,
     ) -> int:
-        """Insert an acknowledged batch; returns the pending bytes afterwards."""
+        """Insert an acknowledged batch; returns the bytes not yet taken by an upload
+        afterwards (the uploader is woken when they reach its threshold)."""
         props = dict(properties) if properties else None
         size = len(record) - record_skip
         with self._lock:
@@ -153,14 +156,34 @@ class LogCache:
             tail.offsets.append(base_offset)
             tail.entries.append(e)
             self._pending.append(e)
+            self._untaken_bytes += size
             self._unfinished[seq] = None
             self._pending_bytes += size
-            return self._pending_bytes
+            return self._untaken_bytes
 
-    def take_pending(self) -> list[CachedBatch]:
-        """Hand every pending entry (in WAL order) to the uploader; they stay pinned."""
+    @property
+    def untaken_bytes(self) -> int:
+        """Bytes acknowledged and not yet taken by an upload (a part of `pending_bytes`)."""
+        return self._untaken_bytes
+
+    def take_pending(self, max_bytes: int | None = None) -> list[CachedBatch]:
+        """Hand the oldest pending entries (in WAL order), about `max_bytes` of them (at least
+        one; all without a limit), to the uploader; they stay pinned until `mark_uploaded`."""
         with self._lock:
-            taken, self._pending = self._pending, []
+            if max_bytes is None or self._untaken_bytes <= max_bytes:
+                taken, self._pending = self._pending, []
+                self._untaken_bytes = 0
+                return taken
+            total = n = 0
+            for e in self._pending:
+                size = entry_size(e)
+                if n and total + size > max_bytes:
+                    break
+                total += size
+                n += 1
+            taken = self._pending[:n]
+            del self._pending[:n]
+            self._untaken_bytes -= total
             return taken
 
     def mark_uploaded(self, entries: list[CachedBatch]) -> None:
@@ -192,6 +215,7 @@ class LogCache:
             for e in dropped:
                 self._unfinished.pop(e[SEQ], None)
             self._pending = [e for e in self._pending if e[SID] != stream_id]
+            self._untaken_bytes = sum(entry_size(e) for e in self._pending)
             return dropped
 
     def first_offset(self, stream_id: int) -> int | None:

@@ -1,12 +1,15 @@
 """Executing a compaction task: read, copy blocks, verify, PUT, commit — or abort cleanly.
 
 1. Read the blocks the task's pieces need (none wholly below a stream's start offset), one
-   ranged GET of at most `max_get_bytes` per run of adjacent blocks, each GET paid to the rate
-   limiter at `Priority.COMPACTION` just before it is sent.
+   ranged GET of at most `max_get_bytes` per run of adjacent blocks (the shared `BlockReader`
+   cuts, sends and checks them), each GET paid to the rate limiter at `Priority.COMPACTION`
+   just before it is sent.
 2. Write the outputs with `ObjectWriter.add_block`: blocks are copied without decoding their
    batches (small adjacent ones of a stream are merged into one), after their crc32c is
    checked. Only a block straddling a stream's start offset (as of planning; the start only
    moves forward, so that keeps enough) is decoded, to drop the batches wholly below it.
+   Each block's time range (seek by time) travels with it; a block from an object written
+   before time ranges existed is decoded once to compute it, so its copy has one.
 3. Verify each output before it is PUT — its own index, parsed back from its bytes, must show
    exactly the stream ranges its metadata will claim — and PUT it; one output is held at a
    time. Output bytes are paid to the limiter 1 MiB at a time as they are copied.
@@ -33,14 +36,9 @@ from dataclasses import dataclass
 
 from ..clock import Clock
 from ..errors import CorruptionError, InvalidArgumentError, S3StreamError
-from ..format.objects import (
-    BlockInfo,
-    ObjectIndex,
-    ObjectWriter,
-    coalesce,
-    decode_block,
-    parse_tail,
-)
+from ..format.block import BlockInfo, decode_block
+from ..format.block_reader import BlockReader, split_run
+from ..format.objects import ObjectIndex, ObjectWriter, parse_tail
 from ..metadata import (
     CompactObjects,
     MetadataManager,
@@ -51,8 +49,9 @@ from ..metadata import (
 )
 from ..metrics.logs import ContextLogger
 from ..objectstore.base import ObjectStore
-from ..storage.packing import KIND_STREAM, KIND_STREAM_SET, KeyFactory
+from ..storage.packing import KeyFactory
 from ..throttle import Priority, PriorityRateLimiter
+from ..units import MiB
 from ..validation import check_int
 from .planner import CompactionTask, IndexOf, OutputObject, keep_from
 
@@ -60,7 +59,6 @@ __all__ = ["CompactionExecutor", "Moved", "TaskResult", "WriterOptions"]
 
 log = logging.getLogger(__name__)
 
-MiB = 1 << 20
 #: Output bytes copied between two payments to the rate limiter.
 _PACE_BYTES = 1 * MiB
 
@@ -124,6 +122,7 @@ class CompactionExecutor:
         self._own_rate = bytes_per_s
         self._own = self._new_own_limiter(clock)
         self._store = store
+        self._reader = BlockReader(store, max_run_bytes=max_get_bytes)
         self._meta = meta
         self._keys = keys
         self._index_of = index_of
@@ -132,7 +131,6 @@ class CompactionExecutor:
         self._log = ContextLogger(log, node_id)
         self._writer = writer or WriterOptions()
         self._limiter = limiter
-        self._max_get = max_get_bytes
         self._max_object = max_object_bytes
 
     def _new_own_limiter(self, clock: Clock) -> PriorityRateLimiter | None:
@@ -237,42 +235,19 @@ class CompactionExecutor:
         for key, found in wanted.items():
             # Unique by position: two pieces of one stream may share a block.
             blocks = sorted({b.position: b for b in found}.values(), key=lambda b: b.position)
-            for run in self._runs(blocks):
-                start, end = run[0].position, run[-1].end_position
-                self._throttle(end - start)
-                data = self._store.get(key, start, end)
+            for run in self._reader.runs(blocks):
+                self._throttle(run[-1].end_position - run[0].position)
+                data = self._reader.fetch(key, run, on_response=moved)
                 gets += 1
                 read_bytes += len(data)
-                if moved is not None:
-                    moved(len(data))
-                if len(data) != end - start:
-                    raise CorruptionError(
-                        f"corrupt object {key}: ends before byte {end}", location=key
-                    )
-                for b in run:
-                    # A bytes slice (a copy of one block) rather than a memoryview: joining
-                    # the output releases the GIL only over exact bytes, and an object's
-                    # worth of copying must not stall the threads appending meanwhile.
-                    result.setdefault((key, b.stream_id), []).append(
-                        (b, data[b.position - start : b.end_position - start])
-                    )
+                for b, stored in zip(run, split_run(run, data), strict=True):
+                    # A bytes copy of one block rather than a memoryview: joining the output
+                    # releases the GIL only over exact bytes, and an object's worth of
+                    # copying must not stall the threads appending meanwhile.
+                    result.setdefault((key, b.stream_id), []).append((b, bytes(stored)))
         for got in result.values():
             got.sort(key=lambda item: item[0].start_offset)
         return result, read_bytes, gets
-
-    def _runs(self, blocks: Sequence[BlockInfo]) -> list[list[BlockInfo]]:
-        runs: list[list[BlockInfo]] = []
-        for run in coalesce(blocks):
-            for b in run:
-                if (
-                    runs
-                    and runs[-1][-1].end_position == b.position
-                    and (b.end_position - runs[-1][0].position <= self._max_get)
-                ):
-                    runs[-1].append(b)
-                else:
-                    runs.append([b])
-        return runs
 
     def _throttle(self, nbytes: int, requests: int = 1) -> None:
         own = self._own
@@ -350,11 +325,13 @@ class CompactionExecutor:
         )
 
     def _finish(self, w: ObjectWriter, sources: list[ObjectMeta]) -> tuple[ObjectMeta, bytes]:
-        ranges = tuple(StreamRange(sid, a, b) for sid, a, b in w.ranges())
-        single = len(ranges) == 1
+        offsets = w.ranges()
         data = w.finish()
+        times = w.time_ranges()
+        ranges = tuple(StreamRange(sid, a, b, *times[sid]) for sid, a, b in offsets)
+        single = len(ranges) == 1
         meta = ObjectMeta(
-            key=self._keys.next_key(KIND_STREAM if single else KIND_STREAM_SET),
+            key=self._keys.next_key(ObjectKind.STREAM if single else ObjectKind.STREAM_SET),
             kind=ObjectKind.STREAM if single else ObjectKind.STREAM_SET,
             size=len(data),
             ranges=ranges,
@@ -371,6 +348,8 @@ class CompactionExecutor:
         parsed = parse_tail(data, len(data), meta.key)
         if not isinstance(parsed, ObjectIndex):
             raise CorruptionError(f"compaction wrote an unreadable object {meta.key}")
+        if not parsed.has_time_ranges:
+            raise CorruptionError(f"compaction wrote {meta.key} without time ranges")
         got = [(sid, a, b) for sid, a, b in parsed.stream_ranges()]
         claimed = [(r.stream_id, r.start_offset, r.end_offset) for r in meta.ranges]
         if got != claimed:

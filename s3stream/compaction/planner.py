@@ -8,8 +8,8 @@ object). The executor re-validates a task against the latest metadata when commi
 Two kinds of compaction, as in AutoMQ:
 
 - **stream-set compaction** merges stream-set objects. Per stream, the data in the merged
-  objects is grouped into contiguous runs: a stream with at least `stream_split_bytes` (or with
-  more than one run: an object holds one range per stream) leaves as stream objects, one per
+  objects is grouped into contiguous runs: a stream with at least `stream_set_split_bytes` (or
+  with more than one run: an object holds one range per stream) leaves as stream objects, one per
   run; the others share one new stream-set object. Stream-set objects holding data older than
   `stream_set_max_age_ms` are split completely, every stream into a stream object.
 - **stream object compaction** merges runs of small, adjacent stream objects of one stream
@@ -130,7 +130,7 @@ def _merge_task(
     shared: list[Piece] = []
     for sid in sorted(by_stream):
         runs = _runs(by_stream[sid])
-        if split_all or len(runs) > 1 or sizes[sid] >= settings.stream_split_bytes:
+        if split_all or len(runs) > 1 or sizes[sid] >= settings.stream_set_split_bytes:
             outputs.extend(OutputObject(ObjectKind.STREAM, tuple(run)) for run in runs)
         else:
             shared.extend(runs[0])

@@ -1,17 +1,27 @@
 """Object files: data blocks of batch records, a sorted block index and a fixed footer.
 
-An object is ``[data block]* [index] [footer]`` (all integers little-endian; the full byte
-layout is in ``docs/format.md``):
+An object is ``[data block]* [time-range table] [index] [footer]`` (all integers
+little-endian; the full byte layout is in ``docs/format.md``):
 
 - A *data block* holds consecutive batch records (see `s3stream.format.batch`) of one stream
   with contiguous offsets, optionally zstd-compressed. Its crc32c covers the bytes as stored.
+- The *time-range table* holds, per block, the smallest and largest timestamp of its offsets
+  (`s3stream.format.timestamps`), for seek by time. It is a compatible addition (footer flag
+  `FLAG_TIME_RANGES`): readers that predate it see a gap before the index and ignore it;
+  objects written before it have none, and their blocks' `time_range` is None.
 - The *index* holds one fixed-size entry per block, sorted by (stream_id, start_offset), with
   64-bit offsets and positions throughout.
 - The *footer* (last `FOOTER_SIZE` bytes) locates the index and carries its crc32c, the format
   version and `MAGIC`, and has a crc32c of its own.
 
-A reader needs one suffix GET for footer + index (a second GET only when the index is larger
-than the tail read), a binary search, and one ranged GET per run of adjacent blocks.
+A reader needs one suffix GET for footer + table + index (a second GET only when they are
+larger than the tail read), a binary search, and one ranged GET per run of adjacent blocks.
+
+Roles here: `ObjectWriter` builds objects; `read_index`/`parse_tail` read and validate the
+index (`ObjectIndex`), the only GETs of this module. A block's entry and the checks on its
+bytes are in `block` (`BlockInfo`, `decode_block`); the ranged GETs of blocks in
+`block_reader` (`coalesce`, `read_blocks`, re-exported here, where readers have always found
+them).
 """
 
 from __future__ import annotations
@@ -19,24 +29,28 @@ from __future__ import annotations
 import struct
 from bisect import bisect_right
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import crc32c
 import zstandard
 
-from ..errors import CorruptionError, InvalidArgumentError, StreamClosedError
+from ..errors import InvalidArgumentError, StreamClosedError
 from ..objectstore.base import ObjectStore
 from ..settings import MAX_BLOCK_TARGET_BYTES
-from ..types import FetchedBatch
+from ..types import BatchKind, FetchedBatch
 from ..validation import check_choice, check_int, check_zstd_level
-from .batch import BATCH_HEADER, decode_batch_at, encode_batch
+from .batch import BATCH_HEADER, decode_batches, encode_batch
+from .block import BlockInfo, check_stored, corrupt, decode_block, decompressed
+from .block_reader import coalesce, read_blocks
+from .timestamps import time_range
 
 __all__ = [
     "DEFAULT_TAIL_READ_BYTES",
+    "FLAG_TIME_RANGES",
     "FOOTER_SIZE",
     "FORMAT_VERSION",
     "INDEX_ENTRY_SIZE",
     "MAGIC",
+    "TIME_ENTRY_SIZE",
     "BlockInfo",
     "ObjectIndex",
     "ObjectWriter",
@@ -45,6 +59,7 @@ __all__ = [
     "parse_tail",
     "read_blocks",
     "read_index",
+    "time_table_size",
 ]
 
 #: Last 8 bytes of every object.
@@ -61,11 +76,20 @@ _ENTRY = struct.Struct("<QqqQIIIIqqB7x")
 # footer_crc32c (over the 28 bytes before it), magic.
 _FOOTER = struct.Struct("<QQIIHHI8s")
 _FOOTER_CRC_SPAN = 28
+# Time-range table, right before the index: per block (min, max) timestamp of its offsets,
+# then the crc32c of those entries and their count.
+_TIME_ENTRY = struct.Struct("<qq")
+_TIME_TRAILER = struct.Struct("<II")
 
 #: Size of one index entry in bytes.
 INDEX_ENTRY_SIZE = _ENTRY.size
 #: Size of the footer in bytes.
 FOOTER_SIZE = _FOOTER.size
+#: Size of one entry of the time-range table in bytes.
+TIME_ENTRY_SIZE = _TIME_ENTRY.size
+#: Footer flag (compatible byte: readers that do not know it ignore it): a time-range table
+#: lies right before the index. Every object this writer makes has one.
+FLAG_TIME_RANGES = 0x0100
 
 _BLOCK_ZSTD = 0x01
 _KNOWN_BLOCK_FLAGS = _BLOCK_ZSTD
@@ -73,47 +97,22 @@ _KNOWN_BLOCK_FLAGS = _BLOCK_ZSTD
 # bit must refuse the object), the high byte for compatible ones (safe to ignore).
 _FOOTER_INCOMPATIBLE_MASK = 0x00FF
 _KNOWN_FOOTER_INCOMPATIBLE = 0
+# What one block adds besides its bytes: its index entry and its time-range entry.
+_BLOCK_OVERHEAD = INDEX_ENTRY_SIZE + TIME_ENTRY_SIZE
 
 _U32_MAX = (1 << 32) - 1
 _U64_MAX = (1 << 64) - 1
 _I64_MAX = (1 << 63) - 1
 _I64_MIN = -(1 << 63)
 _COMPRESSIONS = ("none", "zstd")
+_RECORDS = int(BatchKind.RECORDS)
 
-assert _ENTRY.size == 72 and _FOOTER.size == 40
+assert _ENTRY.size == 72 and _FOOTER.size == 40 and _TIME_ENTRY.size + _TIME_TRAILER.size == 24
 
 
-@dataclass(frozen=True, slots=True)
-class BlockInfo:
-    """One index entry: where a data block lies and which offsets of which stream it holds.
-
-    The block covers ``[start_offset, end_offset)`` of `stream_id` in `batch_count` whole
-    batches and occupies ``[position, position + stored_size)`` of the object; `crc` is the
-    crc32c of those stored bytes, `raw_size` their size after decompression.
-    Timestamps are batch base timestamps in milliseconds.
-    """
-
-    stream_id: int
-    start_offset: int
-    end_offset: int
-    position: int
-    stored_size: int
-    raw_size: int
-    batch_count: int
-    first_timestamp: int
-    max_timestamp: int
-    compressed: bool
-    crc: int
-
-    @property
-    def record_count(self) -> int:
-        """Number of records (offsets) the block covers."""
-        return self.end_offset - self.start_offset
-
-    @property
-    def end_position(self) -> int:
-        """Byte position just after the block."""
-        return self.position + self.stored_size
+def time_table_size(entry_count: int) -> int:
+    """Bytes of the time-range table of an object of `entry_count` blocks."""
+    return entry_count * TIME_ENTRY_SIZE + _TIME_TRAILER.size
 
 
 class ObjectIndex:
@@ -123,13 +122,17 @@ class ObjectIndex:
     immutable, so one parsed index can be cached and shared between threads.
     """
 
-    __slots__ = ("_ends", "_slices", "_stream_bytes", "blocks", "object_size")
+    __slots__ = ("_data_size", "_ends", "_slices", "_stream_bytes", "blocks", "object_size")
 
-    def __init__(self, object_size: int, blocks: Sequence[BlockInfo]) -> None:
+    def __init__(
+        self, object_size: int, blocks: Sequence[BlockInfo], *, data_size: int | None = None
+    ) -> None:
         """Index over `blocks`, which must be sorted by (stream_id, start_offset) and have
-        contiguous offsets within each stream (as `parse_tail` checks)."""
+        contiguous offsets within each stream (as `parse_tail` checks). `data_size`: where
+        the data blocks end (default: where the index begins)."""
         #: Total size of the object in bytes.
         self.object_size = object_size
+        self._data_size = data_size
         #: Every block, sorted by (stream_id, start_offset).
         self.blocks: Sequence[BlockInfo] = tuple(blocks)
         self._ends = [b.end_offset for b in self.blocks]
@@ -197,8 +200,15 @@ class ObjectIndex:
 
     @property
     def data_size(self) -> int:
-        """Bytes before the index: where the data blocks live."""
+        """Bytes before the index and its time-range table: where the data blocks live."""
+        if self._data_size is not None:
+            return self._data_size
         return self.object_size - FOOTER_SIZE - len(self.blocks) * INDEX_ENTRY_SIZE
+
+    @property
+    def has_time_ranges(self) -> bool:
+        """Whether every block has its `time_range` (the object has a time-range table)."""
+        return all(b.time_range is not None for b in self.blocks)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,6 +229,7 @@ class _Block:
         "raw_size",
         "start_offset",
         "stored_size",
+        "time_range",
     )
 
     def __init__(
@@ -233,6 +244,7 @@ class _Block:
         max_timestamp: int,
         compressed: bool,
         crc: int,
+        time_range: tuple[int, int],
     ) -> None:
         self.pieces = pieces
         self.start_offset = start_offset
@@ -244,6 +256,7 @@ class _Block:
         self.max_timestamp = max_timestamp
         self.compressed = compressed
         self.crc = crc
+        self.time_range = time_range
 
 
 class _StreamBuffer:
@@ -259,6 +272,8 @@ class _StreamBuffer:
         "cur_pieces",
         "cur_size",
         "cur_start",
+        "cur_time_max",
+        "cur_time_min",
         "next_offset",
         "start_offset",
     )
@@ -275,6 +290,8 @@ class _StreamBuffer:
         self.cur_start = start_offset
         self.cur_first_ts = 0
         self.cur_max_ts = 0
+        self.cur_time_min = 0
+        self.cur_time_max = 0
 
 
 class ObjectWriter:
@@ -286,6 +303,10 @@ class ObjectWriter:
     closes when the next batch would push it past `block_target_bytes`; a batch larger than
     the target gets a block of its own. With ``compression="zstd"`` a block is stored
     compressed only when that makes it smaller. Not thread-safe.
+
+    Every object gets a time-range table: a batch's time range comes from its records as it is
+    added (only the header and timestamp column of a records payload are read); a copied block
+    keeps its entry's range, and one from an object without a table is decoded once to get it.
     """
 
     def __init__(
@@ -304,10 +325,14 @@ class ObjectWriter:
         self._compressor: zstandard.ZstdCompressor | None = None
         if compression == "zstd":
             self._compressor = zstandard.ZstdCompressor(level=zstd_level)
+        # For the timestamps of zstd records payloads: one context per writer, not per batch.
+        self._decompressor = zstandard.ZstdDecompressor()
         self._target = block_target_bytes
         self._streams: dict[int, _StreamBuffer] = {}
-        self._estimate = FOOTER_SIZE
+        self._estimate = FOOTER_SIZE + time_table_size(0)
         self._finished = False
+        #: Per stream, the smallest and largest timestamp, kept by `finish`.
+        self._stream_times: dict[int, tuple[int, int]] = {}
 
     def add(
         self,
@@ -339,8 +364,8 @@ class ObjectWriter:
             raise InvalidArgumentError(
                 f"batch_record must be an encoded batch record, got {size} bytes"
             )
-        h_sid, h_off, h_count, _k, _f, _r, h_ts, props_len, payload_len = BATCH_HEADER.unpack_from(
-            batch_record, 0
+        h_sid, h_off, h_count, kind, _f, _r, h_ts, props_len, payload_len = (
+            BATCH_HEADER.unpack_from(batch_record, 0)
         )
         if (h_sid, h_off, h_count, h_ts) != (stream_id, base_offset, count, base_timestamp):
             raise InvalidArgumentError(
@@ -349,11 +374,27 @@ class ObjectWriter:
         if BATCH_HEADER.size + props_len + payload_len != size:
             raise InvalidArgumentError("batch_record length does not match its header")
 
+        if kind == _RECORDS:
+            # Records carry timestamps of their own: the block's time range needs them.
+            start = BATCH_HEADER.size + props_len
+            payload = memoryview(batch_record)[start:]
+            times = time_range(
+                kind, count, base_timestamp, payload, decompressor=self._decompressor
+            )
+        else:
+            times = (base_timestamp, base_timestamp)
         buf = self._buffer(stream_id, base_offset)
         if buf.cur_pieces and buf.cur_size + size > self._target:
             self._close_block(buf)
         self._append_raw(
-            buf, batch_record, base_offset, base_offset + count, 1, base_timestamp, base_timestamp
+            buf,
+            batch_record,
+            base_offset,
+            base_offset + count,
+            1,
+            base_timestamp,
+            base_timestamp,
+            times,
         )
 
     def add_block(
@@ -370,12 +411,16 @@ class ObjectWriter:
         first. Any other block is copied verbatim: bytes, crc, compression and index fields.
         Blocks never shrink. `block.start_offset` must continue the stream as in `add`. The
         writer keeps a reference to `stored` until `finish`.
+
+        The entry's `time_range` goes along (merged blocks combine theirs); an entry without
+        one (from an object written before time ranges) has its batches decoded to compute
+        it — once: the copy has it.
         """
         if self._finished:
             raise StreamClosedError("ObjectWriter.add_block after finish()")
         if not isinstance(block, BlockInfo):
             raise InvalidArgumentError(f"block must be a BlockInfo, got {block!r}")
-        _check_stored(stored, block, location)
+        check_stored(stored, block, location)
         prev = self._streams.get(block.stream_id)
         if prev is not None and block.start_offset != prev.next_offset:
             raise InvalidArgumentError(
@@ -390,7 +435,16 @@ class ObjectWriter:
         merge = block.raw_size < self._target // 2 or (filling and fits)
         # Everything that may fail comes before the writer changes. The first batch header
         # is checked whenever it is at hand without decompressing.
-        raw = _raw_bytes(stored, block, location) if merge or not block.compressed else None
+        times = block.time_range
+        raw = (
+            _raw_bytes(stored, block, location)
+            if merge or not block.compressed or times is None
+            else None
+        )
+        if times is None:
+            # From an object without a time-range table: its batches tell, once.
+            assert raw is not None
+            times = _decoded_time_range(raw, block, location)
         buf = self._buffer(block.stream_id, block.start_offset)
         if filling and not fits:
             self._close_block(buf)
@@ -403,6 +457,7 @@ class ObjectWriter:
                 block.batch_count,
                 block.first_timestamp,
                 block.max_timestamp,
+                times,
             )
             return
         buf.blocks.append(
@@ -417,11 +472,12 @@ class ObjectWriter:
                 block.max_timestamp,
                 block.compressed,
                 block.crc,
+                times,
             )
         )
         buf.closed_bytes += block.stored_size
         buf.next_offset = block.end_offset
-        self._estimate += INDEX_ENTRY_SIZE + block.stored_size
+        self._estimate += _BLOCK_OVERHEAD + block.stored_size
 
     def _buffer(self, stream_id: int, start_offset: int) -> _StreamBuffer:
         """The stream's buffer, created at `start_offset`; which must continue the stream."""
@@ -444,16 +500,23 @@ class ObjectWriter:
         batches: int,
         first_ts: int,
         max_ts: int,
+        times: tuple[int, int],
     ) -> None:
         """Append whole batch records covering ``[start_offset, end_offset)`` to the block
-        being filled (opening one if none is)."""
+        being filled (opening one if none is); `times` is their time range."""
         if not buf.cur_pieces:
             buf.cur_start = start_offset
             buf.cur_first_ts = first_ts
             buf.cur_max_ts = max_ts
-            self._estimate += INDEX_ENTRY_SIZE
-        elif max_ts > buf.cur_max_ts:
-            buf.cur_max_ts = max_ts
+            buf.cur_time_min, buf.cur_time_max = times
+            self._estimate += _BLOCK_OVERHEAD
+        else:
+            if max_ts > buf.cur_max_ts:
+                buf.cur_max_ts = max_ts
+            if times[0] < buf.cur_time_min:
+                buf.cur_time_min = times[0]
+            if times[1] > buf.cur_time_max:
+                buf.cur_time_max = times[1]
         buf.cur_pieces.append(raw)
         buf.cur_batches += batches
         buf.cur_size += len(raw)
@@ -503,6 +566,7 @@ class ObjectWriter:
                 buf.cur_max_ts,
                 compressed,
                 crc,
+                (buf.cur_time_min, buf.cur_time_max),
             )
         )
         self._estimate += stored_size - raw_size
@@ -528,6 +592,14 @@ class ObjectWriter:
             for sid in sorted(self._streams)
         ]
 
+    def time_ranges(self) -> dict[int, tuple[int, int]]:
+        """Per stream, the smallest and largest timestamp of what was added (the metadata
+        keeps them, so seek by time skips objects without reading their index). Only after
+        `finish`, which closes the last blocks."""
+        if not self._finished:
+            raise StreamClosedError("ObjectWriter.time_ranges called before finish")
+        return dict(self._stream_times)
+
     def finish(self) -> bytes:
         """Close all blocks and return the whole object; the writer is unusable afterwards."""
         if self._finished:
@@ -535,12 +607,19 @@ class ObjectWriter:
         self._finished = True
         parts: list[bytes | memoryview] = []
         entries: list[bytes] = []
+        times: list[bytes] = []
         position = 0
         for sid in sorted(self._streams):
             buf = self._streams[sid]
             if buf.cur_pieces:
                 self._close_block(buf)
+            if buf.blocks:
+                self._stream_times[sid] = (
+                    min(blk.time_range[0] for blk in buf.blocks),
+                    max(blk.time_range[1] for blk in buf.blocks),
+                )
             for blk in buf.blocks:
+                times.append(_TIME_ENTRY.pack(*blk.time_range))
                 entries.append(
                     _ENTRY.pack(
                         sid,
@@ -559,10 +638,16 @@ class ObjectWriter:
                 parts.extend(blk.pieces)
                 position += blk.stored_size
         self._streams_done()
+        # The time-range table goes between the blocks and the index: readers that do not
+        # know it see a gap after the last block, which they allow (docs/format.md).
+        table = b"".join(times)
+        table += _TIME_TRAILER.pack(crc32c.crc32c(table), len(times))
+        index_pos = position + len(table)
         index = b"".join(entries)
-        head = struct.pack("<QQII", position, len(index), len(entries), crc32c.crc32c(index))
-        head += struct.pack("<HH", FORMAT_VERSION, 0)
+        head = struct.pack("<QQII", index_pos, len(index), len(entries), crc32c.crc32c(index))
+        head += struct.pack("<HH", FORMAT_VERSION, FLAG_TIME_RANGES)
         footer = head + struct.pack("<I", crc32c.crc32c(head)) + MAGIC
+        parts.append(table)
         parts.append(index)
         parts.append(footer)
         return b"".join(parts)
@@ -573,44 +658,36 @@ class ObjectWriter:
             buf.blocks = []
 
 
-def _check_stored(stored: bytes | memoryview, block: BlockInfo, location: str) -> None:
-    """`CorruptionError` unless `stored` has the block's stored size and crc32c."""
-    if len(stored) != block.stored_size:
-        raise _corrupt(
-            location,
-            block.position,
-            f"block has {len(stored)} bytes, index says {block.stored_size}",
-        )
-    if crc32c.crc32c(stored) != block.crc:
-        raise _corrupt(location, block.position, "block crc32c mismatch")
-
-
-def _decompressed(
-    stored: bytes | memoryview, block: BlockInfo, location: str
-) -> bytes | memoryview:
-    """The batch records of a block (decompressed if need be), of the raw size its entry says."""
-    raw = stored
-    if block.compressed:
-        try:
-            raw = zstandard.ZstdDecompressor().decompress(stored, max_output_size=block.raw_size)
-        except zstandard.ZstdError as exc:
-            raise _corrupt(location, block.position, f"block does not decompress: {exc}") from exc
-    if len(raw) != block.raw_size:
-        raise _corrupt(
-            location, block.position, f"block has {len(raw)} raw bytes, index says {block.raw_size}"
-        )
-    return raw
+def _decoded_time_range(
+    raw: bytes | memoryview, block: BlockInfo, location: str
+) -> tuple[int, int]:
+    """The time range of a block's batches (its raw bytes), for a block whose entry has
+    none: each batch is decoded (and must be the block's stream)."""
+    lo = hi = None
+    for b in decode_batches(raw, location):
+        if b.stream_id != block.stream_id:
+            raise corrupt(
+                location,
+                block.position,
+                f"block of stream {block.stream_id} holds a batch of stream {b.stream_id}",
+            )
+        first, last = time_range(int(b.kind), b.count, b.base_timestamp, b.view)
+        lo = first if lo is None else min(lo, first)
+        hi = last if hi is None else max(hi, last)
+    if lo is None or hi is None:
+        raise corrupt(location, block.position, "block holds no batch")
+    return lo, hi
 
 
 def _raw_bytes(stored: bytes | memoryview, block: BlockInfo, location: str) -> bytes | memoryview:
     """The batch records of a block whose stored bytes passed the crc check: decompressed if
     need be, and checked (cheaply: sizes and the first batch header) against the entry."""
-    raw = _decompressed(stored, block, location)
+    raw = decompressed(stored, block, location)
     if len(raw) < BATCH_HEADER.size:
-        raise _corrupt(location, block.position, f"block has only {len(raw)} raw bytes")
+        raise corrupt(location, block.position, f"block has only {len(raw)} raw bytes")
     sid, base, *_ = BATCH_HEADER.unpack_from(raw, 0)
     if (sid, base) != (block.stream_id, block.start_offset):
-        raise _corrupt(
+        raise corrupt(
             location,
             block.position,
             f"block begins with stream {sid} offset {base}, index says stream "
@@ -621,14 +698,6 @@ def _raw_bytes(stored: bytes | memoryview, block: BlockInfo, location: str) -> b
 
 # ---------------------------------------------------------------------------------------------
 # Reading
-
-
-def _corrupt(location: str, position: int, what: str) -> CorruptionError:
-    return CorruptionError(
-        f"corrupt object {location} at byte {position}: {what}",
-        location=location,
-        position=position,
-    )
 
 
 def parse_tail(tail: bytes | memoryview, object_size: int, location: str) -> ObjectIndex | int:
@@ -643,7 +712,7 @@ def parse_tail(tail: bytes | memoryview, object_size: int, location: str) -> Obj
     if n > object_size:
         raise InvalidArgumentError(f"tail has {n} bytes but object_size is {object_size}")
     if object_size < FOOTER_SIZE:
-        raise _corrupt(location, 0, f"object of {object_size} bytes is smaller than a footer")
+        raise corrupt(location, 0, f"object of {object_size} bytes is smaller than a footer")
     if n < FOOTER_SIZE:
         return FOOTER_SIZE
     view = memoryview(tail)
@@ -652,31 +721,76 @@ def parse_tail(tail: bytes | memoryview, object_size: int, location: str) -> Obj
         _FOOTER.unpack_from(view, n - FOOTER_SIZE)
     )
     if magic != MAGIC:
-        raise _corrupt(location, object_size - len(MAGIC), f"bad magic {magic!r}")
+        raise corrupt(location, object_size - len(MAGIC), f"bad magic {magic!r}")
     if crc32c.crc32c(view[n - FOOTER_SIZE : n - FOOTER_SIZE + _FOOTER_CRC_SPAN]) != footer_crc:
-        raise _corrupt(location, footer_pos, "footer crc32c mismatch")
+        raise corrupt(location, footer_pos, "footer crc32c mismatch")
     if version != FORMAT_VERSION:
-        raise _corrupt(location, footer_pos, f"unsupported format version {version}")
+        raise corrupt(location, footer_pos, f"unsupported format version {version}")
     if flags & _FOOTER_INCOMPATIBLE_MASK & ~_KNOWN_FOOTER_INCOMPATIBLE:
-        raise _corrupt(location, footer_pos, f"unsupported footer flags {flags:#x}")
-    if index_len != count * INDEX_ENTRY_SIZE or index_pos + index_len != footer_pos:
-        raise _corrupt(
+        raise corrupt(location, footer_pos, f"unsupported footer flags {flags:#x}")
+    table_len = time_table_size(count) if flags & FLAG_TIME_RANGES else 0
+    if (
+        index_len != count * INDEX_ENTRY_SIZE
+        or index_pos + index_len != footer_pos
+        or index_pos < table_len
+    ):
+        raise corrupt(
             location,
             footer_pos,
             f"footer places an index of {count} entries at {index_pos}+{index_len} "
             f"in an object of {object_size} bytes",
         )
-    needed: int = index_len + FOOTER_SIZE
+    needed: int = table_len + index_len + FOOTER_SIZE
     if n < needed:
         return needed
     start = n - needed
-    index_bytes = view[start : start + index_len]
+    table_pos = index_pos - table_len
+    index_bytes = view[start + table_len : start + table_len + index_len]
     if crc32c.crc32c(index_bytes) != index_crc:
-        raise _corrupt(location, index_pos, "index crc32c mismatch")
-    return ObjectIndex(object_size, _parse_entries(index_bytes, index_pos, location))
+        raise corrupt(location, index_pos, "index crc32c mismatch")
+    times = (
+        _parse_time_table(view[start : start + table_len], count, table_pos, location)
+        if table_len
+        else None
+    )
+    return ObjectIndex(
+        object_size,
+        _parse_entries(index_bytes, index_pos, table_pos, times, location),
+        data_size=table_pos,
+    )
 
 
-def _parse_entries(index: memoryview, index_pos: int, location: str) -> list[BlockInfo]:
+def _parse_time_table(
+    table: memoryview, count: int, table_pos: int, location: str
+) -> list[tuple[int, int]]:
+    """The (min, max) time range of each block, from a time-range table checked by its crc."""
+    entries = table[: count * TIME_ENTRY_SIZE]
+    crc, n = _TIME_TRAILER.unpack_from(table, count * TIME_ENTRY_SIZE)
+    if n != count:
+        raise corrupt(location, table_pos, f"time-range table has {n} entries, the index {count}")
+    if crc32c.crc32c(entries) != crc:
+        raise corrupt(location, table_pos, "time-range table crc32c mismatch")
+    out: list[tuple[int, int]] = []
+    for i, (lo, hi) in enumerate(_TIME_ENTRY.iter_unpack(entries)):
+        if lo > hi:
+            raise corrupt(
+                location,
+                table_pos + i * TIME_ENTRY_SIZE,
+                f"time-range entry {i}: min {lo} above max {hi}",
+            )
+        out.append((lo, hi))
+    return out
+
+
+def _parse_entries(
+    index: memoryview,
+    index_pos: int,
+    data_limit: int,
+    times: Sequence[tuple[int, int]] | None,
+    location: str,
+) -> list[BlockInfo]:
+    """The index entries, checked; blocks must end by `data_limit` (where the time-range
+    table or the index begins). `times`: each block's time range, if the object has them."""
     blocks: list[BlockInfo] = []
     prev: BlockInfo | None = None
     data_end = 0
@@ -693,7 +807,7 @@ def _parse_entries(index: memoryview, index_pos: int, location: str) -> list[Blo
             problem = f"bad batch count {nbatch} for {raw} raw bytes"
         elif stored < 1 or (not compressed and stored != raw):
             problem = f"bad block sizes stored={stored} raw={raw}"
-        elif pos < data_end or pos + stored > index_pos:
+        elif pos < data_end or pos + stored > data_limit:
             problem = f"block at {pos}+{stored} overlaps another block or the index"
         elif prev is not None and (sid, start) <= (prev.stream_id, prev.start_offset):
             problem = "index entries out of order"
@@ -702,9 +816,20 @@ def _parse_entries(index: memoryview, index_pos: int, location: str) -> list[Blo
         elif max_ts < first_ts:
             problem = "max_timestamp below first_timestamp"
         if problem is not None:
-            raise _corrupt(location, entry_pos, f"index entry {i}: {problem}")
+            raise corrupt(location, entry_pos, f"index entry {i}: {problem}")
         prev = BlockInfo(
-            sid, start, end, pos, stored, raw, nbatch, first_ts, max_ts, compressed, crc
+            sid,
+            start,
+            end,
+            pos,
+            stored,
+            raw,
+            nbatch,
+            first_ts,
+            max_ts,
+            compressed,
+            crc,
+            None if times is None else times[i],
         )
         blocks.append(prev)
         data_end = pos + stored
@@ -749,89 +874,15 @@ def read_index(
         check_int("object_size", object_size)
         tail = store.get(key, max(0, object_size - tail_read_bytes), object_size)
         if len(tail) != min(object_size, tail_read_bytes):
-            raise _corrupt(key, object_size - tail_read_bytes, "object shorter than expected")
+            raise corrupt(key, object_size - tail_read_bytes, "object shorter than expected")
     result = parse_tail(tail, object_size, key)
     if isinstance(result, ObjectIndex):
         return result
     start = object_size - result
     head = store.get(key, start, object_size - len(tail))
     if len(head) != result - len(tail):
-        raise _corrupt(key, start, "object shorter than its footer says")
+        raise corrupt(key, start, "object shorter than its footer says")
     result = parse_tail(head + tail, object_size, key)
     if not isinstance(result, ObjectIndex):
-        raise _corrupt(key, start, "index still incomplete after the second read")
+        raise corrupt(key, start, "index still incomplete after the second read")
     return result
-
-
-def decode_block(data: bytes | memoryview, block: BlockInfo, location: str) -> list[FetchedBatch]:
-    """Verify, decompress and decode the stored bytes of `block`.
-
-    Checks the crc32c and that the batches cover exactly ``[start_offset, end_offset)`` of
-    the block's stream; raises `CorruptionError` naming `location` and the block position.
-    """
-    pos = block.position
-    _check_stored(data, block, location)
-    view = memoryview(_decompressed(data, block, location))
-    batches: list[FetchedBatch] = []
-    expected = block.start_offset
-    at = 0
-    while at < len(view):
-        try:
-            batch, at = decode_batch_at(view, at, location)
-        except CorruptionError as exc:
-            raise _corrupt(location, pos, f"batch at byte {at} of the block: {exc}") from exc
-        if batch.stream_id != block.stream_id or batch.base_offset != expected:
-            raise _corrupt(
-                location,
-                pos,
-                f"batch of stream {batch.stream_id} at offset {batch.base_offset}, "
-                f"expected stream {block.stream_id} offset {expected}",
-            )
-        expected = batch.next_offset
-        batches.append(batch)
-    if expected != block.end_offset or len(batches) != block.batch_count:
-        raise _corrupt(
-            location,
-            pos,
-            f"block holds {len(batches)} batches up to offset {expected}, index says "
-            f"{block.batch_count} up to {block.end_offset}",
-        )
-    return batches
-
-
-def coalesce(blocks: Sequence[BlockInfo], max_gap_bytes: int = 0) -> list[list[BlockInfo]]:
-    """Group consecutive `blocks` into runs that one ranged GET can fetch.
-
-    A block joins the previous run when it starts at most `max_gap_bytes` after the run's
-    end (0: only exactly adjacent blocks). The given order is kept.
-    """
-    check_int("max_gap_bytes", max_gap_bytes)
-    runs: list[list[BlockInfo]] = []
-    end = -1
-    for b in blocks:
-        if runs and 0 <= b.position - end <= max_gap_bytes:
-            runs[-1].append(b)
-        else:
-            runs.append([b])
-        end = b.position + b.stored_size
-    return runs
-
-
-def read_blocks(store: ObjectStore, key: str, blocks: Sequence[BlockInfo]) -> list[FetchedBatch]:
-    """Fetch and decode `blocks` of object `key`: one ranged GET per run of adjacent blocks.
-
-    Returns the batches of all blocks, in the order the blocks were given.
-    """
-    out: list[FetchedBatch] = []
-    for run in coalesce(blocks):
-        start = run[0].position
-        end = run[-1].position + run[-1].stored_size
-        data = store.get(key, start, end)
-        if len(data) != end - start:
-            raise _corrupt(key, start + len(data), f"object ends before byte {end}")
-        view = memoryview(data)
-        for b in run:
-            out.extend(
-                decode_block(view[b.position - start : b.position - start + b.stored_size], b, key)
-            )
-    return out

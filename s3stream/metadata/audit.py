@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import CorruptionError, ObjectNotFoundError, S3StreamError
-from .log import MetadataLog
+from .base import MetadataLogStore
 from .state import MetadataState
 
 __all__ = ["LogAudit", "audit_log"]
@@ -41,7 +41,7 @@ class LogAudit:
         return not self.problems
 
 
-def audit_log(log: MetadataLog) -> LogAudit:
+def audit_log(log: MetadataLogStore) -> LogAudit:
     """Replay and check the whole log (see the module docstring); reads only."""
     audit = LogAudit()
     present = log.listed_seqs()
@@ -84,7 +84,7 @@ def audit_log(log: MetadataLog) -> LogAudit:
 
 
 def _check_checkpoint(
-    log: MetadataLog, seq: int, state: MetadataState, audit: LogAudit
+    log: MetadataLogStore, seq: int, state: MetadataState, audit: LogAudit
 ) -> None:
     audit.checkpoints += 1
     try:
@@ -99,7 +99,9 @@ def _check_checkpoint(
         )
 
 
-def _check_pointer(log: MetadataLog, checkpoints: set[int], last: int, audit: LogAudit) -> None:
+def _check_pointer(
+    log: MetadataLogStore, checkpoints: set[int], last: int, audit: LogAudit
+) -> None:
     try:
         pointer = log.read_pointer()
     except CorruptionError as exc:

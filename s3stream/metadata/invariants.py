@@ -327,6 +327,12 @@ def _check_object_shape(obj: ObjectMeta) -> None:
                 f"I7: object {obj.key!r} holds an empty or negative range of stream "
                 f"{rng.stream_id}: [{rng.start_offset}, {rng.end_offset})"
             )
+        lo, hi = rng.min_timestamp, rng.max_timestamp
+        if (lo is None) != (hi is None) or (lo is not None and hi is not None and lo > hi):
+            raise InvalidArgumentError(
+                f"I7: object {obj.key!r} gives stream {rng.stream_id} the time range "
+                f"[{lo}, {hi}]: both or neither, the smallest first"
+            )
         prev = rng.stream_id
 
 

@@ -5,15 +5,28 @@ Layout under `prefix`::
     {prefix}/log/{seq:020d}           entry seq (1, 2, ...), created with put_if_absent
     {prefix}/checkpoints/{seq:020d}   the whole state after entry seq
     {prefix}/checkpoint               pointer: seq of the latest checkpoint (plain put)
+    {prefix}/metadata-store           only when the log lives elsewhere: which (marker.py)
 
 Zero-padded seqs keep keys in log order for humans and tools; a client never lists (only
 `listed_seqs`, for audits, does).
+
+Writers are fenced by `put_if_absent` alone: of two writers of entry N, exactly one may win, in
+whatever processes they run. So the log commits only through a store whose capabilities say its
+conditional create is atomic across processes, or whose user declared a single writer
+(`ObjectStoreCapabilities.fences_writers`); it refuses any other before its first write.
+Reading needs no fencing: read-only users (`StreamReader`, the CLI, Spark) work on any store.
+
+The one request this adds to the log's own: before creating entry 1 (a fresh store), one GET of
+``{prefix}/metadata-store``, whose presence means that the store's metadata log lives in another
+backend (PostgreSQL): a node that was not told so must not start a second log beside it, whose
+node epochs would restart and reuse the data keys of the other's.
 """
 
 from __future__ import annotations
 
 from ..errors import CorruptionError, InvalidArgumentError, ObjectNotFoundError
 from ..objectstore.base import ObjectStore, check_key
+from .base import MetadataLogStore
 from .codec import (
     decode_checkpoint,
     decode_entry,
@@ -21,13 +34,15 @@ from .codec import (
     encode_checkpoint,
     encode_pointer,
 )
+from .marker import check_not_bound_elsewhere
 from .model import Checkpoint, LogEntry
 
 __all__ = ["MetadataLog"]
 
 
-class MetadataLog:
-    """The metadata log's records in one object store, under one key prefix."""
+class MetadataLog(MetadataLogStore):
+    """The metadata log's records in one object store, under one key prefix (the default
+    `MetadataLogStore`)."""
 
     def __init__(self, store: ObjectStore, prefix: str = "meta") -> None:
         if not isinstance(store, ObjectStore):
@@ -38,6 +53,8 @@ class MetadataLog:
             raise InvalidArgumentError(f"prefix must be a valid object key: {exc}") from None
         self._store = store
         self._prefix = prefix
+        #: Set once the store was found able to fence writers (checked at the first write).
+        self._writable = False
 
     @property
     def store(self) -> ObjectStore:
@@ -48,6 +65,14 @@ class MetadataLog:
     def prefix(self) -> str:
         """The key prefix of every record."""
         return self._prefix
+
+    @property
+    def namespace(self) -> str:
+        """The key prefix: one log per prefix."""
+        return self._prefix
+
+    def describe(self) -> str:
+        return f"{self._store.describe()} under {self._prefix}/"
 
     def entry_key(self, seq: int) -> str:
         """Key of log entry `seq`."""
@@ -84,8 +109,40 @@ class MetadataLog:
         return entry, data
 
     def create_entry(self, seq: int, payload: bytes) -> bool:
-        """Write entry `seq` unless it exists; True if this call created it."""
+        """Write entry `seq` unless it exists; True if this call created it.
+
+        Raises `InvalidArgumentError`, before writing anything, if the store cannot fence
+        writers (see `check_writable`).
+        """
+        self.check_writable()
+        if seq == 1:
+            check_not_bound_elsewhere(self._store, self._prefix)
         return self._store.put_if_absent(self.entry_key(seq), payload)
+
+    def has_entry(self, seq: int) -> bool:
+        """Whether entry `seq` exists: one HEAD."""
+        return self._store.head(self.entry_key(seq)) is not None
+
+    def check_writable(self) -> None:
+        """Raise `InvalidArgumentError` unless the store's conditional create can fence the
+        log's writers (a writing client's first commit, at open, calls this)."""
+        if self._writable:
+            return
+        caps = self._store.capabilities
+        if not caps.fences_writers:
+            scheme = f"{caps.scheme}://" if caps.scheme else "this"
+            raise InvalidArgumentError(
+                f"cannot write the metadata log in {self._store.describe()}: the {scheme} "
+                "store's conditional create (put_if_absent) is not atomic across processes, so "
+                "two writers could both commit the same log entry. Stores that can fence "
+                "writers: a local directory (file:// or a path), s3:// (S3 and services with "
+                "conditional writes), memory://. If only one process at a time writes to "
+                "this store, say so with the storage option single_writer=True, which fsspec "
+                "URLs accept (s3stream.open(url, storage_options={'single_writer': True}), "
+                "FsspecObjectStore(url, single_writer=True), or the CLI's -o "
+                "single_writer=true); readers need no option"
+            )
+        self._writable = True
 
     def read_pointer(self) -> int | None:
         """Seq of the latest checkpoint the pointer names, or None if there is no pointer."""

@@ -2,9 +2,11 @@
 
 It keeps the latest `MetadataState`, replays what other writers committed, and commits new
 entries with optimistic concurrency: build ops against the latest state, validate them by
-applying them to it, then create entry ``seq + 1`` with `put_if_absent`. A writer that loses
-the race reads the entries it missed and builds again, so every entry was validated against
-exactly the state it follows, and the object store is the only coordination service.
+applying them to it, then create entry ``seq + 1`` if absent (`MetadataLogStore.create_entry`:
+a conditional PUT in the object store, an ``INSERT ... ON CONFLICT DO NOTHING`` in PostgreSQL).
+A writer that loses the race reads the entries it missed and builds again, so every entry was
+validated against exactly the state it follows, and the log's backend is the only coordination
+service.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from ..metrics.logs import ContextLogger
 from ..metrics.registry import MetricsRegistry
 from ..objectstore.base import ObjectStore
 from ..validation import check_int, check_str_map, check_text
+from .base import MetadataLogStore
 from .codec import encode_entry, validate_entry
 from .invariants import check_state
 from .log import MetadataLog
@@ -55,7 +58,9 @@ Build = Callable[[MetadataState], Sequence[Op]]
 
 
 class MetadataManager:
-    """Reads, replays and commits the metadata log kept in `store` under `prefix`.
+    """Reads, replays and commits a metadata log: the one kept in the object store `store`
+    under `prefix` (the default), or `store` itself when it is a `MetadataLogStore` (then
+    `prefix` is its business and must be left alone).
 
     Call `load` once before anything else. Commits are serialized by a lock; `state` is an
     immutable snapshot swapped atomically, so readers never lock. `writer_id` names this
@@ -64,7 +69,7 @@ class MetadataManager:
 
     def __init__(
         self,
-        store: ObjectStore,
+        store: ObjectStore | MetadataLogStore,
         *,
         clock: Clock,
         writer_id: str,
@@ -79,7 +84,15 @@ class MetadataManager:
         check_text("writer_id", writer_id, allow_empty=False)
         check_int("checkpoint_interval", checkpoint_interval, minimum=1)
         check_int("commit_attempts", commit_attempts, minimum=1)
-        self._log = MetadataLog(store, prefix)
+        if isinstance(store, MetadataLogStore):
+            if prefix != "meta":
+                raise InvalidArgumentError(
+                    f"prefix {prefix!r} is given twice: a MetadataLogStore has its namespace "
+                    f"({store.namespace!r}) already"
+                )
+            self._log: MetadataLogStore = store
+        else:
+            self._log = MetadataLog(store, prefix)
         self._clock = clock
         self._writer_id = writer_id
         self._logger = ContextLogger(_logger, writer_id)
@@ -99,8 +112,8 @@ class MetadataManager:
         )
 
     @property
-    def log(self) -> MetadataLog:
-        """The log's layout and records in the object store."""
+    def log(self) -> MetadataLogStore:
+        """Where the log's records live (the object store's `MetadataLog` by default)."""
         return self._log
 
     @property
@@ -349,21 +362,16 @@ class MetadataManager:
             raise self._rolled_back
         state = start = self.state
         try:
-            while True:
-                seq = state.seq + 1
-                try:
-                    entry, _ = self._log.read_entry(seq)
-                except ObjectNotFoundError:
-                    if state is start:
-                        self._check_not_rolled_back(state.seq)
-                    break
+            for entry, _ in self._log.read_entries(state.seq + 1):
                 try:
                     state = state.apply(entry)
                 except S3StreamError as exc:
-                    key = self._log.entry_key(seq)
+                    key = self._log.entry_key(entry.seq)
                     raise CorruptionError(
                         f"metadata log entry {key!r} breaks an invariant: {exc}", location=key
                     ) from exc
+            if state is start:
+                self._check_not_rolled_back(state.seq)
         finally:
             # Keep the progress made even if a later entry could not be read.
             self._state = state
@@ -378,7 +386,7 @@ class MetadataManager:
         if seen == 0:
             return
         key = self._log.entry_key(seen)
-        if self._log.store.head(key) is None:
+        if not self._log.has_entry(seen):
             self._rolled_back = CorruptionError(
                 f"metadata log entry {key!r}, which this client has applied, is gone: the log "
                 "was rolled back or damaged (entries are never deleted); stop writers and "

@@ -61,11 +61,19 @@ class ObjectKind(enum.Enum):
 
 
 class StreamRange(msgspec.Struct, frozen=True, array_like=True):
-    """Records ``[start_offset, end_offset)`` of one stream held by an object."""
+    """Records ``[start_offset, end_offset)`` of one stream held by an object.
+
+    `min_timestamp`/`max_timestamp`: the smallest and largest timestamp of those records
+    (docs/consuming.md, "Seek by time"), so seek by time can skip the object without reading
+    its index; None in entries written before they were recorded (trailing fields of the
+    array: older readers ignore them, and read older entries as None).
+    """
 
     stream_id: NonNeg
     start_offset: NonNeg
     end_offset: NonNeg
+    min_timestamp: int | None = None
+    max_timestamp: int | None = None
 
 
 class ObjectMeta(msgspec.Struct, frozen=True, kw_only=True):

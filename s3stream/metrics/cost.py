@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..errors import InvalidArgumentError
+from ..units import GiB
 
 __all__ = [
     "DEFAULT_CLASSES",
@@ -33,7 +34,7 @@ __all__ = [
 ]
 
 #: Bytes in the GB of a GB-month.
-GIB = 1 << 30
+GIB = GiB
 #: Seconds in the month of "$ per month" (730 hours).
 SECONDS_PER_MONTH = 730 * 3600
 

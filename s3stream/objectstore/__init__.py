@@ -3,20 +3,23 @@
 Roles:
 
 * `ObjectStore` / `ObjectInfo` (``base``) — the contract: put, conditional create, ranged
-  get, head, delete, list, over immutable objects.
+  get, head, delete, list, over immutable objects; `ObjectStoreCapabilities`, what a store
+  guarantees beyond it or lacks (a conditional create atomic across processes, ...).
 * Implementations — `LocalObjectStore` (a directory; atomic rename and exclusive link),
-  `MemoryObjectStore` (a dict; for tests), `S3ObjectStore` (``s3``: boto3, pooled and
-  retried), `FsspecObjectStore` (``fsspec_store``: any other fsspec URL). boto3 and fsspec
+  `MemoryObjectStore` (a dict; for tests), `S3ObjectStore` (``s3``: boto3, pooled,
+  one try per call), `FsspecObjectStore` (``fsspec_store``: any other fsspec URL; its
+  conditional create is not atomic across processes). boto3 and fsspec
   are imported only when such a store is first used.
 * ``registry`` — `open_object_store(url)` picks an implementation by URL scheme;
   `register_object_store` and the ``s3stream.object_stores`` entry points add more.
 * ``wrappers`` — concerns stacked around any store: `RetryingObjectStore` (backoff on
-  `UnavailableError`), `MetricsObjectStore` (request and byte counts, `ObjectStoreMetrics`).
+  `UnavailableError`: the one retry layer), `MetricsObjectStore` (request and byte counts,
+  `ObjectStoreMetrics`).
 """
 
 from __future__ import annotations
 
-from .base import ObjectInfo, ObjectStore
+from .base import ObjectInfo, ObjectStore, ObjectStoreCapabilities
 from .fsspec_store import FsspecObjectStore
 from .local import LocalObjectStore
 from .memory import MemoryObjectStore
@@ -31,6 +34,7 @@ __all__ = [
     "MetricsObjectStore",
     "ObjectInfo",
     "ObjectStore",
+    "ObjectStoreCapabilities",
     "ObjectStoreMetrics",
     "RetryingObjectStore",
     "S3ObjectStore",

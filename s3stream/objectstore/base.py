@@ -7,6 +7,11 @@ immutable once written: the library never overwrites data objects, and uses `put
 Errors: a missing key raises `ObjectNotFoundError`; a store that cannot be reached, or keeps
 failing, raises `UnavailableError` (retryable). Implementations translate their backend's
 exceptions into these at the boundary.
+
+What a store guarantees beyond that minimum, and where it falls short of it (a conditional
+create that is atomic only within one process), it states in `ObjectStore.capabilities`, so that
+a component that depends on a guarantee (the metadata log's fencing) can refuse a store that
+lacks it instead of corrupting data.
 """
 
 from __future__ import annotations
@@ -22,7 +27,13 @@ from ..errors import InvalidArgumentError
 if TYPE_CHECKING:
     from .requests import RequestMeter
 
-__all__ = ["ObjectInfo", "ObjectStore", "check_key", "check_range"]
+__all__ = [
+    "ObjectInfo",
+    "ObjectStore",
+    "ObjectStoreCapabilities",
+    "check_key",
+    "check_range",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +42,43 @@ class ObjectInfo:
 
     key: str
     size: int
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectStoreCapabilities:
+    """What a store guarantees, as a record a caller can check before it relies on it.
+
+    Wrappers (retries, metrics, fault injection) report the record of the store they wrap: they
+    neither add nor remove guarantees.
+    """
+
+    #: The URL scheme that opens such a store (``"s3"``, ``"file"``, ``"memory"``, ``"gcs"``,
+    #: ``"fsspec+memory"``, ...), for messages; ``""`` when unknown.
+    scheme: str
+    #: `put_if_absent` is atomic across processes and machines sharing the store: of concurrent
+    #: creators of one key anywhere, exactly one gets True. The metadata log's fencing (one
+    #: winner per log entry) needs this.
+    atomic_create: bool
+    #: `get` of a byte range and `get_suffix` fetch only those bytes from the backend (one
+    #: ranged request), not the whole object.
+    ranged_reads: bool
+    #: The store can replace an object only while it still holds the version the caller read
+    #: (S3's ``If-Match``). The `ObjectStore` contract has no such call yet, so every store of
+    #: this package says False; a backend's support alone does not make it True.
+    conditional_replace: bool
+    #: `list` yields keys in lexicographic (code point, which is UTF-8 byte) order, as the
+    #: contract asks; a store whose backend does not list in order sorts before yielding.
+    ordered_listing: bool
+    #: The user declared that one process at a time writes through this store (an explicit
+    #: opt-in such as ``FsspecObjectStore(..., single_writer=True)``): a conditional create that
+    #: is atomic only within one process is then enough to keep the metadata log consistent.
+    single_writer: bool = False
+
+    @property
+    def fences_writers(self) -> bool:
+        """Whether the metadata log may commit through the store: its conditional creates are
+        atomic across processes, or only one process writes (`single_writer`)."""
+        return self.atomic_create or self.single_writer
 
 
 def check_key(key: str) -> str:
@@ -61,7 +109,9 @@ class ObjectStore(Closeable):
     def put_if_absent(self, key: str, data: bytes) -> bool:
         """Create `key` only if no object exists there; True if created, False if it existed.
 
-        Of several concurrent callers for one key, exactly one gets True.
+        Of several concurrent callers for one key, exactly one gets True: in every process
+        sharing the store where `capabilities` say ``atomic_create``, else only among callers
+        of one store instance.
         """
 
     @abstractmethod
@@ -93,6 +143,22 @@ class ObjectStore(Closeable):
         """Objects whose key starts with `prefix`, in key order. Never on a hot path."""
 
     @property
+    def capabilities(self) -> ObjectStoreCapabilities:
+        """What this store guarantees (see `ObjectStoreCapabilities`).
+
+        The default states what the contract above requires of every store (an atomic
+        conditional create, listings in key order) and nothing more; a store that falls short
+        of the contract, or offers more, overrides it. Wrappers return their inner store's.
+        """
+        return ObjectStoreCapabilities(
+            scheme=_scheme_of(self.describe()),
+            atomic_create=True,
+            ranged_reads=False,
+            conditional_replace=False,
+            ordered_listing=True,
+        )
+
+    @property
     def attempt_timeout_s(self) -> float | None:
         """Longest one try of a call can take before the store gives up on it (a remote
         store's connect plus read timeout); None when unbounded or not applicable. The retry
@@ -116,3 +182,15 @@ class ObjectStore(Closeable):
     def describe(self) -> str:
         """A short human-readable name of the store (for messages and `inspect`)."""
         return type(self).__name__
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.describe()}>"
+
+
+def _scheme_of(description: str) -> str:
+    """The scheme of the first URL in a store's description, or ``""``."""
+    head, sep, _ = description.partition("://")
+    if not sep:
+        return ""
+    scheme = head.rpartition("(")[2]
+    return scheme if scheme[:1].isalpha() else ""

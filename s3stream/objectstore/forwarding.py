@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from .base import ObjectInfo, ObjectStore
+from .base import ObjectInfo, ObjectStore, ObjectStoreCapabilities
 
 if TYPE_CHECKING:
     from .requests import RequestMeter
@@ -46,6 +46,10 @@ class ForwardingObjectStore(ObjectStore):
 
     def describe(self) -> str:
         return self.inner.describe()
+
+    @property
+    def capabilities(self) -> ObjectStoreCapabilities:
+        return self.inner.capabilities
 
     @property
     def attempt_timeout_s(self) -> float | None:

@@ -16,6 +16,13 @@ Guarantees depend on the filesystem, and this store cannot add what the backend 
   which is **not race-safe** between processes. Within one `FsspecObjectStore` instance,
   concurrent calls for the same key are serialized, so exactly one of them returns True.
   Use a dedicated store where several processes create the same keys.
+
+Its `capabilities` therefore say ``atomic_create=False``, and the metadata log refuses to commit
+through it, since two processes could both win one log entry. A deployment where one process
+at a time writes (one client, readers elsewhere) says so with ``single_writer=True`` (a
+constructor keyword, or ``storage_options={"single_writer": True}`` of `s3stream.open`): the
+per-key locks above then make every conditional create of that one writer exclusive. Nothing
+checks the claim: a second writing process on the same root may corrupt the metadata log.
 """
 
 from __future__ import annotations
@@ -26,23 +33,30 @@ from typing import Any
 
 from ..errors import InvalidArgumentError, ObjectNotFoundError, S3StreamError, UnavailableError
 from ._common import as_bytes, check_prefix, check_suffix_length
-from .base import ObjectInfo, ObjectStore, check_key, check_range
+from .base import ObjectInfo, ObjectStore, ObjectStoreCapabilities, check_key, check_range
 
 __all__ = ["FsspecObjectStore", "from_url"]
 
 # Per-key locks are striped: bounded memory, and distinct keys rarely wait for each other.
 _LOCK_STRIPES = 64
 
+# Schemes with a dedicated store: an fsspec store on one of them is reached as ``fsspec+X://``.
+_DEDICATED_SCHEMES = frozenset({"file", "memory", "s3", "s3a"})
+
 
 class FsspecObjectStore(ObjectStore):
     """Objects below the root of an fsspec URL, e.g. ``gcs://bucket/prefix``.
 
-    `storage_options` go to the fsspec filesystem unchanged (see its documentation).
+    `storage_options` go to the fsspec filesystem unchanged (see its documentation), except
+    ``single_writer`` (bool, default False): True declares that one process at a time writes
+    through this store, which lets the metadata log commit through it (see the module).
     """
 
-    def __init__(self, url: str, **storage_options: Any) -> None:
+    def __init__(self, url: str, *, single_writer: bool = False, **storage_options: Any) -> None:
         if not isinstance(url, str) or not url:
             raise InvalidArgumentError(f"url must be a non-empty str, got {url!r}")
+        if not isinstance(single_writer, bool):
+            raise InvalidArgumentError(f"single_writer must be a bool, got {single_writer!r}")
         try:
             from fsspec.core import url_to_fs
 
@@ -52,6 +66,7 @@ class FsspecObjectStore(ObjectStore):
         except Exception as exc:
             raise _translate(exc, f"open {url!r}", None) from exc
         self._url = url
+        self._single_writer = single_writer
         self._storage_options = dict(storage_options)
         self._fs = fs
         self._root = str(root).rstrip("/")
@@ -64,6 +79,21 @@ class FsspecObjectStore(ObjectStore):
 
     def describe(self) -> str:
         return self._url
+
+    @property
+    def capabilities(self) -> ObjectStoreCapabilities:
+        # fsspec's generic exclusive write checks, then writes: not atomic across processes,
+        # and nothing tells which backends do better on the server.
+        protocol = self._url.partition("://")[0] if "://" in self._url else "file"
+        scheme = f"fsspec+{protocol}" if protocol in _DEDICATED_SCHEMES else protocol
+        return ObjectStoreCapabilities(
+            scheme=scheme,
+            atomic_create=False,
+            ranged_reads=True,
+            conditional_replace=False,
+            ordered_listing=True,
+            single_writer=self._single_writer,
+        )
 
     def _path(self, key: str) -> str:
         check_key(key)
@@ -167,10 +197,18 @@ class FsspecObjectStore(ObjectStore):
 
     def __getstate__(self) -> dict[str, Any]:
         # Rebuilt from the URL on unpickling: fsspec filesystems are not always picklable.
-        return {"url": self._url, "storage_options": self._storage_options}
+        return {
+            "url": self._url,
+            "single_writer": self._single_writer,
+            "storage_options": self._storage_options,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["url"], **state["storage_options"])  # type: ignore[misc]
+        self.__init__(  # type: ignore[misc]
+            state["url"],
+            single_writer=state.get("single_writer", False),
+            **state["storage_options"],
+        )
 
 
 def from_url(url: str, **storage_options: Any) -> FsspecObjectStore:

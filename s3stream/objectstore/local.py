@@ -26,7 +26,7 @@ from ..errors import (
     UnavailableError,
 )
 from ._common import as_bytes, check_prefix, check_suffix_length
-from .base import ObjectInfo, ObjectStore, check_key, check_range
+from .base import ObjectInfo, ObjectStore, ObjectStoreCapabilities, check_key, check_range
 
 __all__ = ["TEMP_PREFIX", "LocalObjectStore", "from_url"]
 
@@ -117,6 +117,17 @@ class LocalObjectStore(ObjectStore):
     def root(self) -> Path:
         """The directory holding the objects."""
         return self._root
+
+    @property
+    def capabilities(self) -> ObjectStoreCapabilities:
+        # os.link fails with EEXIST in every process sharing the file system: atomic creates.
+        return ObjectStoreCapabilities(
+            scheme="file",
+            atomic_create=True,
+            ranged_reads=True,
+            conditional_replace=False,
+            ordered_listing=True,
+        )
 
     # -- writes ---------------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..errors import InvalidArgumentError, ObjectNotFoundError
 from ._common import as_bytes, check_prefix, check_suffix_length
-from .base import ObjectInfo, ObjectStore, check_key, check_range
+from .base import ObjectInfo, ObjectStore, ObjectStoreCapabilities, check_key, check_range
 
 __all__ = ["MemoryObjectStore", "from_url"]
 
@@ -31,6 +31,17 @@ class MemoryObjectStore(ObjectStore):
             names = ", ".join(sorted(storage_options))
             raise InvalidArgumentError(f"memory:// takes no storage_options, got: {names}")
         return cls()
+
+    @property
+    def capabilities(self) -> ObjectStoreCapabilities:
+        # One process holds the dict, so every creator of a key races under the one lock.
+        return ObjectStoreCapabilities(
+            scheme="memory",
+            atomic_create=True,
+            ranged_reads=True,
+            conditional_replace=False,
+            ordered_listing=True,
+        )
 
     def put(self, key: str, data: bytes) -> None:
         check_key(key)

@@ -22,7 +22,7 @@ from ..metrics import catalog
 from ..metrics.components import StoreCells, StoreInstruments
 from ..metrics.instruments import CounterCell
 from ..metrics.registry import MetricsRegistry
-from .base import ObjectInfo, ObjectStore
+from .base import ObjectInfo, ObjectStore, ObjectStoreCapabilities
 from .requests import RequestCountingStore, RequestMeter
 
 __all__ = ["MetricsObjectStore", "ObjectStoreMetrics"]
@@ -290,6 +290,10 @@ class MetricsObjectStore(ObjectStore):
         return f"metrics({self._inner.describe()})"
 
     @property
+    def capabilities(self) -> ObjectStoreCapabilities:
+        return self._inner.capabilities
+
+    @property
     def attempt_timeout_s(self) -> float | None:
         return self._inner.attempt_timeout_s
 
@@ -362,6 +366,10 @@ class _PurposeView(ObjectStore):
 
     def describe(self) -> str:
         return self._stack.describe()
+
+    @property
+    def capabilities(self) -> ObjectStoreCapabilities:
+        return self._stack.capabilities
 
     @property
     def attempt_timeout_s(self) -> float | None:

@@ -13,7 +13,6 @@ The registry is the one piece of process-wide state here, like fsspec's, by desi
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -27,8 +26,6 @@ __all__ = ["ENTRY_POINT_GROUP", "FSSPEC_PREFIX", "open_object_store", "register_
 ENTRY_POINT_GROUP = "s3stream.object_stores"
 #: Scheme prefix that routes a URL to fsspec even if the scheme has a built-in store.
 FSSPEC_PREFIX = "fsspec+"
-
-_SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*$")
 
 _registry: SchemeRegistry[ObjectStore] = SchemeRegistry(
     "object store",
@@ -85,14 +82,6 @@ def register_object_store(
     ``"package.module:factory"`` (imported on first use). Re-registering a scheme needs
     ``clobber=True``.
     """
-    if not isinstance(scheme, str) or not _SCHEME.match(scheme):
-        raise InvalidArgumentError(
-            f"scheme must be lower-case letters, digits, '+', '.' or '-', got {scheme!r}"
-        )
-    if not (callable(target) or (isinstance(target, str) and ":" in target)):
-        raise InvalidArgumentError(
-            f"target must be a callable or 'module:attribute', got {target!r}"
-        )
     _registry.register(scheme, target, clobber=clobber)
 
 

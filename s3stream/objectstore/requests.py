@@ -125,4 +125,3 @@ class RequestCountingStore(ForwardingObjectStore):
     def _count(self, name: str, count: int = 1) -> None:
         if count and not self._delegated:
             self._meters.request(name, count)
-

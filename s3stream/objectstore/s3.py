@@ -3,17 +3,33 @@
 One boto3 client per store (created on first use, thread-safe, with a connection pool of
 `max_pool_connections`) serves every thread. By default each call makes ONE try, bounded by
 `connect_timeout_s` and `read_timeout_s`: transient failures (5xx, 503 SlowDown, throttling,
-connection errors, timeouts) surface as `UnavailableError`, and the client's single retry layer
-(`RetryingObjectStore`, see `objectstore.stack`) retries them within the call's deadline.
-Stacking botocore's own retries under it multiplied the tries and the time a call could take
-against a frozen server. `max_attempts` > 1 turns botocore's "standard" retries back on for
-direct users without a retry layer (reading a response body is then retried too).
+409 ConditionalRequestConflict, connection errors, timeouts) surface as `UnavailableError`, and
+the client's single retry layer (`RetryingObjectStore`, see `objectstore.stack`) retries them
+within the call's deadline. The store has no retry loop of its own: stacking botocore's retries
+under that layer multiplied the tries and the time a call could take against a frozen server.
+`max_attempts` > 1 turns botocore's "standard" retries back on for direct users without a retry
+layer (botocore does not retry a 409, and reading a response body is then retried too).
 
-An endpoint that answers HTTP but not S3 (a 404 without an S3 error code, e.g. a web server
-at the wrong port) is reported as such, not as a missing object.
+Errors follow AWS's documented answers, not one server's:
 
-Conditional create (`put_if_absent`) is ``PutObject`` with ``If-None-Match: *``: S3 answers
-412 PreconditionFailed when the key exists, so of concurrent creators exactly one wins.
+* a missing bucket is never a missing object: ``NoSuchBucket`` (404) on any call, and a
+  bodiless 404 to a HEAD checked once with ``HeadBucket``, raise `S3StreamError` naming the
+  bucket;
+* a 403 names the permission the call needs (``s3:GetObject`` for GET and HEAD, ...), and for
+  HEAD and GET that S3 answers 403, not 404, for a missing key when the caller lacks
+  ``s3:ListBucket``;
+* an endpoint that answers HTTP but not S3 (a 404 without an S3 error code, e.g. a web server
+  at the wrong port) is reported as such, not as a missing object.
+
+Conditional create (`put_if_absent`) is ``PutObject`` with ``If-None-Match: *`` (botocore >=
+1.35.2): S3 answers 412 PreconditionFailed when the key exists, so of concurrent creators
+exactly one wins, and 409 ConditionalRequestConflict to a create that raced another conditional
+write of the key in flight (retryable: it was not applied).
+
+`list` is in key order on every path: AWS documents that general purpose buckets list in
+ascending UTF-8 order, so their pages are streamed (and checked); directory buckets (S3 Express
+One Zone, names ending ``--x-s3``) and other services (SeaweedFS lists directory by directory)
+are collected and sorted.
 
 The store pickles without its client (Spark ships it to executors, each of which builds its own
 client on first use).
@@ -25,6 +41,7 @@ import random
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit
 
 from .._registry import split_scheme
 from ..clock import Clock, SystemClock
@@ -34,8 +51,9 @@ from ..errors import (
     S3StreamError,
     UnavailableError,
 )
+from ..validation import check_int, check_number
 from ._common import as_bytes, check_prefix, check_suffix_length
-from .base import ObjectInfo, ObjectStore, check_key, check_range
+from .base import ObjectInfo, ObjectStore, ObjectStoreCapabilities, check_key, check_range
 from .requests import (
     DELETE_OBJECTS,
     GET_OBJECT,
@@ -72,6 +90,9 @@ _DENIED_CODES = frozenset(
 _RETRYABLE_CODES = frozenset(
     {
         "BandwidthLimitExceeded",
+        # 409: a concurrent conditional write of the same key was in flight; AWS asks the
+        # client to retry (the request was not applied).
+        "ConditionalRequestConflict",
         "InternalError",
         "OperationAborted",
         "RequestLimitExceeded",
@@ -84,8 +105,30 @@ _RETRYABLE_CODES = frozenset(
         "TooManyRequests",
     }
 )
-# A concurrent conditional write of the same key was in flight; S3 asks the client to retry.
-_CONFLICT_CODES = frozenset({"ConditionalRequestConflict", "OperationAborted"})
+# Denials of a call by policy (a HEAD's 403 has no body: its code is the status), as opposed to
+# credentials that are wrong or expired.
+_POLICY_DENIED_CODES = frozenset({"AccessDenied", "403", "Forbidden"})
+
+#: What each action of the store needs in an IAM policy (see docs/object-stores.md).
+_PERMISSIONS = {
+    "write": "PutObject needs s3:PutObject on the key",
+    "create": "PutObject needs s3:PutObject on the key",
+    "read": (
+        "GetObject needs s3:GetObject on the key; S3 also answers 403 instead of 404 for a "
+        "key that does not exist when the caller lacks s3:ListBucket on the bucket"
+    ),
+    "stat": (
+        "HeadObject needs s3:GetObject on the key; S3 also answers 403 instead of 404 for a "
+        "key that does not exist when the caller lacks s3:ListBucket on the bucket"
+    ),
+    "delete": "DeleteObjects needs s3:DeleteObject on the keys",
+    "list": "ListObjectsV2 needs s3:ListBucket on the bucket",
+}
+
+#: Names of directory buckets (S3 Express One Zone) end with this; they do not list in order.
+DIRECTORY_BUCKET_SUFFIX = "--x-s3"
+#: Hosts of AWS's own S3 endpoints (general purpose buckets there list in key order).
+_AWS_HOSTS = (".amazonaws.com", ".amazonaws.com.cn")
 
 # storage_options accepted by `from_url`, including the names s3fs users already know.
 _OPTION_ALIASES = {
@@ -115,9 +158,8 @@ class S3ObjectStore(ObjectStore):
         max_attempts: Tries per request, first one included (botocore "standard" mode); 1
             by default, as the client retries in one layer of its own.
         connect_timeout_s, read_timeout_s: Socket timeouts per try.
-        conflict_retries: Extra tries of a conditional create after 409 (a concurrent
-            conditional write of the same key in flight).
-        clock, rng: Sleep and jitter of the retries done here (body reads, 409 conflicts).
+        clock, rng: Sleep and jitter between re-reads of a broken-off response body (only
+            with `max_attempts` > 1).
         client: A ready boto3 S3 client to use instead of building one; it is not pickled.
     """
 
@@ -137,7 +179,6 @@ class S3ObjectStore(ObjectStore):
         max_attempts: int = 1,
         connect_timeout_s: float = 5.0,
         read_timeout_s: float = 30.0,
-        conflict_retries: int = 5,
         clock: Clock | None = None,
         rng: random.Random | None = None,
         client: S3Client | None = None,
@@ -154,14 +195,10 @@ class S3ObjectStore(ObjectStore):
                 check_key(stripped)
             except InvalidArgumentError as exc:
                 raise InvalidArgumentError(f"invalid prefix {prefix!r}: {exc}") from exc
-        _check_positive_int("max_pool_connections", max_pool_connections)
-        _check_positive_int("max_attempts", max_attempts)
+        check_int("max_pool_connections", max_pool_connections, minimum=1)
+        check_int("max_attempts", max_attempts, minimum=1)
         _check_positive_number("connect_timeout_s", connect_timeout_s)
         _check_positive_number("read_timeout_s", read_timeout_s)
-        if type(conflict_retries) is not int or conflict_retries < 0:
-            raise InvalidArgumentError(
-                f"conflict_retries must be an int >= 0, got {conflict_retries!r}"
-            )
         if endpoint_url is not None and (
             not isinstance(endpoint_url, str)
             or not endpoint_url.startswith(("http://", "https://"))
@@ -186,7 +223,6 @@ class S3ObjectStore(ObjectStore):
         self._max_attempts = max_attempts
         self._connect_timeout_s = float(connect_timeout_s)
         self._read_timeout_s = float(read_timeout_s)
-        self._conflict_retries = conflict_retries
         self._clock = clock if clock is not None else SystemClock()
         # Jitter only spreads retries; a fixed default seed keeps runs reproducible.
         self._rng = rng if rng is not None else random.Random(0)
@@ -194,6 +230,8 @@ class S3ObjectStore(ObjectStore):
         self._client: S3Client | None = client
         #: The bucket answered a HEAD once (a missing key is then just a missing key).
         self._bucket_seen = False
+        #: Whether the bucket lists in key order (decided on the first `list`).
+        self._ordered_listing: bool | None = None
         #: Told of every request sent (`meter_requests`); not pickled.
         self._meters: tuple[RequestMeter, ...] = ()
 
@@ -319,6 +357,18 @@ class S3ObjectStore(ObjectStore):
         where = f" at {self.endpoint_url}" if self.endpoint_url else ""
         return f"s3://{self.bucket}/{self.prefix}{where}"
 
+    @property
+    def capabilities(self) -> ObjectStoreCapabilities:
+        # If-None-Match is decided by the server, for every process and machine alike. The
+        # backend has If-Match too, but no ObjectStore call uses it.
+        return ObjectStoreCapabilities(
+            scheme="s3",
+            atomic_create=True,
+            ranged_reads=True,
+            conditional_replace=False,
+            ordered_listing=True,
+        )
+
     # -- operations -----------------------------------------------------------------------------
 
     def put(self, key: str, data: bytes) -> None:
@@ -337,34 +387,21 @@ class S3ObjectStore(ObjectStore):
         full = self._full_key(key)
         blob = as_bytes(data)
         client = self._s3()
-        # True once some try may have been applied without us seeing the answer (botocore
-        # retried a 5xx or timeout): a later 412 may then be our own object.
-        ambiguous = False
-        for attempt in range(self._conflict_retries + 1):
-            try:
-                self._send(
-                    PUT_OBJECT,
-                    lambda: client.put_object(
-                        Bucket=self.bucket, Key=full, Body=blob, IfNoneMatch="*"
-                    ),
-                )
-                return True
-            except Exception as exc:
-                code, status, retries = _error_details(exc)
-                ambiguous = ambiguous or retries > 0
-                if status == 412 or code == "PreconditionFailed":
-                    return self._holds(key, blob) if ambiguous else False
-                if status == 409 and code in _CONFLICT_CODES:
-                    self._backoff(attempt)
-                    continue
-                raise self._translate(exc, "create", key) from exc
-        # Still conflicting: whoever was writing has probably finished by now.
-        if self.head(key) is not None:
-            return self._holds(key, blob) if ambiguous else False
-        raise UnavailableError(
-            f"cannot create {key!r} in {self.describe()}: concurrent conditional writes kept "
-            f"conflicting (409) after {self._conflict_retries + 1} tries"
-        )
+        try:
+            self._send(
+                PUT_OBJECT,
+                lambda: client.put_object(Bucket=self.bucket, Key=full, Body=blob, IfNoneMatch="*"),
+            )
+            return True
+        except Exception as exc:
+            code, status, retries = _error_details(exc)
+            if status == 412 or code == "PreconditionFailed":
+                # After a try botocore retried (a 5xx or timeout, only with max_attempts > 1),
+                # the object that exists may be our own: read it back.
+                return self._holds(key, blob) if retries > 0 else False
+            # A 409 ConditionalRequestConflict becomes UnavailableError: the retry layer
+            # above tries again, and then sees 200 or 412.
+            raise self._translate(exc, "create", key) from exc
 
     def _holds(self, key: str, blob: bytes) -> bool:
         """Whether `key` holds exactly `blob` (deciding whether an ambiguous create was ours)."""
@@ -442,8 +479,7 @@ class S3ObjectStore(ObjectStore):
             _, status, _ = _error_details(exc)
             if status == 404:
                 raise S3StreamError(
-                    f"cannot stat {key!r} in {self.describe()}: bucket {self.bucket!r} does "
-                    "not exist"
+                    f"cannot stat {key!r} in {self.describe()}: {_no_bucket(self.bucket)}"
                 ) from exc
             if not status:
                 return  # no answer (a timeout): ask again at the next miss
@@ -487,13 +523,35 @@ class S3ObjectStore(ObjectStore):
 
     def _list(self, prefix: str) -> Iterator[ObjectInfo]:
         entries = self._list_pages(prefix)
-        if self.endpoint_url is None:
-            # AWS S3 lists in UTF-8 byte order, which is key order: stream the pages.
-            yield from entries
+        if self._lists_in_key_order():
+            # UTF-8 byte order is code point order, which is key order: stream the pages.
+            last: str | None = None
+            for info in entries:
+                if last is not None and info.key <= last:
+                    raise S3StreamError(
+                        f"cannot list {self.describe()}: the service listed {info.key!r} after "
+                        f"{last!r}, out of key order, although AWS documents key order for "
+                        "general purpose buckets"
+                    )
+                last = info.key
+                yield info
             return
-        # Some S3-compatible services (SeaweedFS) list directory by directory, so "a/b"
-        # comes before "a-c": collect and sort to keep the contract.
+        # Directory buckets list in no documented order, and some S3-compatible services
+        # (SeaweedFS) directory by directory, so "a/b" comes before "a-c": collect and sort.
         yield from sorted(entries, key=lambda info: info.key)
+
+    def _lists_in_key_order(self) -> bool:
+        """Whether the bucket's listings come in key order: AWS documents it for general
+        purpose buckets on its own endpoints, and not for directory buckets."""
+        ordered = self._ordered_listing
+        if ordered is None:
+            endpoint = self.endpoint_url or getattr(self._s3().meta, "endpoint_url", None)
+            host = (urlsplit(endpoint).hostname or "") if isinstance(endpoint, str) else ""
+            ordered = host.endswith(_AWS_HOSTS) and not self.bucket.endswith(
+                DIRECTORY_BUCKET_SUFFIX
+            )
+            self._ordered_listing = ordered
+        return ordered
 
     def _list_pages(self, prefix: str) -> Iterator[ObjectInfo]:
         client = self._s3()
@@ -550,13 +608,11 @@ class S3ObjectStore(ObjectStore):
             message = exc.response.get("Error", {}).get("Message", "")
             detail = f"{code} (HTTP {status}){': ' + message if message else ''}"
             if code == "NoSuchBucket":
-                return S3StreamError(f"cannot {what}: bucket {self.bucket!r} does not exist")
+                return S3StreamError(f"cannot {what}: {_no_bucket(self.bucket)}")
             if code == "InvalidBucketName":
                 return S3StreamError(f"cannot {what}: invalid bucket name {self.bucket!r}")
             speaks_s3 = _speaks_s3(exc)
-            if code == "NoSuchKey" or (
-                speaks_s3 and (code in _NOT_FOUND_CODES or status == 404)
-            ):
+            if code == "NoSuchKey" or (speaks_s3 and (code in _NOT_FOUND_CODES or status == 404)):
                 return ObjectNotFoundError(f"no object {key!r} in {self.describe()}")
             if not speaks_s3 and status in (404, 405, 501):
                 # Not a missing object: a server that knows no S3 (a 502/503 page of a proxy
@@ -567,8 +623,11 @@ class S3ObjectStore(ObjectStore):
                     "the right port?)"
                 )
             if code in _DENIED_CODES or status == 403:
+                need = _PERMISSIONS.get(action) if code in _POLICY_DENIED_CODES else None
+                hint = f"; {need}" if need else ""
                 return S3StreamError(
-                    f"cannot {what}: access denied, {detail} (check credentials and bucket policy)"
+                    f"cannot {what}: access denied, {detail}{hint} (check the credentials, "
+                    "their IAM policy and the bucket policy)"
                 )
             if code in _RETRYABLE_CODES or status >= 500 or status == 429:
                 return UnavailableError(f"cannot {what}: {detail} after {retries + 1} tries")
@@ -622,6 +681,10 @@ def _constructor_options() -> frozenset[str]:
     return frozenset(p.name for p in params.values() if p.kind is p.KEYWORD_ONLY)
 
 
+def _no_bucket(bucket: str) -> str:
+    return f"bucket {bucket!r} does not exist (NoSuchBucket): create it, or fix the URL"
+
+
 def _error_details(exc: BaseException) -> tuple[str, int, int]:
     """(error code, HTTP status, retries botocore made) of a ClientError; ("", 0, 0) else."""
     response = getattr(exc, "response", None)
@@ -650,11 +713,15 @@ def _speaks_s3(exc: BaseException) -> bool:
     if not isinstance(response, dict):
         return False
     headers = response.get("ResponseMetadata", {}).get("HTTPHeaders", {}) or {}
-    if any(h.lower() in ("x-amz-request-id", "x-amz-id-2") for h in headers):
+    if any(h.lower() in _REQUEST_ID_HEADERS for h in headers):
         return True
     code = str(response.get("Error", {}).get("Code", ""))
     return bool(code) and not code.isdigit() and code not in _HTTP_REASON_CODES
 
+
+#: Request-id headers of AWS APIs: S3's own, and the one of AWS's other APIs, which AWS API
+#: models (moto) also send for S3. A web server that is not S3 sends none of them.
+_REQUEST_ID_HEADERS = frozenset({"x-amz-request-id", "x-amz-id-2", "x-amzn-requestid"})
 
 #: Codes botocore makes up from a bare HTTP status line when the body has no S3 error.
 _HTTP_REASON_CODES = frozenset({"NotFound", "Not Found", "BadRequest", "Forbidden"})
@@ -676,11 +743,6 @@ def _is_transient(exc: BaseException) -> bool:
     )
 
 
-def _check_positive_int(name: str, value: int) -> None:
-    if type(value) is not int or value <= 0:
-        raise InvalidArgumentError(f"{name} must be an int > 0, got {value!r}")
-
-
 def _check_positive_number(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+    if check_number(name, value) <= 0:  # finite, not a bool, and here not 0 either
         raise InvalidArgumentError(f"{name} must be a number > 0, got {value!r}")

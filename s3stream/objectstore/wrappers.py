@@ -15,7 +15,7 @@ from typing import TypeVar
 from ..clock import Clock
 from ..errors import InvalidArgumentError, ObjectNotFoundError, UnavailableError
 from ._common import as_bytes
-from .base import ObjectInfo, ObjectStore
+from .base import ObjectInfo, ObjectStore, ObjectStoreCapabilities
 from .forwarding import ForwardingObjectStore
 from .metered import MetricsObjectStore, ObjectStoreMetrics
 from .requests import RequestCountingStore, RequestMeter
@@ -94,6 +94,10 @@ class RetryingObjectStore(ObjectStore):
 
     def describe(self) -> str:
         return f"retrying({self._inner.describe()})"
+
+    @property
+    def capabilities(self) -> ObjectStoreCapabilities:
+        return self._inner.capabilities
 
     @property
     def attempt_timeout_s(self) -> float | None:

@@ -1,5 +1,9 @@
 """Executor side, I/O: ranged GETs of the blocks a partition names, a few in flight at once.
 
+The GETs are the shared `BlockReader`'s (adjacent blocks of a slice merged up to
+`max_run_bytes`, each response checked for length); this module only schedules them: a few
+in flight on a thread pool, decoded in order on the consuming thread.
+
 If a planned object is gone when a task reads it (compaction replaced it and its retention
 delay passed), the task asks a `Relocator` for the same offsets from the live objects: the
 records did not change, only where they are stored.
@@ -12,8 +16,9 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-from ..errors import CorruptionError, ObjectNotFoundError, OffsetOutOfRangeError
-from ..format.objects import BlockInfo, decode_block
+from ..errors import ObjectNotFoundError, OffsetOutOfRangeError
+from ..format.block import BlockInfo
+from ..format.block_reader import BlockReader, decode_run
 from ..objectstore.base import ObjectStore
 from ..types import FetchedBatch
 from .planning import ReadSlice
@@ -39,41 +44,15 @@ class _Run:
     blocks: tuple[BlockInfo, ...]
 
 
-def _runs(slices: Sequence[ReadSlice], max_run_bytes: int) -> list[_Run]:
-    runs: list[_Run] = []
-    for i, s in enumerate(slices):
-        current: list[BlockInfo] = []
-        for b in s.blocks:
-            if current and (
-                b.position != current[-1].end_position
-                or b.end_position - current[0].position > max_run_bytes
-            ):
-                runs.append(_Run(i, s.key, tuple(current)))
-                current = []
-            current.append(b)
-        if current:
-            runs.append(_Run(i, s.key, tuple(current)))
-    return runs
-
-
-def _get(store: ObjectStore, run: _Run) -> bytes:
-    return store.get(run.key, run.blocks[0].position, run.blocks[-1].end_position)
+def _runs(slices: Sequence[ReadSlice], reader: BlockReader) -> list[_Run]:
+    """The GETs of `slices`, in order: each slice's blocks grouped by `reader`'s rule."""
+    return [
+        _Run(i, s.key, tuple(run)) for i, s in enumerate(slices) for run in reader.runs(s.blocks)
+    ]
 
 
 def _decode(run: _Run, data: bytes) -> list[FetchedBatch]:
-    start = run.blocks[0].position
-    end = run.blocks[-1].end_position
-    if len(data) != end - start:
-        raise CorruptionError(
-            f"object {run.key} ends at byte {start + len(data)}, before block end {end}",
-            location=run.key,
-            position=start + len(data),
-        )
-    view = memoryview(data)
-    out: list[FetchedBatch] = []
-    for b in run.blocks:
-        out.extend(decode_block(view[b.position - start : b.end_position - start], b, run.key))
-    return out
+    return [b for batches in decode_run(run.key, run.blocks, data) for b in batches]
 
 
 def fetch_slices(
@@ -92,7 +71,8 @@ def fetch_slices(
     the same offsets from the live objects; offsets that are truly gone (trimmed) raise
     `OffsetOutOfRangeError` when `fail_on_data_loss`, else they are skipped.
     """
-    runs = _runs(slices, max_run_bytes)
+    reader = BlockReader(store, max_run_bytes=max_run_bytes)
+    runs = _runs(slices, reader)
     if not runs:
         return
     pool = ThreadPoolExecutor(max(1, min(concurrency, len(runs))), "s3stream-fetch")
@@ -102,14 +82,14 @@ def fetch_slices(
         pending: deque[tuple[_Run, Future[bytes]]] = deque()
         todo = iter(runs)
         for run in todo:
-            pending.append((run, pool.submit(_get, store, run)))
+            pending.append((run, pool.submit(reader.fetch, run.key, run.blocks)))
             if len(pending) >= concurrency:
                 break
         while pending:
             run, fut = pending.popleft()
             nxt = next(todo, None)
             if nxt is not None:
-                pending.append((nxt, pool.submit(_get, store, nxt)))
+                pending.append((nxt, pool.submit(reader.fetch, nxt.key, nxt.blocks)))
             s = slices[run.slice_index]
             try:
                 batches = _decode(run, fut.result())

@@ -2,7 +2,8 @@
 
 Names follow Spark's Kafka source where they apply. Spark lower-cases option keys, so lookups
 here are by lower-case name; messages use the documented spelling. Every bad value raises
-`InvalidArgumentError` naming the option.
+`InvalidArgumentError` naming the option. Numbers, sizes and bools follow the rules of every
+other s3stream setting (`s3stream.settings_parse`): ``maxPartitionBytes`` takes ``128MiB``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InvalidArgumentError
+from ..metadata.registry import check_metadata_url
+from ..settings_parse import parse_bool, parse_int, parse_size
+from ..units import MiB
 
 __all__ = [
     "EARLIEST",
@@ -30,7 +34,9 @@ EARLIEST = -2
 #: Offset value meaning "the stream's end offset" in offsets JSON (as in Kafka).
 LATEST = -1
 
-_MiB = 1 << 20
+_I64_MIN = -(1 << 63)
+_I64_MAX = (1 << 63) - 1
+
 
 # Documented spelling of every option, by the lower-case key Spark hands over.
 _KNOWN = {
@@ -39,6 +45,7 @@ _KNOWN = {
         "path",
         "storageOptions",
         "metadataPrefix",
+        "metadata",
         "streamIds",
         "subscribe",
         "subscribePattern",
@@ -49,6 +56,7 @@ _KNOWN = {
         "startingOffsets",
         "endingOffsets",
         "startingTimestamp",
+        "endingTimestamp",
         "minPartitions",
         "maxPartitionBytes",
         "failOnDataLoss",
@@ -114,22 +122,34 @@ class SourceOptions:
     use_arrow: bool
     arrow_batch_rows: int
     fetch_concurrency: int
+    #: ``endingTimestamp`` (batch reads): each stream ends at its first offset at or after it.
+    ending_timestamp: int | None = None
+    #: ``metadata``: where the metadata log lives if not in the store (``postgresql://...``).
+    metadata: str | None = None
 
 
 def _bad(option: str, value: object, why: str) -> InvalidArgumentError:
     return InvalidArgumentError(f"option {option}: {why} (got {value!r})")
 
 
-def _int(opts: Mapping[str, str], name: str, default: int | None, minimum: int) -> int | None:
+def _int(
+    opts: Mapping[str, str], name: str, default: int | None, minimum: int, *, size: bool = False
+) -> int | None:
     raw = opts.get(name.lower())
     if raw is None:
         return default
-    try:
-        value = int(str(raw).strip())
-    except ValueError:
-        raise _bad(name, raw, "must be an integer") from None
+    parse = parse_size if size else parse_int
+    value = parse(str(raw), name=f"option {name}")
     if value < minimum:
         raise _bad(name, raw, f"must be >= {minimum}")
+    return value
+
+
+def _timestamp(opts: Mapping[str, str], name: str) -> int | None:
+    """A time option: milliseconds since the epoch, any i64 (before 1970 is negative)."""
+    value = _int(opts, name, None, minimum=_I64_MIN)
+    if value is not None and value > _I64_MAX:
+        raise _bad(name, opts.get(name.lower()), f"must be <= {_I64_MAX} (ms since the epoch)")
     return value
 
 
@@ -137,12 +157,7 @@ def _bool(opts: Mapping[str, str], name: str, default: bool) -> bool:
     raw = opts.get(name.lower())
     if raw is None:
         return default
-    text = str(raw).strip().lower()
-    if text in ("true", "1", "yes"):
-        return True
-    if text in ("false", "0", "no"):
-        return False
-    raise _bad(name, raw, "must be true or false")
+    return parse_bool(str(raw), name=f"option {name}")
 
 
 def _json(name: str, raw: str) -> Any:
@@ -276,6 +291,17 @@ def _storage_options(opts: Mapping[str, str]) -> dict[str, Any]:
     return out
 
 
+def _metadata_url(opts: Mapping[str, str]) -> str | None:
+    """The ``metadata`` option: a metadata-store URL, or None (the log is in the store)."""
+    raw = opts.get("metadata")
+    if raw is None or not str(raw).strip():
+        return None
+    try:
+        return check_metadata_url(str(raw).strip())
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"option metadata: {exc}") from None
+
+
 def include_headers(options: Mapping[str, str]) -> bool:
     """Just the ``includeHeaders`` option (the schema depends on it and nothing else)."""
     return _bool({str(k).lower(): v for k, v in options.items()}, "includeHeaders", False)
@@ -303,14 +329,24 @@ def parse_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptio
         raise InvalidArgumentError("option endingOffsets is not supported by streaming queries")
     if not streaming and "maxoffsetspertrigger" in opts:
         raise InvalidArgumentError("option maxOffsetsPerTrigger applies to streaming queries only")
-    starting_ts = _int(opts, "startingTimestamp", None, minimum=-(1 << 63))
+    if streaming and "endingtimestamp" in opts:
+        raise InvalidArgumentError("option endingTimestamp is not supported by streaming queries")
+    starting_ts = _timestamp(opts, "startingTimestamp")
     if starting_ts is not None and "startingoffsets" in opts:
         raise InvalidArgumentError(
             "options startingOffsets and startingTimestamp conflict: give one"
         )
+    ending_ts = _timestamp(opts, "endingTimestamp")
+    if ending_ts is not None and "endingoffsets" in opts:
+        raise InvalidArgumentError("options endingOffsets and endingTimestamp conflict: give one")
+    if starting_ts is not None and ending_ts is not None and ending_ts < starting_ts:
+        raise InvalidArgumentError(
+            f"option endingTimestamp: {ending_ts} is below startingTimestamp {starting_ts}"
+        )
     prefix = str(opts.get("metadataprefix", "meta")).strip()
     if not prefix or prefix.startswith("/") or prefix.endswith("/"):
         raise _bad("metadataPrefix", prefix, "must be a key prefix without leading or trailing /")
+    metadata = _metadata_url(opts)
     topic_tag = str(opts.get("topictag", "topic"))
     partition_tag = str(opts.get("partitiontag", "partition"))
     for name, value in (("topicTag", topic_tag), ("partitionTag", partition_tag)):
@@ -320,6 +356,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptio
         url=str(url).strip(),
         storage_options=_storage_options(opts),
         metadata_prefix=prefix,
+        metadata=metadata,
         selection=_selection(opts),
         topic_tag=topic_tag,
         partition_tag=partition_tag,
@@ -331,8 +368,10 @@ def parse_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptio
         ),
         ending=_offsets(opts, "endingOffsets", "latest", ("latest",)),
         starting_timestamp=starting_ts,
+        ending_timestamp=ending_ts,
         min_partitions=_int(opts, "minPartitions", None, minimum=1),
-        max_partition_bytes=_int(opts, "maxPartitionBytes", 128 * _MiB, minimum=1) or 128 * _MiB,
+        max_partition_bytes=_int(opts, "maxPartitionBytes", 128 * MiB, minimum=1, size=True)
+        or 128 * MiB,
         fail_on_data_loss=_bool(opts, "failOnDataLoss", True),
         include_headers=_bool(opts, "includeHeaders", False),
         max_offsets_per_trigger=_int(opts, "maxOffsetsPerTrigger", None, minimum=1),

@@ -23,12 +23,16 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from ..cache.index_cache import ObjectIndexCache
 from ..errors import CorruptionError, InvalidArgumentError, StreamNotFoundError
-from ..format.objects import BlockInfo, ObjectIndex, read_blocks, read_index
+from ..format.block import BlockInfo
+from ..format.block_reader import BlockReader
+from ..format.objects import ObjectIndex
 from ..metadata import MetadataState, StreamMeta
 from ..objectstore.base import ObjectStore
-from ..records import decode_columns
-from ..types import BatchKind
+from ..storage.seek import seek_objects
+from ..types import FetchedBatch
+from ..validation import check_int
 from .options import EARLIEST, LATEST, OffsetSpec, SourceOptions, StreamSelection
 
 __all__ = [
@@ -232,7 +236,13 @@ def resolve_offsets(
                 _spec_value(opts.starting, meta, opts), meta, opts.starting, opts.fail_on_data_loss
             )
         end = meta.end_offset
-        if with_ending:
+        if with_ending and opts.ending_timestamp is not None:
+            # Data-dependent: with timestamps out of order the first offset at the ending
+            # time may precede the first at the starting one; that range is empty.
+            end = max(
+                start, offset_for_timestamp(state, store, indexes, meta, opts.ending_timestamp)
+            )
+        elif with_ending:
             end = _resolve(
                 _spec_value(opts.ending, meta, opts), meta, opts.ending, opts.fail_on_data_loss
             )
@@ -250,37 +260,60 @@ def resolve_offsets(
 
 
 class IndexReader:
-    """Reads object indexes through a thread pool, caching them (objects are immutable)."""
+    """The planner's object indexes: an `ObjectIndexCache` (objects are immutable), filled
+    through a thread pool when a plan needs many indexes at once."""
 
-    def __init__(self, store: ObjectStore, *, threads: int = 16, max_entries: int = 65536) -> None:
-        self._store = store
-        self._threads = threads
-        self._max = max_entries
-        self._cache: dict[str, ObjectIndex] = {}
+    def __init__(
+        self,
+        store: ObjectStore,
+        *,
+        threads: int = 16,
+        max_entries: int = 65536,
+        cache: ObjectIndexCache | None = None,
+    ) -> None:
+        """Indexes of objects in `store`, read `threads` at a time; kept in `cache` (one
+        shared with other readers of the store) or in a new one of `max_entries`."""
+        self._threads = check_int("threads", threads, minimum=1)
+        self._cache = (
+            cache if cache is not None else ObjectIndexCache(store, max_entries=max_entries)
+        )
+
+    @property
+    def cache(self) -> ObjectIndexCache:
+        """Where the indexes are kept."""
+        return self._cache
 
     def get(self, key: str, size: int) -> ObjectIndex:
         """The index of one object (one tail GET on a miss)."""
-        idx = self._cache.get(key)
-        if idx is None:
-            idx = self._cache[key] = read_index(self._store, key, object_size=size)
-        return idx
+        return self._cache.get(key, size)
 
     def prefetch(self, objects: Iterable[tuple[str, int]]) -> None:
         """Read the indexes of `objects` (key, size) not cached yet, in parallel."""
         todo = sorted({(k, s) for k, s in objects if k not in self._cache})
-        if len(self._cache) + len(todo) > self._max:
-            self._cache.clear()
         if len(todo) <= 1:
             for key, size in todo:
                 self.get(key, size)
             return
         with ThreadPoolExecutor(min(self._threads, len(todo))) as pool:
-            for (key, _), idx in zip(
-                todo,
-                pool.map(lambda ks: read_index(self._store, ks[0], object_size=ks[1]), todo),
-                strict=True,
-            ):
-                self._cache[key] = idx
+            # Consumed for the errors: the first failed read raises here.
+            for _ in pool.map(lambda ks: self._cache.get(*ks), todo):
+                pass
+
+
+class _SeekBlocks:
+    """What seek by time reads on the driver: the planner's cached indexes, and blocks
+    through the one `BlockReader` (the driver keeps no block cache: a seek reads one block
+    per stream, once per query)."""
+
+    def __init__(self, indexes: IndexReader, store: ObjectStore) -> None:
+        self._indexes = indexes
+        self._reader = BlockReader(store)
+
+    def index(self, key: str, size: int | None = None) -> ObjectIndex:
+        return self._indexes.cache.get(key, size)
+
+    def get_blocks(self, key: str, blocks: Sequence[BlockInfo]) -> list[list[FetchedBatch]]:
+        return [self._reader.read(key, [b]) for b in blocks]
 
 
 def offset_for_timestamp(
@@ -290,36 +323,18 @@ def offset_for_timestamp(
     meta: StreamMeta,
     timestamp_ms: int,
 ) -> int:
-    """The first offset of `meta` whose record timestamp is >= `timestamp_ms` (its end
-    offset if there is none).
-
-    Block index timestamps are batch base timestamps, which for records batches are the
-    largest record timestamp (or the append time): the first block whose largest timestamp
-    reaches `timestamp_ms` is read and searched record by record.
-    """
+    """The first offset of `meta` whose timestamp is >= `timestamp_ms`, or its end offset if
+    there is none: `Stream.offset_for_timestamp`'s rule and code (`storage.seek`), on the
+    planner's snapshot `state`. The stream's indexes are read in parallel first (planning
+    reads them anyway)."""
     start, end = meta.start_offset, meta.end_offset
     if start >= end:
         return end
-    objects = state.objects_for(meta.stream_id, start, end)
-    indexes.prefetch((o.key, o.size) for o in objects)
-    for obj in objects:
-        for block in indexes.get(obj.key, obj.size).find(meta.stream_id, start, end):
-            if block.max_timestamp < timestamp_ms:
-                continue
-            for batch in read_blocks(store, obj.key, [block]):
-                if batch.next_offset <= start:
-                    continue
-                if batch.kind is BatchKind.RAW:
-                    if batch.base_timestamp >= timestamp_ms:
-                        return max(batch.base_offset, start)
-                    continue
-                cols = decode_columns(batch.view, expected_count=batch.count, location=obj.key)
-                stamps, _ = cols.resolve_timestamps(batch.base_timestamp)
-                lo = max(start - batch.base_offset, 0)
-                hits = (stamps[lo:] >= timestamp_ms).nonzero()[0]
-                if len(hits):
-                    return batch.base_offset + lo + int(hits[0])
-    return end
+    indexes.prefetch((o.key, o.size) for o in state.objects_for(meta.stream_id, start, end))
+    found = seek_objects(
+        state, _SeekBlocks(indexes, store), meta.stream_id, start, end, timestamp_ms
+    )
+    return end if found is None else found
 
 
 # ---------------------------------------------------------------------------------------------

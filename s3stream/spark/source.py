@@ -136,7 +136,11 @@ class _Relocator:
 
     def __call__(self, stream_id: int, start: int, end: int) -> tuple[list[FetchedBatch], int]:
         if self._reader is None:
-            self._reader = StreamReader(self._store, metadata_prefix=self._opts.metadata_prefix)
+            self._reader = StreamReader(
+                self._store,
+                metadata_prefix=self._opts.metadata_prefix,
+                metadata=self._opts.metadata,
+            )
             state = self._reader.snapshot(refresh=False)  # just loaded
         else:
             state = self._reader.snapshot()
@@ -196,6 +200,7 @@ class _Driver:
             storage_options=opts.storage_options,
             metadata_prefix=opts.metadata_prefix,
             rng=_retry_rng(opts),
+            metadata=opts.metadata,
         )
         self.store = self.reader.object_store
         self.indexes = IndexReader(self.store)

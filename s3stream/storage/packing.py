@@ -23,6 +23,7 @@ from ..cache.log_cache import (
     entry_size,
 )
 from ..format.objects import ObjectWriter
+from ..metadata.model import ObjectKind
 from ..settings import ClientSettings
 from ..validation import check_node_id, is_node_id
 
@@ -45,9 +46,6 @@ def data_prefix_for(metadata_prefix: str) -> str:
     live: ``data`` for the default ``meta``, else ``{metadata_prefix}/data``, so that two
     namespaces in one store never write (nor sweep) each other's objects."""
     return DEFAULT_DATA_PREFIX if metadata_prefix == "meta" else f"{metadata_prefix}/data"
-
-KIND_STREAM = "stream"
-KIND_STREAM_SET = "stream_set"
 
 
 #: ``{prefix}/{node_id}/{node_epoch:08d}/{counter:012d}-{s|m}.s3o``: what `KeyFactory` makes.
@@ -84,9 +82,7 @@ def parse_object_key(key: str, prefix: str = DEFAULT_DATA_PREFIX) -> ObjectKey |
 class KeyFactory:
     """Makes unique data-object keys for one client session (`parse_object_key` reads them)."""
 
-    def __init__(
-        self, node_id: str, node_epoch: int, prefix: str = DEFAULT_DATA_PREFIX
-    ) -> None:
+    def __init__(self, node_id: str, node_epoch: int, prefix: str = DEFAULT_DATA_PREFIX) -> None:
         self._prefix = prefix
         self._base = f"{prefix}/{check_node_id(node_id)}/{node_epoch:08d}"
         self._counter = itertools.count()
@@ -97,11 +93,11 @@ class KeyFactory:
         """The data prefix of the keys made (`data_prefix_for`)."""
         return self._prefix
 
-    def next_key(self, kind: str) -> str:
+    def next_key(self, kind: ObjectKind) -> str:
         """A key never used before by any client on the same store."""
         with self._lock:
             n = next(self._counter)
-        tag = "s" if kind == KIND_STREAM else "m"
+        tag = "s" if kind is ObjectKind.STREAM else "m"
         return f"{self._base}/{n:012d}-{tag}.s3o"
 
 
@@ -110,10 +106,12 @@ class PackedObject:
     """An object ready to PUT, with what it holds."""
 
     key: str
-    kind: str
+    kind: ObjectKind
     data: bytes
     #: (stream_id, start_offset, end_offset) of each stream inside, sorted by stream id.
     ranges: list[tuple[int, int, int]]
+    #: The smallest and largest timestamp of each stream inside.
+    times: dict[int, tuple[int, int]]
 
 
 def pack_objects(
@@ -152,10 +150,12 @@ def pack_objects(
             w.add(sid, e[BASE], e[COUNT], e[TS], entry_block_record(e))
         if own:
             ranges = w.ranges()
-            out.append(PackedObject(keys.next_key(KIND_STREAM), KIND_STREAM, w.finish(), ranges))
+            key = keys.next_key(ObjectKind.STREAM)
+            data = w.finish()
+            out.append(PackedObject(key, ObjectKind.STREAM, data, ranges, w.time_ranges()))
     if shared is not None and not shared.is_empty():
         ranges = shared.ranges()
-        out.append(
-            PackedObject(keys.next_key(KIND_STREAM_SET), KIND_STREAM_SET, shared.finish(), ranges)
-        )
+        key = keys.next_key(ObjectKind.STREAM_SET)
+        data = shared.finish()
+        out.append(PackedObject(key, ObjectKind.STREAM_SET, data, ranges, shared.time_ranges()))
     return out

@@ -8,6 +8,10 @@ Roles:
   the WAL against a plain list across appends, trims, resets, crashes and torn writes.
 - `ObjectStoreTests` and `ObjectStoreStateMachine` (`s3stream.testing.objectstore`): the same
   for the `ObjectStore` contract, checked against a dict.
+- `MetadataStoreTests` (`s3stream.testing.metadata`): the same for a `MetadataLogStore` (where
+  the metadata log lives: the object store, PostgreSQL), over a `MetadataBackend`
+  (`ObjectStoreBackend`, `PostgresBackend`): exactly one winner per entry across threads and
+  processes, checkpoints, a manager on top, fencing, a rollback detected.
 - `FaultyObjectStore` (`s3stream.testing.faults`): a seeded fault-injecting wrapper (transient
   errors, latency, ambiguous writes) for testing code that uses an object store; `FaultyWal`
   beside it: a WAL whose medium fails for a while, within the WAL contract.
@@ -19,7 +23,11 @@ Roles:
 - `s3stream.testing.profiles` and `s3stream.testing.plugin`: the Hypothesis profiles
   ``s3stream-quick`` and ``s3stream-long``, and the pytest plugin (registered through the
   ``pytest11`` entry point) that picks one per run.
-- `s3stream.testing.seaweedfs`: a launcher for a local SeaweedFS S3 server.
+- `s3stream.testing.postgres`: `PostgresServer`, a throw-away PostgreSQL server on loopback
+  from the machine's binaries.
+- `s3stream.testing.seaweedfs`: a launcher for a local SeaweedFS S3 server;
+  `s3stream.testing.s3_servers`: the interface it shares with moto's server, the fallback
+  (`start_s3_server` picks one).
 
 This package imports nothing heavy itself: names are loaded from their submodule on first use,
 so `s3stream.testing.seaweedfs` and `FaultyObjectStore` work without pytest or Hypothesis. The
@@ -33,6 +41,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .faults import FaultCounters, FaultRule, FaultyObjectStore, FaultyWal
+    from .metadata import (
+        MetadataBackend,
+        MetadataStoreTests,
+        ObjectStoreBackend,
+        PostgresBackend,
+    )
     from .objectstore import (
         ObjectStoreStateMachine,
         ObjectStoreTests,
@@ -48,8 +62,12 @@ __all__ = [
     "FaultyObjectStore",
     "FaultyStorageStateMachine",
     "FaultyWal",
+    "MetadataBackend",
+    "MetadataStoreTests",
+    "ObjectStoreBackend",
     "ObjectStoreStateMachine",
     "ObjectStoreTests",
+    "PostgresBackend",
     "StorageStateMachine",
     "WalStateMachine",
     "WalTests",
@@ -68,6 +86,10 @@ _LAZY = {
     "FaultyObjectStore": "faults",
     "FaultyWal": "faults",
     "FaultyStorageStateMachine": "storage",
+    "MetadataBackend": "metadata",
+    "MetadataStoreTests": "metadata",
+    "ObjectStoreBackend": "metadata",
+    "PostgresBackend": "metadata",
     "ObjectStoreStateMachine": "objectstore",
     "ObjectStoreTests": "objectstore",
     "make_object_store_state_machine": "objectstore",

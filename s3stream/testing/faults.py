@@ -39,19 +39,20 @@ from types import MappingProxyType
 
 from ..clock import Clock
 from ..errors import InvalidArgumentError, UnavailableError
-from ..objectstore.base import ObjectInfo, ObjectStore, check_key, check_range
+from ..objectstore.base import (
+    ObjectInfo,
+    ObjectStore,
+    ObjectStoreCapabilities,
+    check_key,
+    check_range,
+)
+from ..validation import check_number
 from ..wal.base import WalCapabilities, WalPosition, WalRecord, WriteAheadLog
 
 __all__ = ["OPERATIONS", "FaultCounters", "FaultRule", "FaultyObjectStore", "FaultyWal"]
 
 #: Names of the operations faults can target.
 OPERATIONS = frozenset({"put", "put_if_absent", "get", "get_suffix", "head", "delete_many", "list"})
-
-
-def _check_rate(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
-        raise InvalidArgumentError(f"{name} must be a number in [0, 1], got {value!r}")
-    return float(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,8 +75,9 @@ class FaultRule:
     key_prefix: str = ""
 
     def __post_init__(self) -> None:
-        _check_rate("error_rate", self.error_rate)
-        _check_rate("ambiguous_rate", self.ambiguous_rate)
+        # Probabilities: numbers in [0, 1].
+        check_number("error_rate", self.error_rate, maximum=1.0)
+        check_number("ambiguous_rate", self.ambiguous_rate, maximum=1.0)
         if self.error_rate + self.ambiguous_rate > 1:
             raise InvalidArgumentError("error_rate + ambiguous_rate must be <= 1")
         lat = self.latency_s
@@ -327,6 +329,11 @@ class FaultyObjectStore(ObjectStore):
     def describe(self) -> str:
         return f"faulty({self._inner.describe()})"
 
+    @property
+    def capabilities(self) -> ObjectStoreCapabilities:
+        # Injected failures are transient: what the inner store guarantees still holds.
+        return self._inner.capabilities
+
 
 def _keys_text(keys: list[str]) -> str:
     if len(keys) == 1:
@@ -353,7 +360,7 @@ class FaultyWal(WriteAheadLog):
             raise InvalidArgumentError(f"rng must be a random.Random, got {rng!r}")
         self._inner = inner
         self._rng = rng
-        self._error_rate = _check_rate("error_rate", error_rate)
+        self._error_rate = check_number("error_rate", error_rate, maximum=1.0)
         self._lock = threading.Lock()
         #: While set, the medium fails: appends and `reset` raise retryably.
         self.failing = False
@@ -381,8 +388,7 @@ class FaultyWal(WriteAheadLog):
             ):
                 self.injected += 1
                 self._failure = UnavailableError(
-                    f"injected fault: {self.describe()} failed a write; appends fail until "
-                    "reset()"
+                    f"injected fault: {self.describe()} failed a write; appends fail until reset()"
                 )
             failure = self._failure
             if failure is None:

@@ -8,10 +8,11 @@ A third party proves an object store with a subclass that makes an empty store::
 
 Tests are grouped by the prefix of their name (``test_put_*``, ``test_get_*``, ``test_suffix_*``,
 ``test_head_*``, ``test_list_*``, ``test_delete_*``, ``test_conditional_*``, ``test_keys_*``,
-``test_input_*``, ``test_concurrency_*``, ``test_backdoor_*``). Optional backdoor hooks
-(`raw_get`, `raw_put`) check that the store really keeps what the API reports, and
-`reopen_store` that a new instance sees the objects. `test_state_machine` runs
-`ObjectStoreStateMachine`, which checks the store against a dict.
+``test_input_*``, ``test_concurrency_*``, ``test_backdoor_*``, ``test_capabilities_*``).
+Optional backdoor hooks (`raw_get`, `raw_put`) check that the store really keeps what the API
+reports, and `reopen_store` that a new instance sees the objects (and, for a store that claims
+``atomic_create`` in its `capabilities`, that creators on different instances race fairly).
+`test_state_machine` runs `ObjectStoreStateMachine`, which checks the store against a dict.
 
 Keys never make one key a directory prefix of another (``a`` and ``a/b``): a local-directory
 store cannot hold both, so the contract leaves that case out.
@@ -20,6 +21,7 @@ store cannot hold both, so the contract leaves that case out.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import shutil
 import threading
@@ -29,7 +31,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..errors import InvalidArgumentError, ObjectNotFoundError, S3StreamError
-from ..objectstore.base import ObjectInfo, ObjectStore
+from ..objectstore.base import ObjectInfo, ObjectStore, ObjectStoreCapabilities
 from . import MISSING_DEPENDENCIES_MESSAGE
 
 try:
@@ -407,6 +409,63 @@ class ObjectStoreTests:
                 f"{len(winners)} of {n} racing put_if_absent({key!r}) calls returned True"
             )
             _assert_get(store, key, payloads[winners[0]], " (the race winner's data)")
+
+    # -- capabilities -----------------------------------------------------------------------
+
+    def test_capabilities_record(self, tmp_path: Path) -> None:
+        """`capabilities` is a frozen `ObjectStoreCapabilities` of bools (and a scheme) that
+        does not change while the store is used; the listing claim holds (the contract, and
+        s3stream's orphan sweeper and list retries, need key order)."""
+        store = self._store(tmp_path)
+        caps = store.capabilities
+        assert isinstance(caps, ObjectStoreCapabilities), (
+            f"capabilities is {caps!r}, not an ObjectStoreCapabilities"
+        )
+        for f in dataclasses.fields(caps):
+            value = getattr(caps, f.name)
+            kind = str if f.name == "scheme" else bool
+            assert type(value) is kind, f"capabilities.{f.name} is {value!r}, not a {kind}"
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            caps.atomic_create = not caps.atomic_create  # type: ignore[misc]
+        assert caps.ordered_listing, (
+            "the ObjectStore contract asks for listings in key order; sort them in list()"
+        )
+        store.put("caps/a.0", b"a")
+        assert store.capabilities == caps, "capabilities changed after a write"
+        text = repr(store)
+        assert isinstance(text, str) and text, "repr() must return a non-empty str"
+
+    def test_capabilities_atomic_create_holds_across_instances(self, tmp_path: Path) -> None:
+        """A store that claims ``atomic_create`` gives one winner among creators that use
+        different instances over the same storage (as different processes do), not only
+        among threads sharing one instance."""
+        store = self._store(tmp_path)
+        if not store.capabilities.atomic_create:
+            pytest.skip(f"{store.describe()} does not claim atomic_create")
+        if not self.has_hook("reopen_store"):
+            pytest.skip(f"{type(self).__name__} does not implement reopen_store()")
+        n = self.race_threads
+        others = [self.reopen_store(store) for _ in range(n - 1)]
+        stores = [store, *others]
+        try:
+            for round_ in range(self.race_rounds):
+                key = f"xrace/{round_}.0"
+                barrier = threading.Barrier(n)
+                payloads = [f"instance {t} round {round_}".encode() for t in range(n)]
+                with ThreadPoolExecutor(n) as pool:
+                    results = list(
+                        pool.map(_create_after, [barrier] * n, stores, [key] * n, payloads)
+                    )
+                winners = [t for t, won in enumerate(results) if won is True]
+                assert len(winners) == 1, (
+                    f"{len(winners)} of {n} store instances racing put_if_absent({key!r}) got "
+                    "True, yet the store claims atomic_create"
+                )
+                _assert_get(store, key, payloads[winners[0]], " (the race winner's data)")
+        finally:
+            for other in others:
+                with contextlib.suppress(Exception):
+                    other.close()
 
     # -- keys and arguments -----------------------------------------------------------------
 

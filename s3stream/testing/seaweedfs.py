@@ -9,6 +9,9 @@ for next to the running Python, then on ``PATH``.
 
     with SeaweedS3Server(data_dir) as server:
         store = S3ObjectStore(server.bucket, **server.storage_options())
+
+Its test-facing interface (`storage_options`, `client`, `make_bucket`) is `LoopbackS3Server`'s,
+shared with the moto fallback (`s3stream.testing.s3_servers`).
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+
+from .s3_servers import LoopbackS3Server
 
 __all__ = ["SeaweedS3Server", "SeaweedUnavailable", "find_weed"]
 
@@ -88,7 +92,7 @@ def _free_ports(count: int) -> list[int]:
             s.close()
 
 
-class SeaweedS3Server:
+class SeaweedS3Server(LoopbackS3Server):
     """A SeaweedFS process serving S3 on ``http://127.0.0.1:<port>``.
 
     Args:
@@ -141,8 +145,8 @@ class SeaweedS3Server:
         self._data_dir.mkdir(parents=True, exist_ok=True)
         self._log_path = self._data_dir / "weed.log"
         for attempt in range(_START_TRIES):
-            self._spawn(weed)
             try:
+                self._spawn(weed)
                 self._wait_ready()
                 return self
             except _ExitedEarly:
@@ -185,14 +189,17 @@ class SeaweedS3Server:
         )
         assert self._log_path is not None and self._data_dir is not None
         with open(self._log_path, "ab") as log:
-            self._process = subprocess.Popen(
-                [weed, "mini", *self._arguments()],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=self._data_dir,
-            )
+            try:
+                self._process = subprocess.Popen(
+                    [weed, "mini", *self._arguments()],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=self._data_dir,
+                )
+            except OSError as exc:  # not there, not executable, not for this machine
+                raise SeaweedUnavailable(f"cannot run {weed!r}: {exc}") from exc
 
     def _arguments(self) -> list[str]:
         p = self._ports
@@ -364,43 +371,6 @@ class SeaweedS3Server:
     def endpoint_url(self) -> str:
         """``http://127.0.0.1:<port>``."""
         return f"http://127.0.0.1:{self.port}"
-
-    def storage_options(self) -> dict[str, Any]:
-        """Keyword arguments for `S3ObjectStore` / ``storage_options`` of an ``s3://`` URL."""
-        return {
-            "endpoint_url": self.endpoint_url,
-            "aws_access_key_id": self.access_key,
-            "aws_secret_access_key": self.secret_key,
-            "region_name": "us-east-1",
-        }
-
-    def client(self, **config: Any) -> Any:
-        """A fresh boto3 S3 client for this server (botocore ``Config`` keyword arguments;
-        ``max_attempts`` sets the retry budget)."""
-        import boto3
-        from botocore.config import Config
-
-        max_attempts = config.pop("max_attempts", 3)
-        cfg = Config(
-            s3={"addressing_style": "path"},
-            retries={"mode": "standard", "total_max_attempts": max_attempts},
-            **config,
-        )
-        return boto3.session.Session().client(
-            "s3",
-            endpoint_url=self.endpoint_url,
-            aws_access_key_id=self.access_key,
-            aws_secret_access_key=self.secret_key,
-            region_name="us-east-1",
-            config=cfg,
-        )
-
-    def make_bucket(self, name: str) -> str:
-        """Create bucket `name` (no error if it exists); returns the name."""
-        client = self.client()
-        with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
-            client.create_bucket(Bucket=name)
-        return name
 
     def log_tail(self, lines: int = 40) -> str:
         """The last `lines` lines of the server's log."""

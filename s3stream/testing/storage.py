@@ -242,6 +242,7 @@ FAULT_SETTINGS = dataclasses.replace(
     store_timeout_ms=2_000,
 )
 
+
 class FaultyStorageStateMachine(StorageStateMachine):
     """`StorageStateMachine` with faults that come and go: the object store fails (errors
     before reaching it, and ambiguous ones that took effect) and the WAL fails transiently

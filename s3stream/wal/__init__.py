@@ -3,7 +3,11 @@
 Roles:
 
 - `WriteAheadLog` (`base`): the contract every WAL keeps (ordered, durable-on-ack appends,
-  trim, recovery, reset, close), with `WalCapabilities`, `WalPosition` and `WalRecord`.
+  trim, recovery, reset, close), with `WalCapabilities`, `WalPosition` and `WalRecord`; the
+  refusals every WAL words the same way are in `checks`.
+- `PipelinedWal` (`pipeline`): the WAL core of the file and object WALs: the pending queue,
+  room and backpressure, in-order acknowledgement, failure and lifecycle, one semantics for
+  both; each WAL supplies only its medium and its recovery.
 - `MemoryWal` over a `MemoryWalMedium` (`memory`): the contract without durability; the model
   for tests and demos.
 - `FileWal` (`file`, codecs in `framing`): the embedded default; a ring buffer on a

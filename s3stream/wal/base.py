@@ -113,3 +113,6 @@ class WriteAheadLog(Closeable):
     def describe(self) -> str:
         """A short human-readable name (for messages and `inspect`)."""
         return type(self).__name__
+
+    def __repr__(self) -> str:
+        return self.describe()

@@ -3,9 +3,11 @@
 Layout, framing and the recovery argument are in ``docs/file-wal.md``; the byte codecs are in
 `s3stream.wal.framing`. In short: two alternating header slots, then a ring of frames addressed
 by logical positions that grow forever (physical offset = data_start + position % capacity).
-Appends get their position under a lock; one writer thread group-commits every pending record
-with one vectored write and one ``fdatasync`` and then completes the futures in order. Space is
-reclaimed only once a trim is durable in the header, so untrimmed bytes are never overwritten.
+Appends, room, in-order completion and the lifecycle are the WAL core's
+(`s3stream.wal.pipeline`); this module is the medium: one writer thread (or a caller in
+`FileWal.drive`) group-commits every pending record with one vectored write and one
+``fdatasync``. Space is reclaimed only once a trim is durable in the header, so untrimmed
+bytes are never overwritten.
 """
 
 from __future__ import annotations
@@ -20,11 +22,9 @@ import os
 import stat
 import threading
 from array import array
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import NamedTuple
 
 from ..clock import Clock, SystemClock
 from ..errors import (
@@ -34,12 +34,11 @@ from ..errors import (
     S3StreamError,
     StreamClosedError,
     UnavailableError,
-    WalFullError,
 )
 from ..metrics.logs import ContextLogger
 from ..settings import FileWalSettings
 from ..validation import check_text
-from .base import WalCapabilities, WalPosition, WalRecord, WriteAheadLog
+from .base import WalCapabilities, WalPosition, WalRecord
 from .file_scan import choose_header, clean_tail_damage, damage, ring_reader, scan_bound
 from .framing import (
     BLOCK_BYTES,
@@ -54,15 +53,13 @@ from .framing import (
     SlotStatus,
     align_down,
     align_up,
-    body_crc,
     decode_slot,
-    encode_frame_header,
     encode_group_mark,
-    frame_size,
 )
 from .holder import WalHolderLock
 from .loss import check_wal_loss
 from .os_errors import os_error
+from .pipeline import Group, Pending, PipelinedWal
 
 __all__ = ["FileWal", "read_wal_header"]
 
@@ -70,24 +67,11 @@ _log = logging.getLogger(__name__)
 
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 _ZEROS = bytes(BLOCK_BYTES)
-#: Records up to this size are copied into one buffer with their header at append time (one
-#: iovec each); larger ones are written from the caller's bytes without a copy.
-_INLINE_RECORD_BYTES = 16 << 10
 _MIN_DATA_CAPACITY = 4 * BLOCK_BYTES
 #: Bytes of a slot that hold the header fields and their checksum.
 _SLOT_PROBE_BYTES = 160
 #: The contract's default `WalCapabilities.max_record_bytes`.
 _MAX_RECORD_BYTES = 64 << 20
-#: How often a waiting append re-reads the clock (a ManualClock never wakes a waiter itself).
-_WAIT_SLICE_S = 0.05
-
-
-class _Pending(NamedTuple):
-    position: int
-    #: The frame's bytes: header, record and padding (joined for small records).
-    parts: tuple[bytes | memoryview, ...]
-    size: int
-    future: Future[WalPosition]
 
 
 def read_wal_header(path: str | Path) -> HeaderSlot:
@@ -122,8 +106,12 @@ def _no_header_error(
     )
 
 
-class FileWal(WriteAheadLog):
+class FileWal(PipelinedWal):
     """A durable ring-buffer WAL on a preallocated file or a raw block device.
+
+    The medium of a `PipelinedWal` (appends, backpressure, in-order acknowledgement and the
+    lifecycle are the core's, `s3stream.wal.pipeline`): the ring, its headers, the group
+    commit of one writer thread (or a caller lending its thread, `drive`), fencing, recovery.
 
     `path` is created (with missing parent directories) when absent and `create` is true. An
     existing WAL is opened with its own capacity (the header wins over `settings`); it must
@@ -148,9 +136,11 @@ class FileWal(WriteAheadLog):
     valid record, dropping everything after it.
 
     A failed write or sync (a full disk, EIO) fails the appends in flight and every later one
-    with `UnavailableError`; `reset()`, once their futures are done, resumes the WAL (see
-    `reset`).
+    with `UnavailableError` (a later `append` returns a future failed with it); `reset()`, once
+    their futures are done, resumes the WAL (see `_resume`).
     """
+
+    _raise_when_failed = False
 
     def __init__(
         self,
@@ -182,34 +172,25 @@ class FileWal(WriteAheadLog):
             )
         self._path = Path(path)
         self._node_id = node_id
-        self._log = ContextLogger(_log, node_id)
         self._node_epoch = node_epoch
         self._settings = settings if settings is not None else FileWalSettings()
-        self._clock = clock if clock is not None else SystemClock()
-        self._on_full = on_full
+        super().__init__(
+            clock=clock if clock is not None else SystemClock(),
+            on_full=on_full,
+            full_wait_ms=self._settings.full_wait_ms,
+            log=ContextLogger(_log, node_id),
+        )
         self._accept_loss = accept_loss
 
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
-        #: Serialises appenders so a waiting (blocked on space) append keeps its turn.
-        self._order_lock = threading.Lock()
-        self._pending: deque[_Pending] = deque()
         #: Positions of live (untrimmed) records, ascending; maps a trim point to a frame end.
         self._positions: array[int] = array("q")
-        self._ready = False
-        self._closing = False
-        self._closed = False
-        self._abandoned = False
-        self._failed: S3StreamError | None = None
-        self._close_error: S3StreamError | None = None
-        self._finish_in_writer = False
         self._writer: threading.Thread | None = None
         #: Whether a writer thread is in its loop (it leaves it, under the lock, on a failure).
         self._writer_running = False
         #: The thread writing and completing a group now (the writer, or a caller in `drive`).
         self._committer: int | None = None
+        #: Where the next frame goes: above every position handed out.
         self._tail = 0
-        self._session = 0
         self._requested_start = 0
         self._durable_start = 0
         self._durable_tail = 0
@@ -244,10 +225,10 @@ class FileWal(WriteAheadLog):
         except BaseException:
             self._release_fds()
             raise
-        self._seed: int = self._header.seed
+        self._seed = self._header.seed
         self._capacity: int = self._header.capacity
         self._ring_read = ring_reader(self._fd, self._capacity, self._path)
-        self._max_record: int = min(
+        self._max_record = min(
             _MAX_RECORD_BYTES,
             self._capacity - 2 * BLOCK_BYTES - FRAME_HEADER.size,
         )
@@ -261,10 +242,6 @@ class FileWal(WriteAheadLog):
         )
 
     # ------------------------------------------------------------------ introspection
-
-    @property
-    def capabilities(self) -> WalCapabilities:
-        return self._capabilities
 
     @property
     def path(self) -> Path:
@@ -599,7 +576,7 @@ class FileWal(WriteAheadLog):
         _pwrite_all(self._wfd, head, DATA_START + phys)
         _pwrite_all(self._wfd, rest, DATA_START)
 
-    def _write_frames(self, group: list[_Pending]) -> None:
+    def _write_frames(self, group: list[Pending]) -> None:
         lo = group[0].position
         hi = group[-1].position + group[-1].size
         # The mark goes out in the same write: present after a crash only if the write got
@@ -732,6 +709,8 @@ class FileWal(WriteAheadLog):
         self._durable_tail = tail
         self._window_end = window_end
         self._positions = positions
+        # Everything below the start is trimmed: trims up to it are no-ops, not errors.
+        self._acked = max(self._acked, positions[-1] if positions else -1, start - 1)
         self._ready = True
         self._start_writer()
 
@@ -742,121 +721,39 @@ class FileWal(WriteAheadLog):
         )
         self._writer.start()
 
-    def reset(self) -> None:
-        """Drop every record; after a retryable failure, also resume taking appends.
-
-        After a failed write or sync (`UnavailableError`: a full disk, EIO), once every append
-        future is done, the WAL resumes in a fresh region: a header whose start and tail are
-        the first block boundary above every position ever handed out (the failed records may
-        have left frames, whole or torn, below it; nothing below the start is ever scanned)
-        and a new session, made durable before anything else is written; then a writer runs
-        again. If that header cannot be written either, this raises a retryable
-        `UnavailableError` and the WAL stays failed: call again later. A fatal failure
-        (`FencedError`, a bug) is raised as it is.
-        """
+    def _ready_without_records(self) -> None:
         with self._cond:
             self._check_open()
-            if self._failed is not None:
-                self._resume()
-                return
             if not self._ready:
                 h = self._header
                 # Without a scan the tail is unknown; the window end is past every frame ever
                 # written, so positions from there on are above every earlier one.
                 tail = scan_bound(h)[0]
                 self._become_ready(start=tail, tail=tail, positions=array("q"))
-                return
+
+    def _drop_all(self) -> None:
+        with self._cond:
             self._positions = array("q")
             self._request_start(self._tail)
 
-    # ------------------------------------------------------------------ append
+    # ------------------------------------------------------------------ room and trim
 
-    def append(self, data: bytes) -> Future[WalPosition]:
-        if type(data) is not bytes:
-            raise InvalidArgumentError(f"WAL records must be bytes, not {type(data).__name__}")
-        length = len(data)
-        if length > self._max_record:
-            raise InvalidArgumentError(
-                f"record of {length} bytes exceeds the largest the WAL {self._path} takes "
-                f"({self._max_record} bytes)"
-            )
-        size = frame_size(length)
-        crc = body_crc(data, self._seed)
-        pad = size - FRAME_HEADER.size - length
-        fut: Future[WalPosition] = Future()
-        fut.set_running_or_notify_cancel()
-        # In a future's callback (on the committing thread) the order lock may be held by an
-        # append that waits for this very thread: skip the queue rather than deadlock.
-        on_writer = threading.get_ident() == self._committer
-        with contextlib.nullcontext() if on_writer else self._order_lock:
-            waiting_since: float | None = None
-            while True:
-                with self._cond:
-                    self._check_appendable()
-                    if self._failed is not None:
-                        fut.set_exception(self._failed)
-                        return fut
-                    if self._fits(size):
-                        pos = self._tail
-                        head = encode_frame_header(pos, self._session, length, crc, self._seed)
-                        if length <= _INLINE_RECORD_BYTES:
-                            parts: tuple[bytes | memoryview, ...] = (head + data + _ZEROS[:pad],)
-                        else:
-                            parts = (head, data, _ZEROS[:pad])
-                        self._pending.append(_Pending(pos, parts, size, fut))
-                        self._positions.append(pos)
-                        self._tail = pos + size
-                        self._cond.notify_all()
-                        return fut
-                    if on_writer:
-                        raise WalFullError(self._full_message(size, 0))
-                    if waiting_since is not None:
-                        waited = self._clock.monotonic() - waiting_since
-                        remaining = self._settings.full_wait_ms / 1000 - waited
-                        if remaining <= 0:
-                            raise WalFullError(self._full_message(size, waited))
-                        self._cond.wait(min(remaining, _WAIT_SLICE_S))
-                        continue
-                waiting_since = self._clock.monotonic()
-                self._notify_full()
-
-    def _fits(self, size: int) -> bool:
+    def _reserve(self, size: int) -> int:
+        pos = self._tail
         # Whole blocks are written (O_DIRECT) or written back (page cache), so the block holding
-        # the oldest live byte is never reused until all of it is trimmed.
-        # The group mark after the frame needs room too (it must not overwrite live bytes).
-        end = self._tail + size + FRAME_ALIGN
-        return align_up(end) <= align_down(self._durable_start) + self._capacity
+        # the oldest live byte is never reused until all of it is trimmed. The group mark after
+        # the frame needs room too (it must not overwrite live bytes).
+        if align_up(pos + size + FRAME_ALIGN) > align_down(self._durable_start) + self._capacity:
+            return -1
+        self._positions.append(pos)
+        self._tail = pos + size
+        return pos
 
-    def _full_message(self, size: int, waited: float) -> str:
-        used = self._tail - self._durable_start
-        return (
-            f"WAL {self._path} is full: a {size}-byte frame does not fit while {used} of "
-            f"{self._capacity} bytes hold untrimmed records (waited {waited * 1000:.0f} ms; "
-            "records must be uploaded and trimmed)"
-        )
+    def _room(self) -> tuple[int, int]:
+        return self._tail - self._durable_start, self._capacity
 
-    def _notify_full(self) -> None:
-        if self._on_full is None:
-            return
-        try:
-            self._on_full()
-        except Exception:
-            self._log.exception("WAL %s: the on_full callback failed", self._path)
-
-    # ------------------------------------------------------------------ trim
-
-    def trim(self, position: WalPosition) -> None:
-        if isinstance(position, bool) or not isinstance(position, int):
-            raise InvalidArgumentError(f"position must be an int, got {position!r}")
+    def _persist_trim(self, position: int) -> None:
         with self._cond:
-            self._check_open()
-            self._raise_if_failed()
-            if not self._ready:
-                raise S3StreamError("WAL: recover() or reset() must run before trim()")
-            if position >= self._tail:
-                raise InvalidArgumentError(
-                    f"cannot trim to {position}: nothing was appended at or after it"
-                )
             index = bisect.bisect_right(self._positions, position)
             new_start = self._positions[index] if index < len(self._positions) else self._tail
             del self._positions[:index]
@@ -870,7 +767,8 @@ class FileWal(WriteAheadLog):
         if threading.get_ident() == self._committer:
             return  # called from a future's callback: the next commit persists it
         while self._durable_start < new_start:
-            self._raise_if_failed()
+            if self._failed is not None:
+                raise self._failed
             if self._closed:
                 raise StreamClosedError(f"WAL {self._path} was closed during a trim")
             self._cond.wait()
@@ -881,22 +779,18 @@ class FileWal(WriteAheadLog):
         try:
             self._writer_loop()
         finally:
-            if self._finish_in_writer:
-                self._finish_close()
+            if self._close_later:
+                self._release(clean=True)
 
     def _has_work(self) -> bool:
         return bool(self._pending) or self._requested_start > self._durable_start
 
-    def _take_group(self) -> tuple[list[_Pending], int]:
-        """The next group to commit and the trim point to persist with it (lock held); the
-        calling thread becomes the committer."""
-        max_group = self._settings.max_group_bytes
-        group: list[_Pending] = []
-        total = 0
-        while self._pending and (not group or total + self._pending[0].size <= max_group):
-            rec = self._pending.popleft()
-            group.append(rec)
-            total += rec.size
+    def _take_group(self) -> tuple[Group, int]:
+        """The next group to commit (maybe empty: a trim point alone) and the trim point to
+        persist with it (lock held); the calling thread becomes the committer."""
+        group = Group(self._cut_pending(self._settings.max_group_bytes))
+        if group.records:
+            self._unacked.append(group)
         self._committer = threading.get_ident()
         return group, self._requested_start
 
@@ -948,17 +842,18 @@ class FileWal(WriteAheadLog):
                 if self._has_work() or self._closing or self._failed is not None:
                     self._cond.notify_all()
 
-    def _commit_and_complete(self, group: list[_Pending], start_target: int) -> None:
+    def _commit_and_complete(self, group: Group, start_target: int) -> None:
         """Commit `group` (committer role held), then complete its futures in order (or fail
         the WAL, failing them)."""
         observer = self._on_commit
         started = self._clock.monotonic() if observer is not None else 0.0
+        records = group.records
         try:
             with self._exclusive():
                 self._verify_owner()
-                self._commit(group, start_target)
+                self._commit(records, start_target)
         except OSError as exc:
-            self._fail(group, self._write_error(group, exc))
+            self._fail(group, self._write_error(records, exc))
             return
         except FencedError as exc:
             self._fail(group, exc)
@@ -976,23 +871,24 @@ class FileWal(WriteAheadLog):
             raise
         with self._cond:
             self._durable_start = max(self._durable_start, start_target)
-            if group:
-                self._durable_tail = group[-1].position + group[-1].size
-            self._cond.notify_all()
+            group.done = True
+            ready = self._take_turn() if records else []
+            if not ready:
+                self._cond.notify_all()  # a trim waits for its start to be durable
         try:
-            if observer is not None and group:
+            if observer is not None and records:
                 observer(
-                    self._clock.monotonic() - started, sum(r.size for r in group), len(group)
+                    self._clock.monotonic() - started, sum(r.size for r in records), len(records)
                 )
-            for rec in group:
-                rec.future.set_result(rec.position)
         finally:
-            # Durable: an interrupt between two completions must not leave the rest waiting.
-            for rec in group:
-                if not rec.future.done():
-                    rec.future.set_result(rec.position)
+            if ready:
+                self._complete_turn(ready)
 
-    def _commit(self, group: list[_Pending], start_target: int) -> None:
+    def _acknowledged(self, group: Group) -> None:
+        last = group.records[-1]
+        self._durable_tail = last.position + last.size
+
+    def _commit(self, group: list[Pending], start_target: int) -> None:
         """Make `group` and the trim point `start_target` durable with one fdatasync."""
         if group:
             lo = group[0].position
@@ -1013,7 +909,7 @@ class FileWal(WriteAheadLog):
             self._write_header(self._header.next(start=start_target, tail=tail))
         os.fdatasync(self._wfd)
 
-    def _write_error(self, group: list[_Pending], exc: OSError) -> UnavailableError:
+    def _write_error(self, group: list[Pending], exc: OSError) -> UnavailableError:
         where = group[0].position if group else self._durable_tail
         return UnavailableError(
             f"WAL {self._path}: write failed at position {where}: {_reason(exc)}; nothing from "
@@ -1021,111 +917,103 @@ class FileWal(WriteAheadLog):
             "the cause is gone"
         )
 
-    def _resume(self) -> None:
-        """Resume after a failure (lock held); see `reset`."""
-        failure = self._failed
-        assert failure is not None
-        if not failure.retryable:
-            raise failure
-        # The failed group's committer may still be completing its futures; then nothing is
-        # in flight (appends fail at once while failed).
-        while self._committer is not None:
-            self._cond.wait()
-        if self._pending:  # cannot happen: `_fail` took them all, later appends fail at once
-            raise S3StreamError(f"WAL {self._path}: reset() with appends in flight")
-        h = self._header
-        # Above every position handed out (the failed records included), on a block boundary
-        # so that an O_DIRECT writer starts on a fresh block (no bytes to carry over).
-        resume_at = align_up(self._tail)
-        # Frames were only ever written below a window end made durable first; keep it a
-        # bound on everything written, and promise the usual window ahead of the new tail.
-        window_end = max(
-            h.window_end, self._window_end, resume_at + self._settings.recovery_window_bytes
-        )
-        new = h.next(
-            start=resume_at,
-            tail=resume_at,
-            window_end=window_end,
-            session=h.session + 1,
-            clean=False,
-        )
-        try:
-            with self._exclusive():
-                self._verify_owner()
-                self._persist_header(new)
-        except FencedError as exc:
-            self._failed = exc
-            self._holder.release()
-            raise
-        except OSError as exc:
-            err = UnavailableError(
-                f"WAL {self._path}: cannot resume after a failed write: writing the header "
-                f"failed: {_reason(exc)}; reset() may be called again later"
-            )
-            self._failed = err
-            raise err from exc
-        self._log.warning(
-            "WAL %s resumed at position %d (session %d) after: %s",
-            self._path,
-            resume_at,
-            new.session,
-            failure,
-        )
-        self._session = new.session
-        self._tail = self._durable_tail = resume_at
-        self._requested_start = self._durable_start = resume_at
-        self._window_end = window_end
-        self._positions = array("q")
-        self._tail_block = b""
-        self._failed = None
-        if not self._writer_running:
-            self._start_writer()
-        self._cond.notify_all()
+    def _resume(self, failure: S3StreamError) -> str:
+        """Resume after a retryable failure (`reset`), in a fresh region.
 
-    def _fail(self, group: list[_Pending], err: S3StreamError) -> None:
-        """Fail `group`, everything pending and every later append with `err`."""
-        self._log.error("%s", err)
+        After a failed write or sync (`UnavailableError`: a full disk, EIO), the WAL resumes
+        with a header whose start and tail are the first block boundary above every position
+        ever handed out (the failed records may have left frames, whole or torn, below it;
+        nothing below the start is ever scanned) and a new session, made durable before
+        anything else is written; then a writer runs again. If that header cannot be written
+        either, this raises a retryable `UnavailableError` and the WAL stays failed: call
+        again later. A fencing found meanwhile is raised and stays.
+        """
         with self._cond:
-            self._failed = err
-            doomed = group + list(self._pending)
-            self._pending.clear()
-            self._cond.notify_all()
+            # The failed group's committer may still be completing its futures; then nothing
+            # is in flight (appends fail at once while failed).
+            while self._committer is not None:
+                self._cond.wait()
+            h = self._header
+            # Above every position handed out (the failed records included), on a block
+            # boundary so that an O_DIRECT writer starts on a fresh block (no bytes to carry).
+            resume_at = align_up(self._tail)
+            # Frames were only ever written below a window end made durable first; keep it a
+            # bound on everything written, and promise the usual window ahead of the new tail.
+            window_end = max(
+                h.window_end, self._window_end, resume_at + self._settings.recovery_window_bytes
+            )
+            new = h.next(
+                start=resume_at,
+                tail=resume_at,
+                window_end=window_end,
+                session=h.session + 1,
+                clean=False,
+            )
+            try:
+                with self._exclusive():
+                    self._verify_owner()
+                    self._persist_header(new)
+            except FencedError as exc:
+                self._failed = exc
+                self._holder.release()
+                raise
+            except OSError as exc:
+                err = UnavailableError(
+                    f"WAL {self._path}: cannot resume after a failed write: writing the header "
+                    f"failed: {_reason(exc)}; reset() may be called again later"
+                )
+                self._failed = err
+                raise err from exc
+            self._session = new.session
+            self._tail = self._durable_tail = resume_at
+            self._requested_start = self._durable_start = resume_at
+            self._window_end = window_end
+            self._positions = array("q")
+            self._acked = max(self._acked, resume_at - 1)
+            self._tail_block = b""
+            self._clear_failure_locked()
+            if not self._writer_running:
+                self._start_writer()
+        return f"at position {resume_at} (session {new.session})"
+
+    def _fail(self, group: Group, err: S3StreamError) -> None:
+        """Fail `group`, everything pending and every later append with `err`."""
+        with self._cond:
+            group.done = True
+            group.error = err
+            self._fail_locked(err)
+            ready = self._take_turn()
         if isinstance(err, FencedError):
             # This instance never writes again: a taker of a device can have the lock now.
             self._holder.release()
-        for rec in doomed:
-            rec.future.set_exception(err)
+        if ready:
+            self._complete_turn(ready)
 
     # ------------------------------------------------------------------ close
 
-    def close(self) -> None:
-        with self._cond:
-            first = not (self._closed or self._closing)
-            self._closing = True
-            self._cond.notify_all()
-            writer = self._writer
-            if writer is not None and self._committer == threading.get_ident():
-                # Called from a future's callback: the writer finishes the close when it stops.
-                self._finish_in_writer = True
-                return
-        if writer is not None:
+    def _stop(self, *, abandon: bool) -> None:
+        writer = self._writer
+        if (
+            writer is not None
+            and writer is not threading.current_thread()
+            and self._committer != threading.get_ident()
+        ):
+            # The writer leaves once everything is durable (`_closing` is set), or at once
+            # when abandoned: a group already being written finishes, like a crash after it.
             writer.join()
-        self._finish_close()
-        if first and self._close_error is not None:
-            raise self._close_error
 
-    def _finish_close(self) -> None:
+    def _release(self, *, clean: bool) -> None:
         with self._cond:
             if self._closed:
                 return
             try:
-                if self._ready and self._failed is None and not self._abandoned:
-                    clean = self._header.next(
+                if clean and self._ready and self._failed is None and not self._abandoned:
+                    header = self._header.next(
                         start=self._durable_start, tail=self._durable_tail, clean=True
                     )
                     with self._exclusive():
                         self._verify_owner()
-                        self._persist_header(clean)
+                        self._persist_header(header)
             except FencedError as exc:
                 self._log.info("%s; closed without a clean-shutdown header", exc)
             except OSError as exc:
@@ -1136,39 +1024,6 @@ class FileWal(WriteAheadLog):
                 self._release_fds()
                 self._closed = True
                 self._cond.notify_all()
-
-    def _abandon(self) -> None:
-        """Stop like a crash, for tests: no clean-shutdown header, un-synced records dropped."""
-        with self._cond:
-            if self._closed:
-                return
-            self._closing = self._abandoned = True
-            self._cond.notify_all()
-            writer = self._writer
-        if writer is not None and self._committer != threading.get_ident():
-            writer.join()  # a group already being written finishes, like a crash after it
-        with self._cond:
-            doomed = list(self._pending)
-            self._pending.clear()
-        err = StreamClosedError(f"WAL {self._path} was abandoned")
-        for rec in doomed:
-            rec.future.set_exception(err)
-        self._finish_close()
-
-    # ------------------------------------------------------------------ state checks
-
-    def _check_open(self) -> None:
-        if self._closed or self._closing:
-            raise StreamClosedError(f"WAL {self._path} is closed")
-
-    def _check_appendable(self) -> None:
-        self._check_open()
-        if not self._ready:
-            raise S3StreamError("WAL: recover() or reset() must run before append()")
-
-    def _raise_if_failed(self) -> None:
-        if self._failed is not None:
-            raise self._failed
 
 
 def _reason(exc: OSError) -> str:

@@ -2,6 +2,11 @@
 
 Records live in a `MemoryWalMedium`. A new `MemoryWal` over the same medium recovers what the
 previous one left, which is how tests simulate a crash: drop the WAL object, keep the medium.
+
+Roles: `MemoryWalMedium` (the "disk") and `MemoryWal`. It is no `PipelinedWal`
+(`s3stream.wal.pipeline`): with nothing to wait for, an append is stored and acknowledged on
+the calling thread, so there is no pending queue, no writer and no room to wait for. Its
+refusals and lifecycle are the same as the pipelined WALs' (`s3stream.wal.checks`).
 """
 
 from __future__ import annotations
@@ -11,14 +16,21 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 
 from .._futures import CompletedFutures
-from ..errors import InvalidArgumentError, S3StreamError, StreamClosedError
 from .base import WalCapabilities, WalPosition, WalRecord, WriteAheadLog
+from .checks import (
+    check_trim_position,
+    closed_error,
+    not_ready_error,
+    record_error,
+    trim_past_acked_error,
+)
 
 __all__ = ["MemoryWal", "MemoryWalMedium"]
 
 _CAPABILITIES = WalCapabilities(
     persistent=False, durable_on_ack=True, torn_writes=False, bounded_capacity=False, fencing=False
 )
+_MAX_RECORD_BYTES = _CAPABILITIES.max_record_bytes
 
 
 class MemoryWalMedium:
@@ -59,17 +71,13 @@ class MemoryWal(WriteAheadLog):
         self._ready = True
 
     def append(self, data: bytes) -> Future[WalPosition]:
-        if type(data) is not bytes:
-            raise InvalidArgumentError(f"WAL records must be bytes, not {type(data).__name__}")
-        if len(data) > _CAPABILITIES.max_record_bytes:
-            raise InvalidArgumentError(
-                f"WAL record of {len(data)} bytes exceeds {_CAPABILITIES.max_record_bytes}"
-            )
+        if type(data) is not bytes or len(data) > _MAX_RECORD_BYTES:
+            raise record_error(data, _MAX_RECORD_BYTES, self.describe())
         m = self._medium
         with m.lock:
             self._check_open()
             if not self._ready:
-                raise S3StreamError("WAL: recover() or reset() must run before append()")
+                raise not_ready_error(self.describe(), "append()")
             pos = m.next_position
             m.next_position = pos + 1
             m.records.append(WalRecord(pos, data))
@@ -77,15 +85,15 @@ class MemoryWal(WriteAheadLog):
         return self._done.result(pos)
 
     def trim(self, position: WalPosition) -> None:
-        if type(position) is not int:
-            raise InvalidArgumentError(f"trim position must be an int, got {position!r}")
+        check_trim_position(position)
         m = self._medium
         with m.lock:
             self._check_open()
+            if not self._ready:
+                raise not_ready_error(self.describe(), "trim()")
+            # Every record appended is acknowledged already.
             if position >= m.next_position:
-                raise InvalidArgumentError(
-                    f"cannot trim to {position}: nothing was appended at or after it"
-                )
+                raise trim_past_acked_error(self.describe(), position, m.next_position - 1)
             if position <= m.trimmed:
                 return
             m.trimmed = position
@@ -109,4 +117,4 @@ class MemoryWal(WriteAheadLog):
 
     def _check_open(self) -> None:
         if self._closed:
-            raise StreamClosedError("the WAL is closed")
+            raise closed_error(self.describe())

@@ -27,6 +27,10 @@ their positions stay claimed.
 A WAL object PUT that is slow gets *hedged*: an identical PUT of the same key, sent from a
 pool of its own; the first attempt that lands acknowledges the batch, and an attempt told
 "exists" reads the object back (equal bytes: a sibling attempt made it; different: fenced).
+
+Appends, room, in-order acknowledgement and the lifecycle are the WAL core's
+(`s3stream.wal.pipeline`); this module is the medium: the chain, its batches and their PUTs,
+trim markers, seals and recovery.
 """
 
 from __future__ import annotations
@@ -42,9 +46,8 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
-from urllib.parse import parse_qsl
 
 import crc32c
 
@@ -56,18 +59,17 @@ from ..errors import (
     InvalidArgumentError,
     ObjectNotFoundError,
     S3StreamError,
-    StreamClosedError,
     UnavailableError,
-    WalFullError,
 )
 from ..metrics.logs import ContextLogger
 from ..objectstore.base import ObjectStore
 from ..objectstore.wrappers import RetryingObjectStore
 from ..settings import MAX_OBJECT_WAL_UNFLUSHED_BYTES, ObjectWalSettings
 from ..validation import check_bool, check_node_id
-from .base import WalCapabilities, WalPosition, WalRecord, WriteAheadLog
-from .framing import FRAME_HEADER, FrameScanner, body_crc, encode_frame_header, frame_size
+from .base import WalCapabilities, WalRecord, WriteAheadLog
+from .framing import FRAME_HEADER, FrameScanner, frame_size
 from .loss import check_open_node_wal, check_wal_loss
+from .pipeline import Group, PipelinedWal
 
 __all__ = [
     "HEADER",
@@ -107,10 +109,8 @@ _MAX_POSITION = (1 << 64) - 1
 #: URL scheme prefix that opens an object WAL on any object-store URL (``object+file://``).
 OBJECT_WAL_PREFIX = "object+"
 _MAX_RECORD_BYTES = 64 << 20
-_ZEROS = bytes(FRAME_HEADER.size)
 _OBJECT_NAME = re.compile(r"^\d{20}$")
 _MARKER_NAME = re.compile(r"^trim/(\d{20})\.(\d{20})\.(\d{12})$")
-_WAIT_SLICE_S = 0.05
 _SEAL_ATTEMPTS = 64
 _RECOVERY_READ_AHEAD = 8
 #: Adaptive hedging: the delay is `_HEDGE_FACTOR` times the p90 of the last `_HEDGE_WINDOW`
@@ -197,22 +197,12 @@ class _Obj:
     landed: bool
 
 
-@dataclass(slots=True)
-class _Rec:
-    position: int
-    size: int
-    header: bytes
-    data: bytes
-    future: Future[WalPosition]
+@dataclass(slots=True, eq=False, kw_only=True)
+class _Batch(Group):
+    """A WAL object being PUT: its records (a `Group`, resolved by the first attempt that
+    settles it; later attempts change nothing) and its attempts."""
 
-
-@dataclass(slots=True)
-class _Batch:
     obj: _Obj
-    records: list[_Rec]
-    #: Resolved: acknowledged (`error` None) or failed; later attempts change nothing.
-    done: bool = False
-    error: S3StreamError | None = None
     #: The writer's `_durable` when the batch was cut: its header's `acked_through`, fixed
     #: here so that every attempt builds the same bytes.
     acked_through: int = 0
@@ -287,8 +277,12 @@ class ObjectWalCheck:
         return self.damage is None
 
 
-class ObjectWal(WriteAheadLog):
+class ObjectWal(PipelinedWal):
     """A write-ahead log kept as objects in an object store (see the module docstring).
+
+    The medium of a `PipelinedWal` (appends, backpressure, in-order acknowledgement and the
+    lifecycle are the core's, `s3stream.wal.pipeline`): the chain of WAL objects, batches cut
+    by a flusher thread and PUT (and hedged) from a pool, trim markers, seals, recovery.
 
     `store` is the object store; WAL objects go under ``{prefix}/{node_id}/`` (`prefix` may be
     empty). Unless `retry` is false the store is wrapped in a `RetryingObjectStore` (backoff on
@@ -334,7 +328,12 @@ class ObjectWal(WriteAheadLog):
             raise InvalidArgumentError(f"settings must be ObjectWalSettings, got {settings!r}")
         self._must_exist = check_bool("must_exist", must_exist)
         self._accept_loss = check_bool("accept_loss", accept_loss)
-        self._clock = clock if clock is not None else SystemClock()
+        super().__init__(
+            clock=clock if clock is not None else SystemClock(),
+            on_full=on_full,
+            full_wait_ms=settings.full_wait_ms,
+            log=ContextLogger(_log, node_id),
+        )
         self._rng = rng if rng is not None else random.Random(f"s3stream-object-wal:{node_id}")
         self._raw_store = store
         self._store: ObjectStore = (
@@ -342,56 +341,38 @@ class ObjectWal(WriteAheadLog):
         )
         self._close_store = close_store
         self._node_id = node_id
-        self._log = ContextLogger(_log, node_id)
         self._epoch = node_epoch
         self._session = node_epoch & 0xFFFFFFFF
         self._dir = f"{prefix.strip('/')}/{node_id}" if prefix.strip("/") else node_id
         self._seed = _node_seed(node_id)
         self._settings = settings
-        self._on_full = on_full
         self._interval_s = settings.wal_batch_interval_ms / 1000
         self._max_batch = settings.wal_batch_max_bytes
         self._capacity = settings.max_unflushed_bytes
-        max_record = min(_MAX_RECORD_BYTES, self._capacity - 2 * FRAME_HEADER.size)
+        self._max_record = max(1, min(_MAX_RECORD_BYTES, self._capacity - 2 * FRAME_HEADER.size))
         self._capabilities = WalCapabilities(
             persistent=True,
             durable_on_ack=True,
             torn_writes=False,
             bounded_capacity=True,
             fencing=True,
-            max_record_bytes=max(1, max_record),
+            max_record_bytes=self._max_record,
         )
-
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
-        #: Serializes appenders, so one waiting for room keeps its turn.
-        self._order_lock = threading.Lock()
-        #: Serializes the completion of futures (in position order).
-        self._ack_lock = threading.Lock()
+        # The flusher waits for the batch interval: wake it early once a batch is full.
+        self._wake_bytes = self._max_batch
         #: Serializes trims and resets (their I/O runs without `_lock`).
         self._trim_lock = threading.Lock()
 
-        self._ready = False
-        self._closing = False
-        self._closed = False
-        self._abandoned = False
-        self._failed: S3StreamError | None = None
-        #: Error every later batch is completed with once an earlier one failed.
-        self._ack_failure: S3StreamError | None = None
+        #: The position the next record gets.
         self._next = 0
-        self._acked = -1
         #: Where the unbroken run of this writer's chain objects known to have landed ends
         #: (exclusive): what the next object cut records as `acked_through`.
         self._durable = 0
         self._trim = -1
         self._anchor = 0
-        self._pending: deque[_Rec] = deque()
-        self._pending_bytes = 0
-        self._flush_now = False
         self._last_cut = float("-inf")
         #: Batches cut and not yet resolved.
         self._inflight = 0
-        self._queue: deque[_Batch] = deque()
         #: Chain objects not yet deleted, in position order (recovered ones first).
         self._objects: deque[_Obj] = deque()
         #: Data objects found by recovery off the chain or below the anchor: (first, key).
@@ -415,10 +396,6 @@ class ObjectWal(WriteAheadLog):
         self._hedges_won = 0
 
     # ------------------------------------------------------------------ introspection
-
-    @property
-    def capabilities(self) -> WalCapabilities:
-        return self._capabilities
 
     @property
     def node_id(self) -> str:
@@ -822,84 +799,49 @@ class ObjectWal(WriteAheadLog):
         )
         self._flusher.start()
 
-    # ------------------------------------------------------------------ append
+    # ------------------------------------------------------------------ room
 
-    def append(self, data: bytes) -> Future[WalPosition]:
-        if type(data) is not bytes:
-            raise InvalidArgumentError(f"WAL records must be bytes, not {type(data).__name__}")
-        n = len(data)
-        if n > self._capabilities.max_record_bytes:
-            raise InvalidArgumentError(
-                f"WAL record of {n} bytes exceeds max_record_bytes="
-                f"{self._capabilities.max_record_bytes}"
-            )
-        size = frame_size(n)
-        crc = body_crc(data, self._seed)
-        with self._order_lock, self._cond:
-            self._check_appendable()
-            if self._live_bytes + size > self._capacity and self._live_bytes:
-                self._wait_for_room(size)
-            pos = self._next
-            self._next = pos + size
-            header = encode_frame_header(pos, self._session, n, crc, self._seed)
-            fut: Future[WalPosition] = Future()
-            self._pending.append(_Rec(pos, size, header, data, fut))
-            was_empty = self._pending_bytes == 0
-            self._pending_bytes += size
-            self._live.append((pos, size))
-            self._live_bytes += size
-            if was_empty or self._pending_bytes >= self._max_batch:
-                self._cond.notify_all()
-        return fut
+    def _reserve(self, size: int) -> int:
+        # An empty WAL takes any record (none is larger than the capacity).
+        if self._live_bytes + size > self._capacity and self._live_bytes:
+            return -1
+        pos = self._next
+        self._next = pos + size
+        self._live.append((pos, size))
+        self._live_bytes += size
+        return pos
 
-    def _wait_for_room(self, size: int) -> None:
-        """Wait (holding `_order_lock`, `_cond` acquired) until `size` more bytes fit."""
-        deadline = self._clock.monotonic() + self._settings.full_wait_ms / 1000
-        asked = False
-        while self._live_bytes + size > self._capacity and self._live_bytes:
-            if not asked and self._on_full is not None:
-                asked = True
-                self._cond.release()
-                try:
-                    self._on_full()
-                finally:
-                    self._cond.acquire()
-                continue
-            remaining = deadline - self._clock.monotonic()
-            if remaining <= 0:
-                raise WalFullError(
-                    f"{self.describe()}: {self._live_bytes} untrimmed bytes, room for "
-                    f"{self._capacity}; waited {self._settings.full_wait_ms} ms for a trim"
-                )
-            self._cond.wait(min(remaining, _WAIT_SLICE_S))
-            self._check_appendable()
+    def _room(self) -> tuple[int, int]:
+        return self._live_bytes, self._capacity
+
+    # ------------------------------------------------------------------ the flusher
 
     def _flush_loop(self) -> None:
+        pool = self._pool
+        assert pool is not None
         while True:
             with self._cond:
                 batch = self._next_batch()
             if batch is None:
-                return
-            if batch.done:
-                self._complete_in_order()
-                continue
-            pool = self._pool
-            assert pool is not None
+                break
             pool.submit(self._attempt, batch, 0)
+        if self._close_later:  # closed from a completion callback: finish it here
+            try:
+                self._stop(abandon=False)
+            finally:
+                self._release(clean=True)
 
     def _next_batch(self) -> _Batch | None:
         """Wait (under `_cond`) until a batch is due and cut it, sending the hedges that fall
         due meanwhile; None once stopping (after the last batch is resolved, so the batches
-        written by `close()` are hedged too).
-
-        After a failure, pending records come back as one batch that is already done."""
+        written by `close()` are hedged too). A wait ends at the next deadline (the batch
+        interval, a hedge) or when notified: a record pending, a batch resolved, a flush
+        asked for, close."""
         while True:
-            if self._abandoned or (self._closing and not self._pending and not self._queue):
+            if self._abandoned or (self._closing and not self._pending and not self._unacked):
                 return None
-            if self._failed is not None and self._pending:
-                return self._fail_pending(self._failed)
             now = self._clock.monotonic()
-            wait = min(_WAIT_SLICE_S, self._send_due_hedges(now))
+            wait = self._send_due_hedges(now)
             if self._pending and self._inflight < self._settings.max_inflight_puts:
                 due = self._last_cut + self._interval_s - now
                 if (
@@ -910,7 +852,7 @@ class ObjectWal(WriteAheadLog):
                 ):
                     return self._cut()
                 wait = min(due, wait)
-            self._cond.wait(wait)
+            self._cond.wait(None if wait == math.inf else wait)
 
     def _send_due_hedges(self, now: float) -> float:
         """Start a hedge of every unresolved batch whose PUT is overdue (under `_cond`);
@@ -919,8 +861,8 @@ class ObjectWal(WriteAheadLog):
         if pool is None:
             return math.inf
         soonest = math.inf
-        for batch in self._queue:
-            if batch.done:
+        for batch in self._unacked:
+            if batch.done or not isinstance(batch, _Batch):
                 continue
             if batch.hedge_due <= now:
                 batch.attempts += 1
@@ -934,15 +876,8 @@ class ObjectWal(WriteAheadLog):
         return soonest
 
     def _cut(self) -> _Batch:
-        records: list[_Rec] = []
-        total = 0
-        while self._pending and (not records or total + self._pending[0].size <= self._max_batch):
-            rec = self._pending.popleft()
-            records.append(rec)
-            total += rec.size
-        self._pending_bytes -= total
-        if not self._pending:
-            self._flush_now = False
+        records = self._cut_pending(self._max_batch)
+        total = sum(r.size for r in records)
         self._last_cut = self._clock.monotonic()
         self._inflight += 1
         first = records[0].position
@@ -950,8 +885,8 @@ class ObjectWal(WriteAheadLog):
         self._objects.append(obj)
         size_class = bisect.bisect(_HEDGE_CLASS_BYTES, HEADER.size + total)
         batch = _Batch(
-            obj,
             records,
+            obj=obj,
             attempts=1,
             running=1,
             size_class=size_class,
@@ -959,18 +894,7 @@ class ObjectWal(WriteAheadLog):
         )
         if self._hedge_pool is not None:
             batch.hedge_due = self._last_cut + self._hedge_delays_s[size_class]
-        self._queue.append(batch)
-        return batch
-
-    def _fail_pending(self, err: S3StreamError) -> _Batch:
-        """Turn every pending record into one failed batch, completed in order (under lock)."""
-        records = list(self._pending)
-        self._pending.clear()
-        self._pending_bytes = 0
-        first = records[0].position
-        obj = _Obj(first, records[-1].position + records[-1].size, "", records[-1].position, False)
-        batch = _Batch(obj, records, done=True, error=err)
-        self._queue.append(batch)
+        self._unacked.append(batch)
         return batch
 
     def _attempt(self, batch: _Batch, index: int) -> None:
@@ -1003,13 +927,10 @@ class ObjectWal(WriteAheadLog):
         self._attempt_done(batch, index, outcome, created, elapsed)
 
     def _batch_bytes(self, batch: _Batch) -> bytes:
-        parts: list[bytes] = []
-        for r in batch.records:
-            parts += (r.header, r.data, _ZEROS[: r.size - FRAME_HEADER.size - len(r.data)])
         return self._object_bytes(
             batch.obj.first,
             KIND_DATA,
-            b"".join(parts),
+            b"".join([part for r in batch.records for part in r.parts]),
             len(batch.records),
             acked_through=batch.acked_through,
         )
@@ -1061,11 +982,12 @@ class ObjectWal(WriteAheadLog):
             batch.blob = None
             batch.hedge_due = math.inf
             self._inflight -= 1
-            if error is not None and self._failed is None:
-                self._log.error("%s failed; no further appends: %s", self.describe(), error)
-                self._failed = error
+            if error is not None:
+                self._fail_locked(error)
             self._cond.notify_all()
-        self._complete_in_order()
+            ready = self._take_turn()
+        if ready:
+            self._complete_turn(ready)
 
     def _observe_put(self, size_class: int, seconds: float) -> None:
         """Feed one PUT latency to the adaptive hedge delay of its size class (under
@@ -1079,45 +1001,18 @@ class ObjectWal(WriteAheadLog):
             floor = self._settings.hedge_min_ms / 1000
             self._hedge_delays_s[size_class] = max(floor, _HEDGE_FACTOR * p90)
 
-    def _complete_in_order(self) -> None:
-        with self._ack_lock:
-            while True:
-                with self._cond:
-                    if not self._queue or not self._queue[0].done:
-                        return
-                    batch = self._queue.popleft()
-                    error = self._ack_failure or batch.error
-                    if error is not None:
-                        self._ack_failure = error
-                    else:
-                        batch.obj.landed = True
-                        self._acked = batch.obj.last
-                        self._durable = batch.obj.next
-                    self._cond.notify_all()
-                for r in batch.records:
-                    if error is None:
-                        r.future.set_result(r.position)
-                    else:
-                        r.future.set_exception(error)
+    def _acknowledged(self, group: Group) -> None:
+        assert isinstance(group, _Batch)
+        group.obj.landed = True
+        self._durable = group.obj.next
 
     # ------------------------------------------------------------------ trim and reset
 
-    def trim(self, position: WalPosition) -> None:
-        if isinstance(position, bool) or not isinstance(position, int):
-            raise InvalidArgumentError(f"trim position must be an int, got {position!r}")
+    def _persist_trim(self, position: int) -> None:
         with self._trim_lock:
             with self._cond:
-                self._check_open()
-                self._check_ready()
                 if position <= self._trim:
                     return
-                if self._failed is not None:
-                    raise self._failed
-                if position > self._acked:
-                    raise InvalidArgumentError(
-                        f"cannot trim to {position}: the last acknowledged position is "
-                        f"{self._acked}"
-                    )
             self._trim_to(position)
 
     def _trim_to(self, position: int) -> None:
@@ -1161,24 +1056,20 @@ class ObjectWal(WriteAheadLog):
 
     def reset(self) -> None:
         with self._trim_lock:
-            self._check_open()
-            if not self._ready:
-                for _ in self._recover(read_records=False):
-                    pass
-            else:
-                self._drain()
-            with self._cond:
-                failed = self._failed
-            if failed is not None:
-                self._resume(failed)
-                return
-            with self._cond:
-                target = self._next - 1
-                if target <= self._trim:
-                    return
-            self._trim_to(target)
+            super().reset()
 
-    def _resume(self, failed: S3StreamError) -> None:
+    def _ready_without_records(self) -> None:
+        for _ in self._recover(read_records=False):
+            pass
+
+    def _drop_all(self) -> None:
+        with self._cond:
+            target = self._next - 1
+            if target <= self._trim:
+                return
+        self._trim_to(target)
+
+    def _resume(self, failed: S3StreamError) -> str:
         """`reset` after a failure: make the WAL take appends again (holding `_trim_lock`).
 
         A failed PUT may still have created its object (the answer was lost), so the chain may
@@ -1187,10 +1078,8 @@ class ObjectWal(WriteAheadLog):
         end, exactly as a new owner does at open (a seal of a newer epoch on the way means
         the node was taken over: `FencedError`), and a trim marker puts the anchor past that
         seal, so recovery starts beyond every old object. The marker is durable before the
-        failure is cleared; until then every append keeps failing. Fatal failures are raised.
+        failure is cleared; until then every append keeps failing.
         """
-        if not failed.retryable or isinstance(failed, (FencedError, CorruptionError)):
-            raise failed
         with self._order_lock:
             listing = self._list()
             pos = listing.anchor
@@ -1227,88 +1116,36 @@ class ObjectWal(WriteAheadLog):
             with self._cond:
                 self._live.clear()
                 self._live_bytes = 0
-                self._failed = None
-                self._ack_failure = None
-                self._cond.notify_all()
-            self._log.warning("%s resumed after: %s", self.describe(), failed)
-
-    def _drain(self) -> None:
-        """Write everything pending now and wait until every append is completed."""
-        with self._cond:
-            self._flush_now = True
-            self._cond.notify_all()
-            while self._pending or self._queue:
-                self._cond.wait(_WAIT_SLICE_S)
+                self._clear_failure_locked()
+        return f"past a seal at position {end}"
 
     # ------------------------------------------------------------------ close
 
-    def close(self) -> None:
-        with self._cond:
-            if self._closed or self._closing:
-                return
-            self._closing = True
-            self._cond.notify_all()
-        try:
-            if self._ready:
-                self._drain()
-        finally:
-            self._stop_workers()
-            with self._cond:
-                self._closed = True
-            if self._close_store:
-                self._raw_store.close()
-
-    def _stop_workers(self) -> None:
+    def _stop(self, *, abandon: bool) -> None:
+        if self._ready and not abandon:
+            self._wait_idle()
         with self._cond:
             self._cond.notify_all()
-        if self._flusher is not None:
-            self._flusher.join()
+        flusher = self._flusher
+        if flusher is not None and flusher is not threading.current_thread():
+            flusher.join()
         # Attempts still running finish first (bounded by the store's retry deadline), so
         # nothing of this WAL touches the store once `close()` returns.
         for pool in (self._pool, self._hedge_pool):
             if pool is not None:
                 pool.shutdown(wait=True)
 
-    def _abandon(self) -> None:
-        """Drop the process state as a crash would: pending records are never written."""
+    def _release(self, *, clean: bool) -> None:
         with self._cond:
-            self._abandoned = True
-            self._closing = True
-            self._cond.notify_all()
-        self._stop_workers()
-        with self._cond:
+            if self._closed:
+                return
             self._closed = True
-            if self._pending:
-                self._fail_pending(StreamClosedError("the WAL was abandoned"))
-        self._complete_in_order()
-
-    def _check_open(self) -> None:
-        if self._closed or self._closing:
-            raise StreamClosedError("the WAL is closed")
-
-    def _check_ready(self) -> None:
-        if not self._ready:
-            raise S3StreamError("WAL: recover() or reset() must run before use")
-
-    def _check_appendable(self) -> None:
-        self._check_open()
-        self._check_ready()
-        if self._failed is not None:
-            raise self._failed
+            self._cond.notify_all()
+        if clean and self._close_store:  # a crash (`_abandon`) leaves the store to its owner
+            self._raw_store.close()
 
 
 # ---------------------------------------------------------------------- URL factory
-
-_QUERY_FIELDS = {
-    "batch_interval_ms": "wal_batch_interval_ms",
-    "batch_max_bytes": "wal_batch_max_bytes",
-    "max_inflight_puts": "max_inflight_puts",
-    "max_unflushed_bytes": "max_unflushed_bytes",
-    "full_wait_ms": "full_wait_ms",
-    "hedge_after_ms": "hedge_after_ms",
-    "hedge_min_ms": "hedge_min_ms",
-    "max_hedged_puts": "max_hedged_puts",
-}
 
 
 def check_object_wal(store: ObjectStore, node_id: str, *, prefix: str = "") -> ObjectWalCheck:
@@ -1339,29 +1176,19 @@ def open_object_wal(
     ``object+file:///var/wal``): an `ObjectWal` whose objects go under the URL. `must_exist`
     and `accept_wal_loss` are its `must_exist` and `accept_loss`.
 
-    The query may override settings: ``batch_interval_ms``, ``batch_max_bytes``,
-    ``max_inflight_puts``, ``max_unflushed_bytes``, ``full_wait_ms``, ``hedge_after_ms``,
-    ``hedge_min_ms``, ``max_hedged_puts`` (sizes take units).
+    The query may override single fields of `object_settings`, by their names
+    (``wal_batch_interval_ms=50``, ``max_unflushed_bytes=256MiB``, ``full_wait_ms=30s``; the
+    first short names ``batch_interval_ms`` and ``batch_max_bytes`` still work), with the
+    values of every settings source (`s3stream.settings_parse`, docs/configuration.md).
     """
     from ..objectstore.registry import open_object_store
-    from .registry import parse_size
+    from ..settings_parse import settings_from_query
 
     store_url, _, query = url.partition("?")
     scheme, _ = split_scheme(store_url)
     if scheme.startswith(OBJECT_WAL_PREFIX):
         store_url = store_url[len(OBJECT_WAL_PREFIX) :]
-    settings = object_settings if object_settings is not None else ObjectWalSettings()
-    changes: dict[str, int] = {}
-    for name, value in parse_qsl(query, keep_blank_values=True):
-        target = _QUERY_FIELDS.get(name)
-        if target is None:
-            known = ", ".join(sorted(_QUERY_FIELDS))
-            raise InvalidArgumentError(
-                f"unknown object WAL option {name!r} in {url!r} (known: {known})"
-            )
-        changes[target] = parse_size(value, name=name)
-    if changes:
-        settings = replace(settings, **changes)
+    settings = settings_from_query(ObjectWalSettings, query, base=object_settings, url=url)
     store = open_object_store(store_url, storage_options)
     try:
         return ObjectWal(

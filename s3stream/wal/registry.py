@@ -4,12 +4,14 @@ Built in: ``memory://`` (a fresh `MemoryWal`), ``file://`` URLs or plain paths (
 on a file or a raw block device such as ``/dev/nvme1n1``), and the object-store WAL
 (`ObjectWal`) on ``s3://bucket/prefix/wal`` or, with the ``object+`` prefix, on any object-store
 URL (``object+file:///var/wal``, ``object+memory://``). A ``file://`` URL may carry
-settings in its query, overriding `FileWalSettings`::
+settings in its query, overriding single fields of `FileWalSettings`::
 
-    file:///mnt/ebs/s3stream.wal?capacity=2GiB&direct=1&max_group=8MiB&full_wait_ms=30000
+    file:///mnt/ebs/s3stream.wal?capacity_bytes=2GiB&direct_io=1&full_wait_ms=30s
 
-Sizes take binary units (``4096``, ``64K``, ``64MiB``, ``2GiB``; ``KB``/``MB``/``GB`` mean the
-same as ``KiB``/``MiB``/``GiB`` here). A factory is called as ``factory(url, node_id=...,
+The names are the fields' (the first short names, ``capacity``, ``direct``, ``max_group`` and
+``recovery_window``, are still accepted) and the values follow `s3stream.settings_parse`: sizes
+in bytes or ``KiB``/``MiB``/``GiB``/``TiB``, durations in milliseconds or ``ms``/``s``/``min``/
+``h`` (docs/configuration.md). A factory is called as ``factory(url, node_id=...,
 node_epoch=..., clock=..., on_full=..., file_settings=..., object_settings=...,
 storage_options=..., **options)`` and returns a `WriteAheadLog`; it uses the arguments its kind
 needs (and ignores the rest: a take-over adds ``take_over=True``). Third parties register one
@@ -20,17 +22,16 @@ fsspec's, by design.
 
 from __future__ import annotations
 
-import dataclasses
-import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
 from .._registry import SchemeRegistry, split_scheme
 from ..clock import Clock
 from ..errors import InvalidArgumentError
 from ..settings import FileWalSettings, ObjectWalSettings
+from ..settings_parse import parse_size, settings_from_query
 from .base import WriteAheadLog
 from .file import FileWal
 from .holder import WalHolderLock
@@ -43,16 +44,11 @@ __all__ = [
     "open_wal",
     "parse_size",
     "register_wal",
+    "url_wal_factory",
 ]
 
 #: Entry-point group through which installed packages add WAL schemes.
 ENTRY_POINT_GROUP = "s3stream.wals"
-
-_SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*$")
-_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
-_UNITS = {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
 
 _registry: SchemeRegistry[WriteAheadLog] = SchemeRegistry(
     "WAL",
@@ -82,7 +78,7 @@ def open_wal(
     storage_options: Mapping[str, Any] | None = None,
     **options: Any,
 ) -> WriteAheadLog:
-    """Open the WAL a URL names: ``"memory://"``, ``"file:///path?capacity=2GiB"``, a path.
+    """Open the WAL a URL names: ``"memory://"``, ``"file:///path?capacity_bytes=2GiB"``, a path.
 
     `settings` (or its alias `file_settings`) configures a file WAL; the URL's query overrides
     single fields. `object_settings` and `storage_options` are for object-store WALs.
@@ -116,6 +112,59 @@ def open_wal(
     return wal
 
 
+def url_wal_factory(
+    url: str | Callable[[str], str],
+    *,
+    clock: Clock,
+    file_settings: FileWalSettings | None = None,
+    object_settings: ObjectWalSettings | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    held: WalHolderLock | None = None,
+    accept_wal_loss: bool = False,
+) -> Callable[[str, int, Callable[[], None]], WriteAheadLog]:
+    """The one way a client opens a WAL by URL, for its own node (`s3stream.open`) and for a
+    node it takes over (`StreamClient.take_over`): a `WalFactory` ``(node_id, node_epoch,
+    on_full, *, take_over=False, must_exist=False)`` calling `open_wal` with the client's WAL
+    settings (the URL's query overrides single fields).
+
+    `url` is the WAL's URL, or a function of the node id giving it (each node's default file
+    WAL inside a local store). `held`: the holder lock of the client's own file WAL, taken
+    already (`lock_file_wal`); handed to the WAL the first time the factory opens that node's
+    WAL. `must_exist` (a node whose streams are still open, so its WAL may hold acknowledged
+    appends): a file WAL that is missing or empty, or an object WAL prefix without objects, is
+    damage, `CorruptionError`, unless `accept_wal_loss`.
+    """
+    unused = [held] if held is not None else []
+
+    def factory(
+        node_id: str,
+        node_epoch: int,
+        on_full: Callable[[], None],
+        *,
+        take_over: bool = False,
+        must_exist: bool = False,
+    ) -> WriteAheadLog:
+        target = url if isinstance(url, str) else url(node_id)
+        extra: dict[str, Any] = {"must_exist": must_exist, "accept_wal_loss": accept_wal_loss}
+        if take_over:
+            extra["take_over"] = True
+        elif unused and unused[0].node_id == node_id:
+            extra["lock"] = unused.pop()
+        return open_wal(
+            target,
+            node_id=node_id,
+            node_epoch=node_epoch,
+            on_full=on_full,
+            clock=clock,
+            file_settings=file_settings,
+            object_settings=object_settings,
+            storage_options=storage_options,
+            **extra,
+        )
+
+    return factory
+
+
 def register_wal(
     scheme: str, target: str | Callable[..., WriteAheadLog], *, clobber: bool = False
 ) -> None:
@@ -123,24 +172,7 @@ def register_wal(
 
     Re-registering a scheme needs ``clobber=True``.
     """
-    if not isinstance(scheme, str) or not _SCHEME.match(scheme):
-        raise InvalidArgumentError(
-            f"scheme must be lower-case letters, digits, '+', '.' or '-', got {scheme!r}"
-        )
-    if not (callable(target) or (isinstance(target, str) and ":" in target)):
-        raise InvalidArgumentError(
-            f"target must be a callable or 'module:attribute', got {target!r}"
-        )
     _registry.register(scheme, target, clobber=clobber)
-
-
-def parse_size(text: str, *, name: str = "size") -> int:
-    """Bytes in a size such as ``"4096"``, ``"64MiB"`` or ``"2G"`` (binary units)."""
-    match = _SIZE.match(text) if isinstance(text, str) else None
-    if match is None:
-        raise InvalidArgumentError(f"{name} must be a size like 4096, 64MiB or 2GiB, got {text!r}")
-    digits, unit, _ = match.groups()
-    return int(digits) << _UNITS[unit.lower()]
 
 
 def open_memory_wal(url: str, **_ignored: Any) -> WriteAheadLog:
@@ -191,9 +223,7 @@ def open_file_wal(
     path, query = _file_target(url)
     if must_exist:
         _check_wal_present(Path(path), node_id, accept_wal_loss)
-    settings = file_settings if file_settings is not None else FileWalSettings()
-    if query:
-        settings = dataclasses.replace(settings, **_settings_from_query(query, url))
+    settings = settings_from_query(FileWalSettings, query, base=file_settings, url=url)
     return FileWal(
         path,
         node_id=node_id,
@@ -217,8 +247,8 @@ def lock_file_wal(url: str, node_id: str) -> WalHolderLock | None:
     if scheme != "file" or _registry.resolve("file") is not open_file_wal:
         return None
     path, query = _file_target(url)
-    if query:  # a mistake in the options must fail here too, before anything is registered
-        dataclasses.replace(FileWalSettings(), **_settings_from_query(query, url))
+    # A mistake in the settings must fail here too, before anything is registered.
+    settings_from_query(FileWalSettings, query, url=url)
     return WalHolderLock.acquire(path, node_id)
 
 
@@ -247,45 +277,3 @@ def _file_target(url: str) -> tuple[str, str]:
     if "\0" in path:
         raise InvalidArgumentError(f"a file WAL path cannot hold a NUL byte, got {url!r}")
     return path, parts.query
-
-
-def _settings_from_query(query: str, url: str) -> dict[str, Any]:
-    parsers: dict[str, tuple[str, Callable[[str, str], Any]]] = {
-        "capacity": ("capacity_bytes", _size_value),
-        "direct": ("direct_io", _bool_value),
-        "max_group": ("max_group_bytes", _size_value),
-        "full_wait_ms": ("full_wait_ms", _int_value),
-        "recovery_window": ("recovery_window_bytes", _size_value),
-    }
-    changes: dict[str, Any] = {}
-    for key, value in parse_qsl(query, keep_blank_values=True, strict_parsing=False):
-        if key not in parsers:
-            known = ", ".join(sorted(parsers))
-            raise InvalidArgumentError(
-                f"unknown file WAL option {key!r} in {url!r} (known: {known})"
-            )
-        field, parse = parsers[key]
-        if field in changes:
-            raise InvalidArgumentError(f"file WAL option {key!r} given twice in {url!r}")
-        changes[field] = parse(value, key)
-    return changes
-
-
-def _size_value(value: str, key: str) -> int:
-    return parse_size(value, name=key)
-
-
-def _bool_value(value: str, key: str) -> bool:
-    lowered = value.strip().lower()
-    if lowered in _TRUE:
-        return True
-    if lowered in _FALSE:
-        return False
-    raise InvalidArgumentError(f"{key} must be 0/1/true/false, got {value!r}")
-
-
-def _int_value(value: str, key: str) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        raise InvalidArgumentError(f"{key} must be an integer, got {value!r}") from None

@@ -1,13 +1,21 @@
-"""Generate the v1 golden object files (run by hand, never by the test suite).
+"""Generate the golden object files (run by hand, never by the test suite).
 
     .venv/bin/python tests/golden/make_golden.py
 
-Each ``v1_<name>.s3o`` is an object written by `ObjectWriter`; ``v1_<name>.json`` records the
-writer settings, every batch in the order it was added (payloads in hex plus sha256), the
-expected index entries and the sha256 of the object. `tests/test_format.py` decodes the
-committed files and compares them with the JSON. The files pin format version 1: once
-committed they must never be regenerated with different bytes; a new format version gets new
-files next to them.
+Two generations of files pin the object format (docs/format.md, "Versioning"):
+
+- ``v1_<name>.s3o``: format version 1 as first written, without a time-range table. The
+  writer no longer makes these bytes (it always adds the table), so they are frozen: this
+  script never writes them again, and the test suite only decodes them.
+- ``v1t_<name>.s3o``: format version 1 with the time-range table (footer flag 0x0100):
+  the same inputs, plus ``records``, whose records payloads make the time ranges.
+
+Each ``.json`` beside an object records the writer settings, every batch in the order it was
+added (payloads in hex plus sha256), the expected index entries (with their time ranges for
+``v1t``) and the sha256 of the object. `tests/test_format.py` decodes the committed files
+and compares them with the JSON. Once committed, files must never be regenerated with
+different bytes: the script writes only missing ones and reports any existing file the
+writer would now make differently. A new layout gets new files next to these.
 """
 
 from __future__ import annotations
@@ -19,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from s3stream.format import ObjectWriter, encode_batch, parse_tail
-from s3stream.format.objects import ObjectIndex
+from s3stream.format.objects import FLAG_TIME_RANGES, ObjectIndex
+from s3stream.records import Record, encode_records
 
 HERE = Path(__file__).parent
 
@@ -84,6 +93,39 @@ def big_offsets() -> tuple[dict[str, Any], list[Batch]]:
     return {"block_target_bytes": 512, "compression": "none", "zstd_level": 3}, batches
 
 
+def records() -> tuple[dict[str, Any], list[Batch]]:
+    """RECORDS batches whose records carry their own timestamps (all, some, none; out of
+    order; a zstd body; negative ones), raw batches, and a RECORDS batch whose payload is not
+    a records payload (its base timestamp stands for all its offsets)."""
+    batches: list[Batch] = []
+    off = 0
+
+    def add(kind: int, count: int, ts: int, payload: bytes) -> None:
+        nonlocal off
+        batches.append((11, off, count, kind, ts, {}, payload))
+        off += count
+
+    base = 1_700_000_000_000
+    # Every record stamped (timestamp mode 1); the base is their largest, as records_batch sets.
+    add(1, 3, base + 30, encode_records([Record(b"a", timestamp=base + t) for t in (10, 30, 20)]))
+    # Some stamped, some not (mode 2): those without take the base timestamp.
+    add(
+        1,
+        3,
+        base + 500,
+        encode_records([Record(b"b", timestamp=base + 900), Record(b"c"), Record(b"d")]),
+    )
+    # None stamped (mode 0): all take the base.
+    add(1, 2, base + 600, encode_records([Record(b"e"), Record(b"f", key=b"k")]))
+    # A zstd body with timestamps spread wider than 2**32 ms (mode 2 again) and a negative one.
+    spread = [Record(b"g" * 200, timestamp=t) for t in (-5, base + 1, 1 << 40)]
+    add(1, 3, 1 << 40, encode_records(spread, compression="zstd"))
+    add(0, 4, base + 700, b"raw bytes of four offsets")
+    add(1, 2, base + 800, b"not a records payload")
+    add(1, 1, base + 50, encode_records([Record(b"late", timestamp=base + 40)]))
+    return {"block_target_bytes": 150, "compression": "none", "zstd_level": 3}, batches
+
+
 def empty() -> tuple[dict[str, Any], list[Batch]]:
     """An object without any block: just an empty index and the footer."""
     return {"block_target_bytes": 1 << 20, "compression": "none", "zstd_level": 3}, []
@@ -103,6 +145,7 @@ def describe(settings: dict[str, Any], batches: list[Batch], data: bytes) -> dic
     assert isinstance(index, ObjectIndex)
     return {
         "format_version": 1,
+        "footer_flags": FLAG_TIME_RANGES,
         "object_size": len(data),
         "object_sha256": hashlib.sha256(data).hexdigest(),
         "writer": settings,
@@ -132,6 +175,7 @@ def describe(settings: dict[str, Any], batches: list[Batch], data: bytes) -> dic
                 "max_timestamp": b.max_timestamp,
                 "compressed": b.compressed,
                 "crc": b.crc,
+                "time_range": list(b.time_range or ()),
             }
             for b in index.blocks
         ],
@@ -139,19 +183,25 @@ def describe(settings: dict[str, Any], batches: list[Batch], data: bytes) -> dic
 
 
 def main() -> None:
-    """Write every golden object and its sidecar next to this script."""
+    """Write the missing ``v1t_`` objects and sidecars next to this script; check the others."""
     for name, make in (
         ("plain", plain),
         ("zstd", zstd),
         ("big_offsets", big_offsets),
         ("empty", empty),
+        ("records", records),
     ):
         settings, batches = make()
         data = build(settings, batches)
-        (HERE / f"v1_{name}.s3o").write_bytes(data)
+        path = HERE / f"v1t_{name}.s3o"
+        if path.exists():
+            same = path.read_bytes() == data
+            print(f"{path.name}: exists, {'same bytes' if same else 'DIFFERENT BYTES (kept)'}")
+            continue
+        path.write_bytes(data)
         sidecar = describe(settings, batches, data)
-        (HERE / f"v1_{name}.json").write_text(json.dumps(sidecar, indent=1, sort_keys=True) + "\n")
-        print(f"v1_{name}.s3o: {len(data)} bytes, {len(sidecar['blocks'])} blocks")
+        path.with_suffix(".json").write_text(json.dumps(sidecar, indent=1, sort_keys=True) + "\n")
+        print(f"{path.name}: {len(data)} bytes, {len(sidecar['blocks'])} blocks")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,684 @@
+"""asyncio front end: `await s3stream.aio.open(...)` and async handles over the sync ones.
+
+The library is thread-based: a client's WAL, uploader and compactor run in their own threads
+and every call blocks its caller until it is done. This module adapts it to an event loop
+without blocking the loop and without a second implementation of anything:
+
+- appends call `Stream.append_async` on the loop and await its future
+  (`asyncio.wrap_future`): no thread hop per append, and appends from many tasks are
+  group-committed as appends from many threads are;
+- every other call runs the sync method in a thread of the handle's own small pool, closed
+  with the handle (`open` and `open_reader`, before there is a handle, in the loop's default
+  executor);
+- long polls (`AsyncStream.fetch` with `wait_s`, `tail`, `tail_records`) run in a second pool,
+  so that tails waiting at the end of their streams never keep short calls waiting. Each poll
+  waits at most `wait_s`: a cancelled tail's thread returns within one poll (at once when
+  the stream or client closes), so cancelling never leaves a thread blocked.
+
+Errors are the sync calls' own exceptions (`StreamClosedError`, `OffsetMismatchError`, ...),
+raised unchanged. Cancelling an await does not stop work under way: an append whose await was
+cancelled may still become durable, as one whose sync call timed out, and a call already
+running in a thread finishes there (a call still queued is dropped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import inspect
+import itertools
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from types import TracebackType
+from typing import Any, ParamSpec, Protocol, Self, TypeVar
+
+from . import opening
+from .client import StreamClient, WalFactory
+from .compaction import CompactionReport, Progress
+from .errors import InvalidArgumentError, StreamClosedError, UnavailableError
+from .failover import TakeOverReport
+from .metadata import MetadataState
+from .reader import ObjectSummary, StreamReader
+from .reader import open_reader as _open_reader
+from .records import Record, batch_records
+from .settings import ClientSettings
+from .stream import Stream
+from .types import AppendResult, FetchedBatch, FetchResult, RecordBatch, StreamInfo
+from .validation import check_int, check_timeout
+
+__all__ = ["AsyncStream", "AsyncStreamClient", "AsyncStreamReader", "open", "open_reader"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+R = TypeVar("R")
+
+#: Records handed from a thread to the loop at a time by `read_records`.
+_RECORDS_PER_HOP = 1024
+
+
+class _Closes(Protocol):
+    def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=_Closes)
+
+
+class _Threads:
+    """The threads an async handle runs blocking calls in: `call` for calls that return
+    promptly, `poll` for long polls, each on a pool of its own (threads start on demand)."""
+
+    def __init__(self, name: str, *, threads: int, poll_threads: int) -> None:
+        check_int("threads", threads, minimum=1)
+        check_int("poll_threads", poll_threads, minimum=1)
+        self._what = name
+        self._calls = ThreadPoolExecutor(threads, f"s3stream-aio-{name}")
+        self._polls = ThreadPoolExecutor(poll_threads, f"s3stream-aio-{name}-poll")
+        self.closed = False
+
+    async def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """``fn(*args, **kwargs)`` in a thread of the call pool."""
+        return await self._run(self._calls, functools.partial(fn, *args, **kwargs))
+
+    async def poll(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """``fn(*args, **kwargs)``, a long poll, in a thread of the poll pool."""
+        return await self._run(self._polls, functools.partial(fn, *args, **kwargs))
+
+    async def _run(self, pool: ThreadPoolExecutor, job: Callable[[], T]) -> T:
+        loop = asyncio.get_running_loop()
+        ctx = contextvars.copy_context()  # as asyncio.to_thread: the caller's context vars
+        try:
+            future = loop.run_in_executor(pool, ctx.run, job)
+        except RuntimeError:  # the pool is shut down: the handle was closed
+            raise StreamClosedError(f"the {self._what} is closed") from None
+        try:
+            return await future
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            # Not this task's cancellation: `close` dropped the queued call.
+            raise StreamClosedError(f"the {self._what} is closed") from None
+
+    async def close(self) -> None:
+        """Refuse new calls, drop queued ones, and wait for the running ones to return."""
+        if self.closed:
+            return
+        self.closed = True
+        for pool in (self._polls, self._calls):
+            pool.shutdown(wait=False, cancel_futures=True)
+        await asyncio.to_thread(self._join)
+
+    def _join(self) -> None:
+        self._polls.shutdown(wait=True)
+        self._calls.shutdown(wait=True)
+
+
+async def _opened(fn: Callable[[], C]) -> C:
+    """``fn()`` in a thread; if the awaiting task is cancelled, what `fn` opens is closed."""
+    loop = asyncio.get_running_loop()
+    ctx = contextvars.copy_context()
+    job = loop.run_in_executor(None, ctx.run, fn)
+    try:
+        return await asyncio.shield(job)
+    except asyncio.CancelledError:
+        job.add_done_callback(_close_abandoned)
+        raise
+
+
+def _close_abandoned(job: asyncio.Future[Any]) -> None:
+    """Close, in a thread, what an opener returned after its caller stopped waiting."""
+    if not job.cancelled() and job.exception() is None:
+        job.get_loop().run_in_executor(None, job.result().close)
+
+
+def _take(items: Iterator[T], n: int) -> list[T]:
+    return list(itertools.islice(items, n))
+
+
+async def _in_chunks(threads: _Threads, items: Iterator[T]) -> AsyncIterator[T]:
+    """The items of a blocking iterator, advanced in threads a chunk at a time."""
+    while True:
+        chunk = await threads.call(_take, items, _RECORDS_PER_HOP)
+        for item in chunk:
+            yield item
+        if len(chunk) < _RECORDS_PER_HOP:
+            return
+
+
+def _takes_arguments_of(
+    sync: Callable[P, object],
+) -> Callable[[Callable[..., Coroutine[Any, Any, R]]], Callable[P, Coroutine[Any, Any, R]]]:
+    """Give the decorated opener the parameters of `sync`, which it passes through: for type
+    checkers and `help()`, and so that the two can never disagree."""
+
+    def decorate(
+        fn: Callable[..., Coroutine[Any, Any, R]],
+    ) -> Callable[P, Coroutine[Any, Any, R]]:
+        own = inspect.signature(fn)
+        signature = inspect.signature(sync).replace(return_annotation=own.return_annotation)
+        setattr(fn, "__signature__", signature)  # noqa: B010 (not an attribute mypy knows)
+        return fn
+
+    return decorate
+
+
+# ---------------------------------------------------------------------------------------------
+# Streams
+
+
+class AsyncStream:
+    """A `Stream` for asyncio: the same methods, awaited (`AsyncStreamClient.create_stream`,
+    `open_stream`). Properties are the stream's own (they never block); `sync` is the
+    `Stream` itself, for what this class does not cover."""
+
+    def __init__(self, stream: Stream, threads: _Threads, call_timeout_s: float) -> None:
+        self._stream = stream
+        self._threads = threads
+        self._call_timeout_s = call_timeout_s
+
+    @property
+    def sync(self) -> Stream:
+        """The `Stream` this wraps (its calls block)."""
+        return self._stream
+
+    @property
+    def stream_id(self) -> int:
+        """The stream's id."""
+        return self._stream.stream_id
+
+    @property
+    def epoch(self) -> int:
+        """The epoch this handle writes under."""
+        return self._stream.epoch
+
+    @property
+    def tags(self) -> Mapping[str, str]:
+        """Tags given at creation."""
+        return self._stream.tags
+
+    @property
+    def start_offset(self) -> int:
+        """First readable offset (`Stream.start_offset`)."""
+        return self._stream.start_offset
+
+    @property
+    def confirm_offset(self) -> int:
+        """Everything below this offset is durable and readable."""
+        return self._stream.confirm_offset
+
+    @property
+    def next_offset(self) -> int:
+        """Offset the next appended batch will start at."""
+        return self._stream.next_offset
+
+    @property
+    def closed(self) -> bool:
+        """Whether the handle was closed, the stream destroyed or the client closed."""
+        return self._stream.closed
+
+    # -- appends
+
+    async def append(
+        self,
+        batch: RecordBatch,
+        *,
+        timeout_s: float | None = None,
+        expected_offset: int | None = None,
+        producer_id: str | None = None,
+        sequence: int | None = None,
+    ) -> AppendResult:
+        """Append a batch and wait until it is durable, as `Stream.append`: `expected_offset`,
+        `producer_id` and `sequence` included (a mismatch or an out-of-order sequence raises
+        at once, nothing written).
+
+        Calls `Stream.append_async` on the loop: it returns at once, except while the client
+        holds appends back (the upload backlog at ``max_pending_bytes``, a full WAL), when it
+        waits for room up to ``backpressure_timeout_ms`` as every append does. Waits at most
+        `timeout_s` (default ``call_timeout_ms``) for durability, then raises
+        `UnavailableError`; the batch may still become durable, as after a cancelled await.
+        """
+        timeout = check_timeout("timeout_s", timeout_s)
+        future = self._stream.append_async(
+            batch, expected_offset=expected_offset, producer_id=producer_id, sequence=sequence
+        )
+        return await self._durable(future, timeout)
+
+    async def append_records(
+        self,
+        records: Sequence[Record],
+        *,
+        compression: str = "none",
+        timeout_s: float | None = None,
+        expected_offset: int | None = None,
+        producer_id: str | None = None,
+        sequence: int | None = None,
+    ) -> AppendResult:
+        """Pack `records` into one RECORDS batch, append it and wait until it is durable, as
+        `Stream.append_records` (and on the loop, as `append`)."""
+        timeout = check_timeout("timeout_s", timeout_s)
+        future = self._stream.append_records_async(
+            records,
+            compression=compression,
+            expected_offset=expected_offset,
+            producer_id=producer_id,
+            sequence=sequence,
+        )
+        return await self._durable(future, timeout)
+
+    async def _durable(self, future: Future[AppendResult], timeout: float | None) -> AppendResult:
+        if future.done():
+            return future.result()  # the WAL acknowledged in the call (a memory WAL)
+        limit = self._call_timeout_s if timeout is None else timeout
+        try:
+            async with asyncio.timeout(limit):
+                # Shielded: cancelling the await must not cancel the append's own future,
+                # which the client resolves when the WAL acknowledges.
+                return await asyncio.shield(asyncio.wrap_future(future))
+        except TimeoutError as exc:
+            raise UnavailableError(
+                f"append to stream {self.stream_id} was not acknowledged within {limit} s; "
+                "it may still become durable (a retry can then duplicate it)"
+            ) from exc
+
+    # -- reads
+
+    async def fetch(
+        self,
+        start_offset: int,
+        end_offset: int | None = None,
+        *,
+        max_bytes: int = 1 << 20,
+        wait_s: float | None = None,
+    ) -> FetchResult:
+        """Whole batches covering ``[start_offset, end_offset)``, as `Stream.fetch`; with
+        `wait_s`, a long poll (in the poll pool: its thread returns within `wait_s` even if
+        this await is cancelled)."""
+        run = self._threads.poll if wait_s else self._threads.call
+        return await run(
+            self._stream.fetch, start_offset, end_offset, max_bytes=max_bytes, wait_s=wait_s
+        )
+
+    async def offset_for_timestamp(self, ts_ms: int) -> int | None:
+        """The first offset whose timestamp is >= `ts_ms`, or None
+        (`Stream.offset_for_timestamp`)."""
+        return await self._threads.call(self._stream.offset_for_timestamp, ts_ms)
+
+    def read_records(
+        self, start_offset: int, end_offset: int | None = None, *, max_bytes: int = 1 << 20
+    ) -> AsyncIterator[tuple[int, Record]]:
+        """``(offset, record)`` for every record in ``[start_offset, end_offset)``, as
+        `Stream.read_records` (arguments checked at the call; records decoded in threads)."""
+        records = self._stream.read_records(start_offset, end_offset, max_bytes=max_bytes)
+        return _in_chunks(self._threads, records)
+
+    def tail(
+        self, start_offset: int, *, max_bytes: int = 1 << 20, wait_s: float = 1.0
+    ) -> AsyncIterator[FetchedBatch]:
+        """Every batch from `start_offset` on, waiting for new ones, as `Stream.tail`: ends
+        when the stream or its client closes, raises `OffsetOutOfRangeError` if a trim passes
+        its position. Each internal long poll waits at most `wait_s` (appends and closes wake
+        it at once), so a cancelled tail's thread returns within `wait_s`."""
+        pos, wait = self._check_tail(start_offset, max_bytes, wait_s)
+        return self._tail(pos, max_bytes, wait)
+
+    async def _tail(self, pos: int, max_bytes: int, wait: float) -> AsyncIterator[FetchedBatch]:
+        while True:
+            try:
+                result = await self._threads.poll(
+                    self._stream.fetch, pos, max_bytes=max_bytes, wait_s=wait
+                )
+            except StreamClosedError:
+                return
+            for batch in result.batches:
+                yield batch
+            pos = result.next_offset
+
+    def tail_records(
+        self, start_offset: int, *, max_bytes: int = 1 << 20, wait_s: float = 1.0
+    ) -> AsyncIterator[tuple[int, Record]]:
+        """``(offset, record)`` from `start_offset` on, as `tail` delivers batches (a RAW
+        batch is one record at its base offset, as in `Stream.tail_records`); records are
+        decoded in the polling thread."""
+        pos, wait = self._check_tail(start_offset, max_bytes, wait_s)
+        return self._tail_records(pos, max_bytes, wait)
+
+    async def _tail_records(
+        self, start: int, max_bytes: int, wait: float
+    ) -> AsyncIterator[tuple[int, Record]]:
+        pos = start
+
+        def fetch_records(at: int) -> tuple[list[tuple[int, Record]], int]:
+            result = self._stream.fetch(at, max_bytes=max_bytes, wait_s=wait)
+            records = [r for b in result.batches for r in batch_records(b, start)]
+            return records, result.next_offset
+
+        while True:
+            try:
+                records, pos = await self._threads.poll(fetch_records, pos)
+            except StreamClosedError:
+                return
+            for item in records:
+                yield item
+
+    @staticmethod
+    def _check_tail(start_offset: object, max_bytes: object, wait_s: object) -> tuple[int, float]:
+        """`Stream.tail`'s checks, made at the call (an async generator would defer them)."""
+        pos = check_int("start_offset", start_offset)
+        check_int("max_bytes", max_bytes, minimum=1)
+        wait = check_timeout("wait_s", wait_s)
+        if not wait:
+            raise InvalidArgumentError(f"wait_s must be a number of seconds > 0, got {wait_s!r}")
+        return pos, wait
+
+    # -- lifecycle
+
+    async def trim(self, new_start_offset: int) -> None:
+        """Move `start_offset` forward, as `Stream.trim`."""
+        await self._threads.call(self._stream.trim, new_start_offset)
+
+    async def close(self) -> None:
+        """Upload what the stream has pending and release it, as `Stream.close`."""
+        await self._threads.call(self._stream.close)
+
+    async def destroy(self) -> None:
+        """Delete the stream and all its data, as `Stream.destroy`. Irreversible."""
+        await self._threads.call(self._stream.destroy)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"Async{self._stream!r}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Clients
+
+
+class AsyncStreamClient:
+    """A `StreamClient` for asyncio (from `s3stream.aio.open`, or wrapping a client): the same
+    methods, awaited; streams are `AsyncStream`s. `async with` closes it.
+
+    Blocking calls run in `threads` threads of its own, long polls (tails) in up to
+    `poll_threads` more, all started on demand and stopped by `close`. A tail waiting at the
+    end of its stream holds a poll thread for up to its `wait_s` at a time: beyond
+    `poll_threads` tails at once, the others wait their turn (up to `wait_s` longer).
+    The wrapped client is this one's: `close` closes it.
+    """
+
+    def __init__(self, client: StreamClient, *, threads: int = 4, poll_threads: int = 64) -> None:
+        if not isinstance(client, StreamClient):
+            raise InvalidArgumentError(
+                f"client must be a StreamClient, not {type(client).__name__}"
+            )
+        self._client = client
+        self._threads = _Threads("client", threads=threads, poll_threads=poll_threads)
+        self._call_timeout_s = client.settings.call_timeout_ms / 1000
+
+    @property
+    def sync(self) -> StreamClient:
+        """The `StreamClient` this wraps (its calls block)."""
+        return self._client
+
+    @property
+    def node_id(self) -> str:
+        """This client's node id."""
+        return self._client.node_id
+
+    @property
+    def node_epoch(self) -> int:
+        """Epoch of this client's node registration."""
+        return self._client.node_epoch
+
+    @property
+    def settings(self) -> ClientSettings:
+        """The settings the client runs with."""
+        return self._client.settings
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close` was called."""
+        return self._client.closed
+
+    def _wrap(self, stream: Stream) -> AsyncStream:
+        return AsyncStream(stream, self._threads, self._call_timeout_s)
+
+    async def create_stream(self, tags: Mapping[str, str] | None = None) -> AsyncStream:
+        """Create a new, empty stream owned by this client (`StreamClient.create_stream`)."""
+        return self._wrap(await self._threads.call(self._client.create_stream, tags))
+
+    async def open_stream(self, stream_id: int, *, force: bool = False) -> AsyncStream:
+        """Open an existing stream for appending and reading (`StreamClient.open_stream`)."""
+        return self._wrap(
+            await self._threads.call(self._client.open_stream, stream_id, force=force)
+        )
+
+    async def list_streams(self, tags: Mapping[str, str] | None = None) -> list[StreamInfo]:
+        """Streams whose tags include all of `tags` (`StreamClient.list_streams`)."""
+        return await self._threads.call(self._client.list_streams, tags)
+
+    async def stream_info(self, stream_id: int) -> StreamInfo:
+        """Committed metadata of one stream (`StreamClient.stream_info`)."""
+        return await self._threads.call(self._client.stream_info, stream_id)
+
+    async def read(
+        self,
+        stream_id: int,
+        start_offset: int,
+        end_offset: int | None = None,
+        *,
+        max_bytes: int = 1 << 20,
+    ) -> FetchResult:
+        """Committed batches of any stream, without opening it (`StreamClient.read`)."""
+        return await self._threads.call(
+            self._client.read, stream_id, start_offset, end_offset, max_bytes=max_bytes
+        )
+
+    async def compact(
+        self, progress: Progress | None = None, *, sweep_orphans: bool | None = None
+    ) -> CompactionReport:
+        """One compaction pass now (`StreamClient.compact`); `progress` is called from the
+        compacting thread."""
+        return await self._threads.call(self._client.compact, progress, sweep_orphans=sweep_orphans)
+
+    async def take_over(
+        self,
+        node_id: str,
+        *,
+        wal: str | WalFactory | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        accept_wal_loss: bool = False,
+    ) -> TakeOverReport:
+        """Take over failed node `node_id` (`StreamClient.take_over`)."""
+        return await self._threads.call(
+            self._client.take_over,
+            node_id,
+            wal=wal,
+            storage_options=storage_options,
+            accept_wal_loss=accept_wal_loss,
+        )
+
+    async def flush(self, timeout_s: float | None = None) -> None:
+        """Upload everything acknowledged so far and commit it (`StreamClient.flush`)."""
+        await self._threads.call(self._client.flush, timeout_s)
+
+    async def close(self, timeout_s: float | None = None) -> None:
+        """Close the client (`StreamClient.close`: uploads everything, releases the streams,
+        ends their tails), then stop this wrapper's threads. Calling it again reports how
+        the first close ended, as the sync `close` does."""
+        if self._threads.closed:
+            await asyncio.to_thread(self._client.close, timeout_s)
+            return
+        try:
+            await self._threads.call(self._client.close, timeout_s)
+        finally:
+            await self._threads.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"Async{self._client!r}"
+
+
+@_takes_arguments_of(opening.open)
+async def open(*args: Any, **kwargs: Any) -> AsyncStreamClient:
+    """`s3stream.open` for asyncio: the same arguments; the client opens in a thread (it
+    loads the metadata log and recovers the WAL) and comes back as an `AsyncStreamClient`.
+    If the awaiting task is cancelled meanwhile, the client is closed once it has opened."""
+    client = await _opened(functools.partial(opening.open, *args, **kwargs))
+    return AsyncStreamClient(client)
+
+
+# ---------------------------------------------------------------------------------------------
+# Readers
+
+
+class AsyncStreamReader:
+    """A `StreamReader` for asyncio (from `s3stream.aio.open_reader`, or wrapping a reader):
+    the same methods, awaited, each in one of `threads` threads of its own. `async with`
+    closes it; `sync` is the reader itself (e.g. for `StreamReader.read_arrow`, whose
+    `RecordBatchReader` reads as it is consumed: consume it in a thread)."""
+
+    def __init__(self, reader: StreamReader, *, threads: int = 4) -> None:
+        if not isinstance(reader, StreamReader):
+            raise InvalidArgumentError(
+                f"reader must be a StreamReader, not {type(reader).__name__}"
+            )
+        self._reader = reader
+        self._threads = _Threads("reader", threads=threads, poll_threads=16)
+
+    @property
+    def sync(self) -> StreamReader:
+        """The `StreamReader` this wraps (its calls block)."""
+        return self._reader
+
+    async def refresh(self) -> bool:
+        """Apply entries committed since the last look (`StreamReader.refresh`)."""
+        return await self._threads.call(self._reader.refresh)
+
+    async def snapshot(self, *, refresh: bool = True) -> MetadataState:
+        """The committed metadata as one immutable state (`StreamReader.snapshot`)."""
+        return await self._threads.call(self._reader.snapshot, refresh=refresh)
+
+    async def list_streams(self, tags: Mapping[str, str] | None = None) -> list[StreamInfo]:
+        """Streams whose tags include all of `tags` (`StreamReader.list_streams`)."""
+        return await self._threads.call(self._reader.list_streams, tags)
+
+    async def stream_info(self, stream_id: int) -> StreamInfo:
+        """Committed metadata of one stream (`StreamReader.stream_info`)."""
+        return await self._threads.call(self._reader.stream_info, stream_id)
+
+    async def read(
+        self,
+        stream_id: int,
+        start_offset: int,
+        end_offset: int | None = None,
+        *,
+        max_bytes: int = 1 << 20,
+    ) -> FetchResult:
+        """Committed batches covering ``[start_offset, end_offset)`` (`StreamReader.read`)."""
+        return await self._threads.call(
+            self._reader.read, stream_id, start_offset, end_offset, max_bytes=max_bytes
+        )
+
+    async def read_records(
+        self,
+        stream_id: int,
+        start_offset: int,
+        end_offset: int | None = None,
+        *,
+        max_bytes: int = 1 << 20,
+    ) -> AsyncIterator[tuple[int, Record]]:
+        """``(offset, record)`` for every committed record in the range
+        (`StreamReader.read_records`); errors come at the first iteration."""
+        records = await self._threads.call(
+            self._reader.read_records, stream_id, start_offset, end_offset, max_bytes=max_bytes
+        )
+        async for item in _in_chunks(self._threads, records):
+            yield item
+
+    def tail(
+        self,
+        stream_id: int,
+        start_offset: int,
+        *,
+        max_bytes: int = 1 << 20,
+        poll_s: float | None = None,
+    ) -> AsyncIterator[FetchedBatch]:
+        """Every committed batch from `start_offset` on, waiting for new ones, as
+        `StreamReader.tail` (arguments checked at the call). Each step is one long poll of
+        at most `poll_s` (default ``settings.tail_poll_ms``) in a thread of its own, so a
+        cancelled tail's thread returns within `poll_s`; ends when the reader closes."""
+        # The sync tail checks the arguments (its generator runs nothing before iteration).
+        self._reader.tail(stream_id, start_offset, max_bytes=max_bytes, poll_s=poll_s)
+        poll = self._reader.settings.tail_poll_ms / 1000 if poll_s is None else poll_s
+        return self._tail(stream_id, start_offset, max_bytes, poll)
+
+    async def _tail(
+        self, stream_id: int, pos: int, max_bytes: int, poll: float
+    ) -> AsyncIterator[FetchedBatch]:
+        while True:
+            try:
+                result = await self._threads.poll(
+                    self._reader.read, stream_id, pos, max_bytes=max_bytes, wait_s=poll
+                )
+            except StreamClosedError:
+                return
+            for batch in result.batches:
+                yield batch
+            pos = result.next_offset
+
+    async def offset_for_timestamp(self, stream_id: int, ts_ms: int) -> int | None:
+        """The first committed offset whose timestamp is >= `ts_ms`, or None
+        (`StreamReader.offset_for_timestamp`)."""
+        return await self._threads.call(self._reader.offset_for_timestamp, stream_id, ts_ms)
+
+    async def objects(self) -> list[ObjectSummary]:
+        """Every data object the metadata lists (`StreamReader.objects`)."""
+        return await self._threads.call(self._reader.objects)
+
+    async def close(self) -> None:
+        """Close the reader, then stop this wrapper's threads. Idempotent."""
+        if self._threads.closed:
+            return
+        try:
+            await self._threads.call(self._reader.close)
+        finally:
+            await self._threads.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+@_takes_arguments_of(_open_reader)
+async def open_reader(*args: Any, **kwargs: Any) -> AsyncStreamReader:
+    """`s3stream.open_reader` for asyncio: the same arguments; the reader opens in a thread
+    (it loads the metadata log) and comes back as an `AsyncStreamReader`."""
+    reader = await _opened(functools.partial(_open_reader, *args, **kwargs))
+    return AsyncStreamReader(reader)

@@ -1,0 +1,291 @@
+"""`PostgresMetadataLog`: the metadata log as rows of PostgreSQL tables.
+
+The same entries, checkpoints and pointer as the object-store log (`MetadataLog`), in the same
+bytes (payloads are the codec's frames), under the same invariants, replayed by the same
+`MetadataManager`; only where the bytes live differs. Tables and their version:
+``postgres_schema.py``; connections, deadlines and errors: ``postgres_session.py``; the URL:
+``postgres_url.py``.
+
+Fencing is one statement, a transaction of its own::
+
+    INSERT INTO log_entries (namespace, seq, payload) VALUES (...) ON CONFLICT DO NOTHING
+
+on the primary key ``(namespace, seq)``: of concurrent inserts of one seq, in any sessions,
+exactly one inserts a row and the others insert nothing (they wait for the winner's commit,
+then see its row), which is all the manager's optimistic protocol needs. No lock is taken, in
+the database or in this process.
+
+Writes use a checkpoint write's own connection, so a large checkpoint never holds up commits.
+psycopg (3.3 or later) is imported here only: ``pip install 's3stream[postgres]'``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+try:
+    import psycopg
+    from psycopg import errors as pg_errors
+    from psycopg import sql
+except ImportError as exc:  # pragma: no cover - only without the postgres extra
+    raise ImportError(
+        "the PostgreSQL metadata store needs psycopg: pip install 's3stream[postgres]'"
+    ) from exc
+
+from ..errors import CorruptionError, InvalidArgumentError, ObjectNotFoundError
+from ..settings import ClientSettings
+from .base import ExternalMetadataLog
+from .codec import decode_checkpoint, decode_entry, encode_checkpoint
+from .model import Checkpoint, LogEntry
+from .postgres_schema import check_version, create_tables, table
+from .postgres_session import Connection, PostgresSession
+from .postgres_url import PostgresTarget, parse_postgres_url
+
+__all__ = ["PostgresMetadataLog", "from_url"]
+
+if tuple(int(p) for p in psycopg.__version__.split(".")[:2]) < (3, 3):  # pragma: no cover
+    raise ImportError(
+        f"the PostgreSQL metadata store needs psycopg >= 3.3 (per-call deadlines), found "
+        f"{psycopg.__version__}: pip install 's3stream[postgres]'"
+    )
+
+#: Entries read per query when catching up.
+_READ_BATCH = 256
+_MISSING_TABLES = (pg_errors.UndefinedTable, pg_errors.InvalidSchemaName)
+
+
+class PostgresMetadataLog(ExternalMetadataLog):
+    """The log of one namespace in a PostgreSQL database (see the module docstring).
+
+    `url` is libpq's with s3stream's parameters (``namespace``, ``schema``,
+    ``statement_timeout``: ``postgres_url.py``); `namespace` and `timeout_ms` are the defaults
+    the URL may override, and `namespace` is also the `prefix` of the data in the object store
+    (the client's metadata prefix, whatever the URL names the log). Nothing is connected or
+    created until first used; tables are created by the first write (`check_writable`), never
+    by a reader, which sees a database without them as an empty log.
+    """
+
+    def __init__(self, url: str, *, namespace: str = "meta", timeout_ms: int = 30_000) -> None:
+        self._target = parse_postgres_url(url, namespace=namespace, timeout_ms=timeout_ms)
+        self._prefix = namespace
+        self._main = PostgresSession(self._target)
+        self._side = PostgresSession(self._target)
+        self._writable = False
+        self._version_checked = False
+        s = self._target.schema
+        entries, checkpoints = table(s, "log_entries"), table(s, "checkpoints")
+        pointers, namespaces = table(s, "checkpoint_pointers"), table(s, "namespaces")
+        q = sql.SQL
+        self._q_entry = q("SELECT payload FROM {} WHERE namespace = %s AND seq = %s").format(
+            entries
+        )
+        self._q_entries = q(
+            "SELECT seq, payload FROM {} WHERE namespace = %s AND seq >= %s ORDER BY seq LIMIT %s"
+        ).format(entries)
+        self._q_create = q(
+            "INSERT INTO {} (namespace, seq, payload) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING"
+        ).format(entries)
+        self._q_has = q("SELECT 1 FROM {} WHERE namespace = %s AND seq = %s").format(entries)
+        self._q_seqs = q("SELECT seq FROM {} WHERE namespace = %s")
+        self._t_entries, self._t_checkpoints = entries, checkpoints
+        self._q_pointer = q("SELECT seq FROM {} WHERE namespace = %s").format(pointers)
+        self._q_checkpoint = q("SELECT payload FROM {} WHERE namespace = %s AND seq = %s").format(
+            checkpoints
+        )
+        self._q_put_checkpoint = q(
+            "INSERT INTO {} (namespace, seq, payload) VALUES (%s, %s, %s) "
+            "ON CONFLICT (namespace, seq) DO UPDATE SET payload = EXCLUDED.payload"
+        ).format(checkpoints)
+        # The pointer only moves forward: a slow writer's late checkpoint cannot move it back.
+        self._q_put_pointer = q(
+            "INSERT INTO {0} (namespace, seq) VALUES (%s, %s) ON CONFLICT (namespace) "
+            "DO UPDATE SET seq = GREATEST({0}.seq, EXCLUDED.seq)"
+        ).format(pointers)
+        self._q_ns_create = q(
+            "INSERT INTO {} (namespace, namespace_id) VALUES (%s, %s) ON CONFLICT DO NOTHING"
+        ).format(namespaces)
+        self._q_ns = q(
+            "SELECT namespace_id, store_id, object_store FROM {} WHERE namespace = %s"
+        ).format(namespaces)
+        self._q_bind = q(
+            "UPDATE {} SET store_id = %s, object_store = %s "
+            "WHERE namespace = %s AND store_id IS NULL"
+        ).format(namespaces)
+
+    # -- names -------------------------------------------------------------------------------
+
+    @property
+    def target(self) -> PostgresTarget:
+        """Where the log connects, and its deadlines."""
+        return self._target
+
+    @property
+    def namespace(self) -> str:
+        return self._target.namespace
+
+    @property
+    def prefix(self) -> str:
+        return self._prefix
+
+    @property
+    def schema(self) -> str:
+        """The PostgreSQL schema holding the tables."""
+        return self._target.schema
+
+    def describe(self) -> str:
+        t = self._target
+        return f"{t.display} (schema {t.schema}, namespace {t.namespace!r})"
+
+    def entry_key(self, seq: int) -> str:
+        return f"{self._target.schema}.log_entries/{self._target.namespace}/{seq:020d}"
+
+    def checkpoint_key(self, seq: int) -> str:
+        return f"{self._target.schema}.checkpoints/{self._target.namespace}/{seq:020d}"
+
+    @property
+    def pointer_key(self) -> str:
+        return f"{self._target.schema}.checkpoint_pointers/{self._target.namespace}"
+
+    # -- entries -----------------------------------------------------------------------------
+
+    def read_entry(self, seq: int) -> tuple[LogEntry, bytes]:
+        rows = self._read(self._q_entry, (self.namespace, seq))
+        if not rows:
+            raise ObjectNotFoundError(f"no metadata log entry {self.entry_key(seq)!r}")
+        return self._decode_entry(seq, bytes(rows[0][0]))
+
+    def read_entries(self, first: int) -> Iterator[tuple[LogEntry, bytes]]:
+        """A run of entries per query (`_READ_BATCH`), up to the first one missing."""
+        seq = first
+        while True:
+            rows = self._read(self._q_entries, (self.namespace, seq, _READ_BATCH))
+            for row_seq, payload in rows:
+                if row_seq != seq:
+                    return  # a hole: readers stop at the first missing entry
+                yield self._decode_entry(seq, bytes(payload))
+                seq += 1
+            if len(rows) < _READ_BATCH:
+                return
+
+    def create_entry(self, seq: int, payload: bytes) -> bool:
+        self.check_writable()
+
+        def insert(conn: Connection) -> bool:
+            return conn.execute(self._q_create, (self.namespace, seq, payload)).rowcount == 1
+
+        return self._main.run(insert)
+
+    def has_entry(self, seq: int) -> bool:
+        return bool(self._read(self._q_has, (self.namespace, seq)))
+
+    def listed_seqs(self, *, checkpoints: bool = False) -> set[int]:
+        where = self._t_checkpoints if checkpoints else self._t_entries
+        return {int(r[0]) for r in self._read(self._q_seqs.format(where), (self.namespace,))}
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    def read_pointer(self) -> int | None:
+        rows = self._read(self._q_pointer, (self.namespace,))
+        return int(rows[0][0]) if rows else None
+
+    def read_checkpoint(self, seq: int) -> Checkpoint:
+        key = self.checkpoint_key(seq)
+        rows = self._read(self._q_checkpoint, (self.namespace, seq))
+        if not rows:
+            raise CorruptionError(
+                f"the checkpoint pointer names {key!r}, which does not exist", location=key
+            )
+        checkpoint = decode_checkpoint(bytes(rows[0][0]), key)
+        if checkpoint.seq != seq:
+            raise CorruptionError(
+                f"metadata record {key!r} holds the checkpoint of entry {checkpoint.seq}, "
+                f"not {seq}",
+                location=key,
+            )
+        return checkpoint
+
+    def write_checkpoint(self, checkpoint: Checkpoint) -> None:
+        """The checkpoint and the pointer in one transaction (on a connection of its own)."""
+        self.check_writable()
+        payload = encode_checkpoint(checkpoint)
+
+        def write(conn: Connection) -> None:
+            with conn.transaction():
+                conn.execute(self._q_put_checkpoint, (self.namespace, checkpoint.seq, payload))
+                conn.execute(self._q_put_pointer, (self.namespace, checkpoint.seq))
+
+        self._side.run(write)
+
+    # -- writing and binding -----------------------------------------------------------------
+
+    def check_writable(self) -> None:
+        """Create the tables if missing (and refuse a newer layout), once per instance."""
+        if self._writable:
+            return
+        self._main.run(lambda conn: create_tables(conn, self.schema))
+        self._writable = self._version_checked = True
+
+    def namespace_id(self, *, create: bool) -> str | None:
+        if create:
+            self.check_writable()
+            fresh = uuid.uuid4().hex
+            self._main.run(lambda conn: conn.execute(self._q_ns_create, (self.namespace, fresh)))
+        rows = self._read(self._q_ns, (self.namespace,))
+        return str(rows[0][0]) if rows else None
+
+    def bound_store(self) -> tuple[str, str] | None:
+        rows = self._read(self._q_ns, (self.namespace,))
+        if not rows or rows[0][1] is None:
+            return None
+        return str(rows[0][1]), str(rows[0][2] or "")
+
+    def bind_store(self, store_id: str, description: str) -> tuple[str, str]:
+        if self.namespace_id(create=True) is None:  # pragma: no cover - just created
+            raise InvalidArgumentError(f"namespace {self.namespace!r} vanished")
+        self._main.run(
+            lambda conn: conn.execute(self._q_bind, (store_id, description, self.namespace))
+        )
+        bound = self.bound_store()
+        if bound is None:  # pragma: no cover - a row is never unbound
+            raise InvalidArgumentError(f"namespace {self.namespace!r} lost its binding")
+        return bound
+
+    def close(self) -> None:
+        self._main.close()
+        self._side.close()
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _read(self, query: sql.Composed, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        """Rows of a read; none while the tables do not exist (nothing was written yet)."""
+
+        def select(conn: Connection) -> list[tuple[Any, ...]]:
+            try:
+                if not self._version_checked:
+                    check_version(conn, self.schema)
+                    self._version_checked = True
+                return conn.execute(query, params).fetchall()
+            except _MISSING_TABLES:
+                return []
+
+        return self._main.run(select)
+
+    def _decode_entry(self, seq: int, data: bytes) -> tuple[LogEntry, bytes]:
+        key = self.entry_key(seq)
+        entry = decode_entry(data, key)
+        if entry.seq != seq:
+            raise CorruptionError(
+                f"metadata record {key!r} holds entry {entry.seq}, not {seq}", location=key
+            )
+        return entry, data
+
+
+def from_url(
+    url: str, *, namespace: str = "meta", settings: ClientSettings | None = None, **_: Any
+) -> PostgresMetadataLog:
+    """The registry's factory: the log `url` names, its deadlines from `settings`
+    (``store_timeout_ms``) unless the URL gives them."""
+    timeout_ms = (settings if settings is not None else ClientSettings()).store_timeout_ms
+    return PostgresMetadataLog(url, namespace=namespace, timeout_ms=timeout_ms)

@@ -1,0 +1,161 @@
+"""One PostgreSQL connection of the metadata log: opened lazily, one call at a time, every call
+under a deadline, every failure an s3stream error naming the server.
+
+Deadlines, so that no call can hang:
+
+- connecting: libpq's ``connect_timeout`` (in the URL `PostgresTarget` built);
+- each statement: the server's ``statement_timeout`` (also ``lock_timeout`` and
+  ``idle_in_transaction_session_timeout``), set once per connection, so the server ends a slow
+  call cleanly with an error;
+- and a deadline of the client's own on every wait for the server (`call_deadline_s`: the
+  statement timeout plus a margin), for a server or network that stopped answering altogether,
+  which no server-side timeout can end. The connection is then closed: its state is unknown.
+
+Failures map to `UnavailableError` (retryable: connection refused, lost, timed out, the server
+shutting down or read-only), whose message names the host; a write may or may not have landed
+then, which the manager settles by reading back. A connection that failed is dropped, and the
+next call opens a new one. A child process (``fork``) never uses its parent's connection: it
+opens its own, and leaves the parent's socket alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg import errors as pg_errors
+
+from ..errors import InvalidArgumentError, S3StreamError, UnavailableError
+from .postgres_url import PostgresTarget
+
+__all__ = ["PostgresSession", "map_error"]
+
+T = TypeVar("T")
+Connection = psycopg.Connection[tuple[Any, ...]]
+
+
+class _DeadlineConnection(psycopg.Connection[tuple[Any, ...]]):
+    """A connection that waits at most `deadline_s` for the server in any one call."""
+
+    deadline_s: float | None = None
+
+    def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
+        if timeout is None:
+            timeout = self.deadline_s
+        return super().wait(gen, interval=interval, timeout=timeout)
+
+
+class PostgresSession:
+    """A lazily opened connection to `target` (see the module docstring). Thread-safe: calls
+    are serialized."""
+
+    def __init__(self, target: PostgresTarget) -> None:
+        self._target = target
+        self._lock = threading.Lock()
+        self._conn: _DeadlineConnection | None = None
+        self._pid = 0
+        #: Connections inherited through fork: kept referenced, never closed or finalized (that
+        #: would end the parent's session on the shared socket).
+        self._inherited: list[_DeadlineConnection] = []
+        self._closed = False
+
+    def run(self, call: Callable[[Connection], T]) -> T:
+        """`call(connection)`, with its psycopg errors mapped (see `map_error`)."""
+        with self._lock:
+            if self._closed:
+                raise S3StreamError(f"the metadata log at {self._target.display} was closed")
+            conn = self._connection()
+            try:
+                return call(conn)
+            except psycopg.Error as exc:
+                if isinstance(exc, psycopg.OperationalError) or conn.broken or conn.closed:
+                    self._drop()
+                raise map_error(exc, self._target) from exc
+
+    def close(self) -> None:
+        """Close the connection. Idempotent."""
+        with self._lock:
+            self._closed = True
+            self._drop()
+
+    def _connection(self) -> _DeadlineConnection:
+        if self._conn is not None and self._pid != os.getpid():
+            self._inherited.append(self._conn)
+            self._conn = None
+        if self._conn is None or self._conn.closed:
+            self._conn = self._connect()
+            self._pid = os.getpid()
+        return self._conn
+
+    def _connect(self) -> _DeadlineConnection:
+        t = self._target
+        try:
+            conn = _DeadlineConnection.connect(
+                t.conninfo, autocommit=True, application_name="s3stream"
+            )
+        except psycopg.Error as exc:
+            raise UnavailableError(
+                f"cannot connect to the PostgreSQL metadata store at {t.host} ({t.display}) "
+                f"within {t.connect_timeout_s} s: {_first_line(exc)}"
+            ) from exc
+        conn.deadline_s = t.call_deadline_s
+        ms = str(t.statement_timeout_ms)
+        try:
+            conn.execute(
+                "SELECT set_config('statement_timeout', %s, false), "
+                "set_config('lock_timeout', %s, false), "
+                "set_config('idle_in_transaction_session_timeout', %s, false)",
+                (ms, ms, ms),
+            )
+        except psycopg.Error as exc:
+            conn.close()
+            raise map_error(exc, t) from exc
+        return conn
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        if self._pid != os.getpid():
+            self._inherited.append(conn)
+            return
+        # It failed already: closing is best effort.
+        with contextlib.suppress(Exception):
+            conn.close()
+
+
+def map_error(exc: psycopg.Error, target: PostgresTarget) -> S3StreamError:
+    """The s3stream error for a psycopg error met talking to `target`."""
+    where = f"the PostgreSQL metadata store at {target.host} ({target.display})"
+    text = _first_line(exc)
+    if isinstance(exc, pg_errors.InsufficientPrivilege):
+        return InvalidArgumentError(
+            f"{where} refused: {text} (the role needs CREATE on the database for the first "
+            f"writer, then SELECT, INSERT and UPDATE on schema {target.schema!r}'s tables; "
+            "readers need SELECT only)"
+        )
+    if isinstance(exc, pg_errors.QueryCanceled):
+        return UnavailableError(
+            f"{where} did not finish a call within its statement_timeout "
+            f"({target.statement_timeout_ms} ms): {text}"
+        )
+    if isinstance(exc, psycopg.OperationalError) and "timeout" in text.lower():
+        return UnavailableError(
+            f"{where} did not answer within {target.call_deadline_s:g} s (connection closed; "
+            f"a write may or may not have landed): {text}"
+        )
+    if isinstance(exc, pg_errors.ReadOnlySqlTransaction):
+        return UnavailableError(f"{where} is read-only (a standby?): {text}")
+    if isinstance(exc, psycopg.ProgrammingError | psycopg.DataError | psycopg.IntegrityError):
+        # Not the network and not retryable: tables altered by hand, or a bug.
+        return S3StreamError(f"{where} refused a statement of the metadata log: {text}")
+    return UnavailableError(f"{where} failed: {text}")
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__

@@ -1,0 +1,130 @@
+"""Reading a ``postgresql://`` metadata URL into what the PostgreSQL log connects with.
+
+The URL is libpq's (``postgresql://user:password@host:port/dbname?sslmode=require``, every
+libpq parameter allowed in the query), plus parameters of s3stream's own, removed before the
+rest goes to libpq:
+
+- ``namespace``: the log's name in the database (default: the client's metadata prefix,
+  ``meta``); several stores share one database under different namespaces;
+- ``schema``: the PostgreSQL schema holding the tables (default ``s3stream``);
+- ``statement_timeout``: the deadline of every SQL call, a duration (``30s``, ``500ms``;
+  default: ``ClientSettings.store_timeout_ms``).
+
+libpq's own ``connect_timeout`` (whole seconds) defaults to the statement timeout, at most
+10 s and at least 2 s (libpq's minimum). Pure parsing: nothing here imports psycopg.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+
+from ..errors import InvalidArgumentError
+from ..settings_parse import parse_duration_ms, parse_int
+from ..validation import check_text
+
+__all__ = ["DEFAULT_SCHEMA", "SCHEMES", "PostgresTarget", "parse_postgres_url"]
+
+#: URL schemes of the PostgreSQL log (libpq accepts both).
+SCHEMES = ("postgresql", "postgres")
+#: Where the tables are unless the URL says ``schema=``.
+DEFAULT_SCHEMA = "s3stream"
+#: A schema name used unquoted in messages and quoted in SQL: plain, lower case, <= 63 bytes.
+_SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+#: libpq refuses a connect_timeout below 2 s (it raises it to 2).
+_MIN_CONNECT_S = 2
+_MAX_DEFAULT_CONNECT_S = 10
+
+
+@dataclass(frozen=True, slots=True)
+class PostgresTarget:
+    """Where and how the PostgreSQL log connects (see the module docstring)."""
+
+    #: The URL libpq gets: the given one without s3stream's parameters, with timeouts.
+    conninfo: str
+    #: ``postgresql://user@host:port/dbname``: no password, for messages.
+    display: str
+    #: The host part (``host:port``, several for a multi-host URL), for messages.
+    host: str
+    schema: str
+    namespace: str
+    statement_timeout_ms: int
+    connect_timeout_s: int
+
+    @property
+    def call_deadline_s(self) -> float:
+        """How long the client waits for one SQL call before giving up on the connection: the
+        server's statement timeout plus a margin, so that the server normally ends a slow call
+        first (cleanly) and this only catches a server or network that stopped answering."""
+        return self.statement_timeout_ms / 1000 + max(1.0, self.statement_timeout_ms / 10_000)
+
+
+def parse_postgres_url(url: str, *, namespace: str, timeout_ms: int) -> PostgresTarget:
+    """Read `url`; `namespace` and `timeout_ms` are the defaults the URL may override."""
+    check_text("metadata URL", url, allow_empty=False)
+    parts = urlsplit(url)
+    if parts.scheme.lower() not in SCHEMES:
+        raise InvalidArgumentError(f"not a PostgreSQL URL (postgresql://...): {_safe(url)!r}")
+    if parts.fragment:
+        raise InvalidArgumentError(f"a PostgreSQL URL has no #fragment: {_safe(url)!r}")
+    ours: dict[str, str] = {}
+    rest: list[tuple[str, str]] = []
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key in ("namespace", "schema", "statement_timeout"):
+            if key in ours:
+                raise InvalidArgumentError(f"the metadata URL gives {key} twice")
+            ours[key] = value
+        else:
+            rest.append((key, value))
+    ns = ours.get("namespace", namespace)
+    check_text("namespace", ns, allow_empty=False, max_bytes=200)
+    schema = ours.get("schema", DEFAULT_SCHEMA)
+    if _SCHEMA.fullmatch(schema) is None:
+        raise InvalidArgumentError(
+            f"schema must be a plain lower-case PostgreSQL name (letters, digits, _; at most "
+            f"63), got {schema!r}"
+        )
+    statement_ms = (
+        parse_duration_ms(ours["statement_timeout"], name="statement_timeout")
+        if "statement_timeout" in ours
+        else timeout_ms
+    )
+    if statement_ms < 1:
+        raise InvalidArgumentError(f"statement_timeout must be > 0, got {statement_ms} ms")
+    given = dict(rest).get("connect_timeout")
+    if given is not None:
+        connect_s = parse_int(given, name="connect_timeout (whole seconds)")
+        if connect_s < 1:
+            raise InvalidArgumentError(
+                f"connect_timeout must be >= 1 s (0 would wait forever), got {given!r}"
+            )
+    else:
+        connect_s = min(_MAX_DEFAULT_CONNECT_S, math.ceil(statement_ms / 1000))
+        rest.append(("connect_timeout", str(connect_s)))
+    connect_s = max(_MIN_CONNECT_S, connect_s)
+    conninfo = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(rest), ""))
+    host = parts.netloc.rpartition("@")[2] or "localhost (the local socket)"
+    user = parts.netloc.rpartition("@")[0].partition(":")[0]
+    display = f"postgresql://{user + '@' if user else ''}{parts.netloc.rpartition('@')[2]}"
+    display += quote(parts.path, safe="/") if parts.path else ""
+    return PostgresTarget(
+        conninfo=conninfo,
+        display=display,
+        host=host,
+        schema=schema,
+        namespace=ns,
+        statement_timeout_ms=statement_ms,
+        connect_timeout_s=connect_s,
+    )
+
+
+def _safe(url: str) -> str:
+    """`url` without a password, for messages."""
+    parts = urlsplit(url)
+    userinfo, at, hostinfo = parts.netloc.rpartition("@")
+    if not at:
+        return url
+    user = userinfo.partition(":")[0]
+    return urlunsplit((parts.scheme, f"{user}@{hostinfo}", parts.path, parts.query, parts.fragment))

@@ -1,0 +1,517 @@
+"""The append path: offsets, the WAL write, and acknowledgement into the LogCache.
+
+A batch gets its offsets and is written to the WAL under one append lock, so WAL order equals
+offset order within each stream and completion callbacks run in WAL order. When the WAL
+acknowledges it, the batch enters the LogCache (pinned until uploaded) and the stream's
+confirm offset advances. Appends wait (outside the lock, on the pipeline's condition) while
+the WAL is under repair or the upload backlog is full.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from .._futures import CompletedFutures
+from ..cache.log_cache import LogCache
+from ..clock import Clock
+from ..errors import (
+    BackpressureError,
+    InvalidArgumentError,
+    OffsetMismatchError,
+    S3StreamError,
+    StreamClosedError,
+    UnavailableError,
+    WalFullError,
+)
+from ..format.batch import WAL_PREFIX, WAL_RECORD_VERSION, encode_batch
+from ..metrics.components import StorageInstruments
+from ..settings import ClientSettings
+from ..types import AppendResult, RecordBatch
+from ..wal.base import WalPosition, WriteAheadLog
+from .producers import ProducerTable
+from .status import PipelineStatus
+
+__all__ = ["Appender", "WriterState", "deadline_text"]
+
+
+@dataclass(slots=True)
+class WriterState:
+    """Per-stream append state of the owning client."""
+
+    stream_id: int
+    epoch: int
+    next_offset: int
+    confirm_offset: int
+    wal_prefix: bytes
+    #: Set once the stream can take no more appends (fenced, closed, WAL failure).
+    error: S3StreamError | None = None
+    #: Readers waiting for `confirm_offset` to move (`wait_for_data`); appends notify `tail`
+    #: only while there are some, so a stream nobody tails pays no lock per append.
+    tailers: int = 0
+    #: Idempotent producers of the stream (built on its first idempotent append).
+    producers: ProducerTable | None = None
+    #: Set when the client stops taking appends: waiting readers return.
+    stopped: bool = False
+    tail: threading.Condition = field(default_factory=threading.Condition)
+
+    def wake_tailers(self) -> None:
+        """Wake readers waiting for new data (after an append, or when appends stop)."""
+        with self.tail:
+            self.tail.notify_all()
+
+    def wait_for_data(self, offset: int, timeout_s: float, clock: Clock) -> bool:
+        """Wait up to `timeout_s` until `confirm_offset` passes `offset` or appends stop;
+        whether there is data at `offset` now."""
+        deadline = clock.monotonic() + timeout_s
+        with self.tail:
+            self.tailers += 1
+            try:
+                # An append sets confirm_offset before it reads `tailers`: a waiter counted
+                # after that read sees the new offset here, so no wake-up is lost.
+                while self.confirm_offset <= offset and self.error is None and not self.stopped:
+                    remaining = deadline - clock.monotonic()
+                    if remaining <= 0:
+                        break
+                    self.tail.wait(remaining)
+            finally:
+                self.tailers -= 1
+        return self.confirm_offset > offset
+
+
+def _stream_epoch_prefix(epoch: int) -> bytes:
+    return WAL_PREFIX.pack(WAL_RECORD_VERSION, epoch)
+
+
+#: (the caller's future, the WAL's future to drive: None for a duplicate of an append in
+#: flight, the call's deadline if a wait computed one).
+_Pending = tuple[Future[AppendResult], Future[WalPosition] | None, float | None]
+#: An idempotent append's (producer id, sequence).
+Ident = tuple[str, int]
+
+
+class Appender:
+    """Assigns offsets, writes WAL records and acknowledges them (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        status: PipelineStatus,
+        wal: WriteAheadLog,
+        cache: LogCache,
+        settings: ClientSettings,
+        clock: Clock,
+        instruments: StorageInstruments,
+    ) -> None:
+        self._status = status
+        self._wal = wal
+        self._cache = cache
+        self._settings = settings
+        self._clock = clock
+        self._ins = instruments
+        # Bound once: the append path reads the clock twice and records once per append.
+        self._mono = clock.monotonic
+        self._record_append = instruments.append.record
+        # One lock orders offsets, WAL appends and completion callbacks (module docstring).
+        self._lock = threading.RLock()
+        self._writers: dict[int, WriterState] = {}
+        #: The WAL's record limit (its capabilities do not change), checked per append.
+        self._max_record_bytes = wal.capabilities.max_record_bytes
+        self._completed = CompletedFutures()
+        self._upload_threshold = settings.upload_threshold_bytes
+
+    # ------------------------------------------------------------------ writers
+
+    def register_writer(self, stream_id: int, epoch: int, end_offset: int) -> WriterState:
+        """Make this client the appender of a stream it has just opened."""
+        w = WriterState(stream_id, epoch, end_offset, end_offset, _stream_epoch_prefix(epoch))
+        with self._lock:
+            self._writers[stream_id] = w
+        return w
+
+    def release_writer(self, stream_id: int, error: S3StreamError) -> None:
+        """Stop appends to a stream (closed, destroyed or fenced)."""
+        with self._lock:
+            w = self._writers.pop(stream_id, None)
+            if w is not None and w.error is None:
+                w.error = error
+        if w is not None:
+            w.wake_tailers()
+
+    def confirm_offset(self, stream_id: int) -> int | None:
+        """The acknowledged end of a stream this client appends to (None: not appending)."""
+        w = self._writers.get(stream_id)
+        return None if w is None else w.confirm_offset
+
+    def refuse_appends(self, deadline: float | None) -> bool:
+        """Refuse every later append; False if they were refused already.
+
+        An append may hold the lock while the WAL waits for room: this does not queue behind
+        it past `deadline`. Without the lock the flag still stops every append that has not
+        yet passed its check; one that has is waited for as outstanding.
+        """
+        if deadline is None:
+            locked = self._lock.acquire()
+        else:
+            locked = self._lock.acquire(timeout=max(0.0, deadline - self._clock.monotonic()))
+        try:
+            if self._status.closing:
+                return False
+            self._status.closing = True
+            self._status.notify()
+            for w in list(self._writers.values()):
+                w.stopped = True
+                w.wake_tailers()
+            return True
+        finally:
+            if locked:
+                self._lock.release()
+
+    def wait_quiet(self, deadline: float) -> None:
+        """Wait until no append waits for the WAL, or raise `UnavailableError` at `deadline`."""
+        status = self._status
+        with status.cond:
+            while status.outstanding > 0:
+                remaining = deadline - self._clock.monotonic()
+                if remaining <= 0:
+                    raise UnavailableError(
+                        f"{status.outstanding} appends were still waiting for the WAL at "
+                        "the close deadline"
+                    )
+                status.cond.wait(remaining)
+
+    def rewind_when_quiet(self, wait_s: float) -> bool:
+        """Once every append in flight has completed, hand out offsets again from each
+        stream's confirm offset (WAL repair: what was not acknowledged never was). False:
+        appends are still in flight after waiting `wait_s` (they notify when they finish)."""
+        status = self._status
+        with self._lock, status.cond:
+            if status.outstanding == 0:
+                for w in self._writers.values():
+                    w.next_offset = w.confirm_offset
+                return True
+            status.cond.wait(wait_s)
+            return False
+
+    # ------------------------------------------------------------------ appends
+
+    def append(
+        self,
+        w: WriterState,
+        batch: RecordBatch,
+        expected: int | None = None,
+        ident: Ident | None = None,
+    ) -> Future[AppendResult]:
+        """Assign offsets, write the WAL record; the future resolves once it is durable.
+        With `expected`, only if the stream's next offset is `expected`
+        (`OffsetMismatchError` otherwise, raised at the call). With `ident` (the batch
+        carries it in its properties, `w.producers` is built): a duplicate returns the
+        original outcome, an out-of-order sequence raises `SequenceError`."""
+        r = self._append(w, batch, None, expected, ident)
+        return r[0] if isinstance(r, tuple) else self._completed.result(r)
+
+    def append_and_wait(
+        self,
+        w: WriterState,
+        batch: RecordBatch,
+        timeout_s: float | None = None,
+        expected: int | None = None,
+        ident: Ident | None = None,
+    ) -> AppendResult:
+        """`append`, then wait for durability (no future at all when the WAL acks at once).
+
+        Without `timeout_s` the wait is bounded by `call_timeout_ms`. On timeout the append
+        may still become durable later: `UnavailableError` says so.
+        """
+        timeout = self._settings.call_timeout_ms / 1000 if timeout_s is None else timeout_s
+        r = self._append(w, batch, timeout, expected, ident)
+        if not isinstance(r, tuple):
+            return r  # durable already (no clock read on this path)
+        result, wal_future, call_deadline = r
+        if timeout_s is None and wal_future is not None:
+            # The WAL may make the record durable in this thread (`WriteAheadLog.drive`); with
+            # a timeout the wait must stay interruptible, so the WAL's own thread does it.
+            self._wal.drive(wal_future)
+        try:
+            # What `_append` spent waiting for room counts (it set the call's deadline then).
+            return result.result(
+                timeout
+                if call_deadline is None
+                else max(0.0, call_deadline - self._clock.monotonic())
+            )
+        except TimeoutError as exc:
+            self._ins.append_failed(exc)
+            raise UnavailableError(
+                f"append to stream {w.stream_id} was not acknowledged within "
+                f"{deadline_text(timeout_s, self._settings)}; it may still become durable "
+                "(a retry can then duplicate it)"
+            ) from exc
+
+    def _append(
+        self,
+        w: WriterState,
+        batch: RecordBatch,
+        call_timeout: float | None = None,
+        expected: int | None = None,
+        ident: Ident | None = None,
+    ) -> AppendResult | _Pending:
+        """Append under the lock; the result, or (its future, the WAL's future, the call's
+        deadline if a wait made it compute one). `call_timeout`: of a synchronous call. A
+        refused append is counted here, for both entry points."""
+        try:
+            return self._append_counted(w, batch, call_timeout, expected, ident)
+        except BaseException as exc:
+            self._ins.append_failed(exc)
+            raise
+
+    def _append_counted(
+        self,
+        w: WriterState,
+        batch: RecordBatch,
+        call_timeout: float | None,
+        expected: int | None,
+        ident: Ident | None,
+    ) -> AppendResult | _Pending:
+        started = self._mono()
+        ts = batch.base_timestamp
+        if ts is None:
+            ts = self._clock.now_ms()
+        payload = batch.payload
+        status = self._status
+        lock = self._lock
+        # One deadline for everything this call may wait for (a WAL under repair, room in
+        # the upload backlog, the append lock), never longer than the call's own: waits
+        # never add up. It is computed only once a wait comes: the way through reads no clock.
+        deadline: float | None = None
+        call_deadline: float | None = None
+        while True:
+            if not lock.acquire(blocking=False):
+                # Held, maybe by an append the WAL keeps waiting for room (its own
+                # full_wait_ms): waiting for the lock counts against the deadline too.
+                if deadline is None:
+                    call_deadline, deadline = self._wait_deadlines(call_timeout)
+                if not lock.acquire(timeout=max(0.0, deadline - self._clock.monotonic())):
+                    raise BackpressureError(
+                        "another append holds the way into the WAL (waiting for room in it) "
+                        "past this append's deadline; retry later"
+                    )
+            try:
+                if w.error is not None:
+                    raise w.error
+                if status.closing:
+                    raise StreamClosedError("the client is closed")
+                if status.failed is not None:
+                    raise status.failed
+                now_ms = 0
+                if ident is not None:
+                    now_ms = self._clock.now_ms()
+                    earlier = self._earlier(w, ident, now_ms)
+                    if earlier is not None:
+                        return earlier
+                if expected is not None and expected != w.next_offset:
+                    # Checked under the lock that assigns offsets: no append can slip
+                    # between the check and this one's offset.
+                    raise OffsetMismatchError(
+                        f"stream {w.stream_id}: expected_offset={expected} but the next "
+                        f"offset is {w.next_offset}; nothing was written",
+                        expected=expected,
+                        actual=w.next_offset,
+                    )
+                if status.wal_error is None and not self._no_room():
+                    r = self._append_locked(w, batch, ts, payload, call_deadline, started)
+                    if ident is not None:
+                        assert w.producers is not None
+                        w.producers.record(*ident, r[0] if isinstance(r, tuple) else r, now_ms)
+                    return r
+            finally:
+                lock.release()
+            # A WAL under repair or no room: wait outside the lock, side by side with others.
+            if deadline is None:
+                call_deadline, deadline = self._wait_deadlines(call_timeout)
+            if status.wal_error is not None:
+                self._wait_for_wal(deadline)
+            if self._no_room():
+                self._wait_for_room(deadline)
+
+    def _earlier(self, w: WriterState, ident: Ident, now_ms: int) -> AppendResult | _Pending | None:
+        """The outcome of an earlier append of `ident` (under the lock), or None if new."""
+        if w.producers is None:
+            raise InvalidArgumentError("the stream's producers are not loaded")  # a bug
+        earlier = w.producers.check(w.stream_id, ident[0], ident[1], now_ms)
+        if earlier is None or isinstance(earlier, AppendResult):
+            return earlier
+        return earlier, None, None
+
+    def _no_room(self) -> bool:
+        """Whether an append must wait for an upload first: the WAL refused one for want of
+        room, or the upload backlog is at `max_pending_bytes`."""
+        return (
+            self._status.wal_full or self._cache.pending_bytes >= self._settings.max_pending_bytes
+        )
+
+    def _wait_deadlines(self, call_timeout: float | None) -> tuple[float | None, float]:
+        """(the call's deadline, None for an async append; the deadline of its waits: the
+        backpressure timeout's, or the call's if sooner), from now."""
+        now = self._clock.monotonic()
+        waits = now + self._settings.backpressure_timeout_ms / 1000
+        if call_timeout is None:
+            return None, waits
+        return now + call_timeout, min(waits, now + call_timeout)
+
+    def _append_locked(
+        self,
+        w: WriterState,
+        batch: RecordBatch,
+        ts: int,
+        payload: bytes,
+        call_deadline: float | None,
+        started: float,
+    ) -> AppendResult | _Pending:
+        base = w.next_offset
+        record = encode_batch(
+            w.stream_id, base, batch.count, batch.kind, ts, batch.properties, payload,
+            prefix=w.wal_prefix,
+        )  # fmt: skip
+        limit = self._max_record_bytes
+        if len(record) > limit:
+            raise InvalidArgumentError(
+                f"a batch of {len(payload)} payload bytes makes a {len(record)}-byte WAL "
+                f"record; {self._wal.describe()} takes at most {limit} bytes per record"
+            )
+        status = self._status
+        try:
+            wal_future = self._wal.append(record)
+        except WalFullError:
+            # Refused at the call, like the next ones until an upload trims the WAL.
+            with status.cond:
+                status.wal_full = True
+                status.upload_requested = True
+                status.cond.notify_all()
+            raise
+        except (InvalidArgumentError, BackpressureError):
+            # Refused at the call: nothing was written, no offset was used (this call only).
+            raise
+        except S3StreamError as exc:
+            status.on_wal_error(exc)
+            raise
+        w.next_offset = base + batch.count
+        if wal_future.done():
+            # Every earlier WAL future is done and its callback has run (the WAL completes
+            # in order), so completing inline keeps LogCache inserts in WAL order.
+            return self._durable(wal_future, w, batch, base, ts, record, started)
+        result: Future[AppendResult] = Future()
+        with status.cond:
+            status.outstanding += 1
+        wal_future.add_done_callback(
+            lambda f: self._on_durable(f, w, batch, base, ts, record, result, started)
+        )
+        return result, wal_future, call_deadline
+
+    def _wait_for_wal(self, deadline: float) -> None:
+        """Wait (no lock held) until the uploader has repaired the WAL, or raise."""
+        status = self._status
+        with status.cond:
+            while status.wal_error is not None:
+                status.raise_if_closing()
+                remaining = deadline - self._clock.monotonic()
+                if remaining <= 0:
+                    raise UnavailableError(
+                        f"the WAL failed and is not repaired yet: {status.wal_error}; "
+                        "the client retries by itself, retry the append later"
+                    ) from status.wal_error
+                status.cond.wait(remaining)
+
+    def _durable(
+        self,
+        wal_future: Future[WalPosition],
+        w: WriterState,
+        batch: RecordBatch,
+        base: int,
+        ts: int,
+        record: bytes,
+        started: float,
+    ) -> AppendResult:
+        try:
+            pos = wal_future.result()
+        except BaseException as exc:
+            err = exc if isinstance(exc, S3StreamError) else UnavailableError(f"WAL write: {exc}")
+            if err is not exc:
+                err.__cause__ = exc
+            self._status.on_wal_error(err)
+            raise err from None
+        count = batch.count
+        untaken = self._cache.put(
+            w.stream_id, base, count, ts, batch.kind, batch.properties, batch.payload,
+            record, WAL_PREFIX.size, pos, w.epoch,
+        )  # fmt: skip
+        w.confirm_offset = base + count
+        if w.tailers:
+            w.wake_tailers()
+        self._record_append(self._mono() - started, len(batch.payload), count)
+        if untaken >= self._upload_threshold and not self._status.upload_requested:
+            self._status.request_upload()
+        return AppendResult(w.stream_id, base, count)
+
+    def _on_durable(
+        self,
+        wal_future: Future[WalPosition],
+        w: WriterState,
+        batch: RecordBatch,
+        base: int,
+        ts: int,
+        record: bytes,
+        result: Future[AppendResult],
+        started: float,
+    ) -> None:
+        try:
+            result.set_result(self._durable(wal_future, w, batch, base, ts, record, started))
+        except S3StreamError as exc:
+            self._ins.append_failed(exc)
+            result.set_exception(exc)
+        finally:
+            status = self._status
+            with status.cond:
+                status.outstanding -= 1
+                if status.outstanding == 0:
+                    status.cond.notify_all()
+
+    def _wait_for_room(self, deadline: float) -> None:
+        """Wait (no lock held) until the upload backlog is below `max_pending_bytes` and the
+        WAL has room again (after an upload trimmed it)."""
+        status = self._status
+        with status.cond:
+            status.upload_requested = True
+            status.cond.notify_all()
+            while self._no_room():
+                if status.wal_full and self._cache.pending_bytes == 0:
+                    # Nothing left to upload, so no upload will trim the WAL: its fullness is
+                    # not ours to wait out. Let the next append ask the WAL itself.
+                    status.wal_full = False
+                    break
+                status.raise_if_closing()
+                remaining = deadline - self._clock.monotonic()
+                if remaining <= 0:
+                    cause = (
+                        f" (last upload error: {status.upload_error})"
+                        if (status.upload_error is not None)
+                        else ""
+                    )
+                    if status.wal_full:
+                        raise WalFullError(
+                            f"{self._wal.describe()} is full and no upload has made room yet{cause}"
+                        )
+                    raise BackpressureError(
+                        f"{self._cache.pending_bytes} bytes wait for upload "
+                        f"(max_pending_bytes={self._settings.max_pending_bytes}); "
+                        f"the object store is too slow or unreachable{cause}"
+                    )
+                # Every committed upload notifies.
+                status.cond.wait(remaining)
+
+
+def deadline_text(timeout_s: float | None, settings: ClientSettings) -> str:
+    """How a deadline was set, for error messages."""
+    if timeout_s is None:
+        return f"call_timeout_ms={settings.call_timeout_ms}"
+    return f"{timeout_s} s"

@@ -1,0 +1,168 @@
+"""The committer: makes an uploaded set of objects part of the streams.
+
+It commits the objects of one upload to the metadata log (one entry, checked against the
+streams' epochs and committed ends), unpins their batches in the LogCache, drops what streams
+taken over by another owner had acknowledged here, deletes objects nobody will reference, and
+trims the WAL below the upload.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from ..cache.log_cache import BASE, COUNT, EPOCH, SID, WALPOS, CachedBatch, LogCache
+from ..clock import Clock
+from ..errors import CorruptionError, FencedError, S3StreamError
+from ..metadata import (
+    CommitObjects,
+    MetadataManager,
+    MetadataState,
+    ObjectMeta,
+    StreamRange,
+)
+from ..metrics.components import StorageInstruments
+from ..objectstore.base import ObjectStore
+from ..types import StreamState
+from ..wal.base import WriteAheadLog
+from .appender import Appender
+from .packing import PackedObject
+from .status import PipelineStatus
+
+__all__ = ["Committer"]
+
+
+class Committer:
+    """Commits uploads in order (called by the uploader thread, or by recovery and flush
+    without one)."""
+
+    def __init__(
+        self,
+        *,
+        status: PipelineStatus,
+        meta: MetadataManager,
+        store: ObjectStore,
+        wal: WriteAheadLog,
+        cache: LogCache,
+        appender: Appender,
+        clock: Clock,
+        node_id: str,
+        node_epoch: int | None,
+        instruments: StorageInstruments,
+    ) -> None:
+        self._status = status
+        self._meta = meta
+        self._store = store
+        self._wal = wal
+        self._cache = cache
+        self._appender = appender
+        self._clock = clock
+        self._node_id = node_id
+        #: Carried by every commit, so a node taken over by another client commits nothing.
+        self._node_epoch = node_epoch
+        self._ins = instruments
+        self._log = status.log
+
+    def commit(
+        self,
+        entries: list[CachedBatch],
+        objects: Sequence[PackedObject],
+        started: float,
+        trim: bool,
+    ) -> None:
+        """Commit `objects` (holding `entries`, the upload that began at `started`), then
+        trim the WAL below them if `trim`. Raises what the metadata commit raises."""
+        first: dict[int, CachedBatch] = {}
+        for e in entries:
+            first.setdefault(e[SID], e)
+        fenced: set[int] = set()
+        build = self._builder(first, objects, fenced)
+        _, state = self._meta.commit(build)
+        live = [e for e in entries if e[SID] not in fenced]
+        self._cache.mark_uploaded(live)
+        for sid in sorted(fenced):
+            self._drop_fenced(sid, entries, state)
+        dead = [o.key for o in objects if all(r[0] in fenced for r in o.ranges)]
+        if dead:
+            self._store.delete_many(dead)
+        self._log.debug("upload committed: %d objects", len(objects))
+        self._ins.upload.record(
+            self._clock.monotonic() - started, sum(len(o.data) for o in objects), len(objects)
+        )
+        try:
+            if trim:
+                self._wal.trim(entries[-1][WALPOS])
+        except S3StreamError as exc:
+            # Harmless for correctness: recovery drops what is committed.
+            self._log.warning("WAL trim failed: %s", exc)
+        status = self._status
+        if status.wal_full:
+            with status.cond:
+                status.wal_full = False  # the next append tries the WAL again
+                status.cond.notify_all()
+
+    def _builder(
+        self,
+        first: dict[int, CachedBatch],
+        objects: Sequence[PackedObject],
+        fenced: set[int],
+    ) -> Callable[[MetadataState], Sequence[CommitObjects]]:
+        """The commit's entry, built afresh on each metadata state the log retries on;
+        `fenced` collects the streams another owner has taken."""
+        now = self._clock.now_ms()
+
+        def build(state: MetadataState) -> Sequence[CommitObjects]:
+            fenced.clear()
+            for sid, e in first.items():
+                s = state.streams.get(sid)
+                if s is None or s.state is StreamState.DELETED or s.epoch != e[EPOCH]:
+                    fenced.add(sid)
+                elif s.end_offset != e[BASE]:
+                    raise CorruptionError(
+                        f"stream {sid}: upload starts at {e[BASE]} but the "
+                        f"committed end is {s.end_offset}"
+                    )
+            metas = []
+            for o in objects:
+                ranges = tuple(
+                    StreamRange(sid, a, b, *o.times[sid])
+                    for sid, a, b in o.ranges
+                    if sid not in fenced
+                )
+                if ranges:
+                    metas.append(
+                        ObjectMeta(
+                            key=o.key,
+                            kind=o.kind,
+                            size=len(o.data),
+                            ranges=ranges,
+                            committed_ms=now,
+                            node_id=self._node_id,
+                        )
+                    )
+            if not metas:
+                return []
+            epochs = {sid: e[EPOCH] for sid, e in first.items() if sid not in fenced}
+            return [CommitObjects(objects=tuple(metas), epochs=epochs, node_epoch=self._node_epoch)]
+
+        return build
+
+    def _drop_fenced(self, sid: int, entries: list[CachedBatch], state: MetadataState) -> None:
+        """Another client took stream `sid` over: drop what this client acknowledged of it
+        and has not uploaded, stop its appends, and remember the loss for flush/close."""
+        mine = [e for e in entries if e[SID] == sid]
+        lo = mine[0][BASE]
+        confirmed = self._appender.confirm_offset(sid)
+        hi = confirmed if confirmed is not None else mine[-1][BASE] + mine[-1][COUNT]
+        s = state.streams.get(sid)
+        by = (
+            "it was deleted"
+            if s is None or s.state is StreamState.DELETED
+            else (f"node {s.owner!r} opened it at epoch {s.epoch}")
+        )
+        what = f"stream {sid} offsets [{lo}, {hi}) ({by})"
+        self._log.for_stream(sid).error("acknowledged appends dropped: %s", what)
+        self._cache.discard_stream(sid)
+        self._appender.release_writer(
+            sid, FencedError(f"stream {sid} is owned by a newer epoch: {by}")
+        )
+        self._status.add_dropped(what)

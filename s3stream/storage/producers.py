@@ -1,0 +1,170 @@
+"""Idempotent producers: which (producer, sequence) pairs a stream has taken, and where.
+
+An append with ``producer_id=p, sequence=k`` carries both in its batch's properties (the keys
+`PRODUCER_KEY` and `SEQUENCE_KEY`), so they are durable with the batch: in the WAL, then in
+objects. Per stream, a `ProducerTable` remembers for each producer its last sequence and the
+results of its last `WINDOW` appends. Under the append lock (so that the check and the offset
+assignment are one step):
+
+- an unknown producer (new, or expired) may start at any sequence;
+- ``k == last + 1`` is appended;
+- ``k`` among the last `WINDOW` sequences is a duplicate: the original result is returned
+  (its future, if it is still in flight) and nothing is written;
+- anything else (a gap, or a sequence older than the window) raises `SequenceError`.
+
+An append that failed (its future raised) did not happen: a later check drops it and every
+sequence after it (the WAL fails every later append too), so the producer resends them.
+
+After a crash, a reopen or a take-over, the table is rebuilt on the first idempotent append to
+the stream, from the stream's committed batches, newest first, back to the expiry horizon (or
+at most `scan_bytes`): recovery and take-over commit everything the WAL acknowledged before
+any stream is opened, so every acknowledged append is seen. Producers idle longer than
+`expiry_ms` are forgotten (then treated as new).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from ..errors import InvalidArgumentError, SequenceError
+from ..types import AppendResult, FetchedBatch, RecordBatch
+
+__all__ = [
+    "PRODUCER_KEY",
+    "SEQUENCE_KEY",
+    "WINDOW",
+    "ProducerTable",
+    "stamp_batch",
+]
+
+#: Batch property keys carrying the producer id and its sequence number.
+PRODUCER_KEY = "s3stream.producer"
+SEQUENCE_KEY = "s3stream.sequence"
+#: Sequences per producer whose results are remembered (Kafka keeps 5 batches in flight).
+WINDOW = 5
+
+Outcome = AppendResult | Future[AppendResult]
+
+
+@dataclass(slots=True)
+class _Producer:
+    last: int
+    #: (sequence, outcome) of its latest appends, oldest first, at most WINDOW.
+    recent: deque[tuple[int, Outcome]] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    last_ms: int = 0
+
+
+def stamp_batch(batch: RecordBatch, producer_id: str, sequence: int) -> RecordBatch:
+    """`batch` with the producer's id and sequence added to its properties."""
+    props = dict(batch.properties)
+    if PRODUCER_KEY in props or SEQUENCE_KEY in props:
+        raise InvalidArgumentError(
+            f"batch properties {PRODUCER_KEY!r} and {SEQUENCE_KEY!r} are reserved for "
+            "producer_id and sequence"
+        )
+    props[PRODUCER_KEY] = producer_id
+    props[SEQUENCE_KEY] = str(sequence)
+    return RecordBatch(
+        batch.payload,
+        count=batch.count,
+        base_timestamp=batch.base_timestamp,
+        properties=MappingProxyType(props),
+        kind=batch.kind,
+    )
+
+
+def batch_identity(properties: Mapping[str, str]) -> tuple[str, int] | None:
+    """(producer id, sequence) of a stored batch, or None for a batch without one."""
+    pid = properties.get(PRODUCER_KEY)
+    seq = properties.get(SEQUENCE_KEY)
+    if pid is None or seq is None:
+        return None
+    try:
+        return pid, int(seq)
+    except ValueError:
+        return None  # not written by this module: not an idempotent append
+
+
+class ProducerTable:
+    """The producers of one stream (guarded by the append lock; see the module docstring)."""
+
+    def __init__(self, expiry_ms: int) -> None:
+        self._expiry_ms = expiry_ms
+        self._producers: dict[str, _Producer] = {}
+
+    def __len__(self) -> int:
+        return len(self._producers)
+
+    def check(self, stream_id: int, producer_id: str, sequence: int, now_ms: int) -> Outcome | None:
+        """The outcome of an earlier append of (`producer_id`, `sequence`), or None if it is
+        new and may be appended; `SequenceError` if it is out of order."""
+        p = self._producers.get(producer_id)
+        if p is None:
+            return None
+        if now_ms - p.last_ms > self._expiry_ms:
+            del self._producers[producer_id]
+            return None
+        self._drop_failed(p)
+        if sequence == p.last + 1:
+            return None
+        for seq, outcome in p.recent:
+            if seq == sequence:
+                return outcome
+        if sequence > p.last:
+            raise SequenceError(
+                f"stream {stream_id}: producer {producer_id!r} sent sequence {sequence} after "
+                f"{p.last}: sequences {p.last + 1}..{sequence - 1} are missing",
+                producer_id=producer_id,
+                expected=p.last + 1,
+                got=sequence,
+            )
+        oldest = p.recent[0][0] if p.recent else p.last + 1
+        raise SequenceError(
+            f"stream {stream_id}: producer {producer_id!r} sent sequence {sequence}, older than "
+            f"the last {WINDOW} it remembers ({oldest}..{p.last}): cannot tell whether it was "
+            "appended",
+            producer_id=producer_id,
+            expected=p.last + 1,
+            got=sequence,
+        )
+
+    def record(self, producer_id: str, sequence: int, outcome: Outcome, now_ms: int) -> None:
+        """Remember an append just made (after `check` returned None)."""
+        p = self._producers.get(producer_id)
+        if p is None:
+            p = self._producers[producer_id] = _Producer(sequence)
+        p.last = sequence
+        p.recent.append((sequence, outcome))
+        p.last_ms = now_ms
+
+    def rebuild(self, batches_newest_first: Iterable[FetchedBatch], now_ms: int) -> None:
+        """Learn producers from stored batches, newest first (a reopened stream)."""
+        for b in batches_newest_first:
+            ident = batch_identity(b.properties)
+            if ident is None:
+                continue
+            pid, seq = ident
+            p = self._producers.get(pid)
+            result = AppendResult(b.stream_id, b.base_offset, b.count)
+            if p is None:
+                p = self._producers[pid] = _Producer(seq, last_ms=max(b.base_timestamp, 0))
+                # The horizon is the producer's last append, as for a live one.
+                p.last_ms = min(now_ms, p.last_ms)
+                p.recent.append((seq, result))
+            elif len(p.recent) < WINDOW and seq < p.recent[0][0]:
+                p.recent.appendleft((seq, result))
+
+    @staticmethod
+    def _drop_failed(p: _Producer) -> None:
+        """Forget appends whose write failed, and all after them (never written)."""
+        for i, (seq, outcome) in enumerate(p.recent):
+            if isinstance(outcome, Future) and outcome.done() and outcome.exception() is not None:
+                kept = list(p.recent)[:i]
+                p.recent.clear()
+                p.recent.extend(kept)
+                p.last = seq - 1
+                return

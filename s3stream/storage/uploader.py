@@ -1,0 +1,321 @@
+"""The uploader: a background thread that turns pending batches into committed objects.
+
+When pending bytes reach the threshold, the interval passes, or on flush/close, it takes every
+pending batch, packs objects, PUTs them in parallel (several uploads in flight) and hands them
+to the `Committer` strictly in order, retrying failed uploads with backoff. It also repairs a
+WAL that failed retryably. It sleeps on the pipeline's condition until woken or the upload
+interval is due: an idle client does not wake it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from ..cache.log_cache import CachedBatch, LogCache
+from ..clock import Clock
+from ..errors import FencedError, S3StreamError, StreamClosedError
+from ..metrics.components import StorageInstruments
+from ..objectstore.base import ObjectStore
+from ..settings import ClientSettings
+from ..throttle import Priority, PriorityRateLimiter
+from ..wal.base import WriteAheadLog
+from .appender import Appender
+from .committer import Committer
+from .packing import KeyFactory, PackedObject, pack_objects
+from .status import PipelineStatus
+
+__all__ = ["Uploader"]
+
+#: How long `close` waits for the uploader past its deadline (a PUT ending, a last commit).
+_JOIN_GRACE_S = 2.0
+#: Wake-up of the WAL repair while appends are still completing (they notify, this bounds it).
+_REPAIR_WAIT_S = 1.0
+
+
+@dataclass(slots=True)
+class _Upload:
+    entries: list[CachedBatch]
+    objects: list[PackedObject]
+    puts: list[Future[None]] = field(default_factory=list)
+    attempts: int = 0
+    #: When the upload began (the clock's monotonic seconds).
+    started: float = 0.0
+
+
+class Uploader:
+    """Packs, PUTs and commits pending batches; repairs the WAL (module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        status: PipelineStatus,
+        cache: LogCache,
+        store: ObjectStore,
+        wal: WriteAheadLog,
+        appender: Appender,
+        committer: Committer,
+        settings: ClientSettings,
+        clock: Clock,
+        keys: KeyFactory,
+        limiter: PriorityRateLimiter | None,
+        instruments: StorageInstruments,
+    ) -> None:
+        self._status = status
+        self._cache = cache
+        self._store = store
+        self._wal = wal
+        self._appender = appender
+        self._committer = committer
+        self._settings = settings
+        self._clock = clock
+        self._keys = keys
+        self._limiter = limiter
+        self._ins = instruments
+        self._log = status.log
+        self._last_upload_mono = clock.monotonic()
+        #: One upload takes at most this much (objects of bounded size, several in flight):
+        #: a backlog drains steadily instead of in ever larger uploads.
+        self._max_upload = settings.upload_threshold_bytes
+        self._put_pool = ThreadPoolExecutor(
+            max_workers=settings.upload_parallelism, thread_name_prefix="s3stream-put"
+        )
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def running(self) -> bool:
+        """Whether the background thread was started (uploads then happen there)."""
+        return self._thread is not None
+
+    def start(self) -> None:
+        """Start the background thread."""
+        self._thread = threading.Thread(target=self._run, name="s3stream-uploader", daemon=True)
+        self._thread.start()
+
+    def join(self, deadline: float | None) -> None:
+        """Wait for the thread to end (after `status.stop`), up to `deadline` and a grace."""
+        thread = self._thread
+        if thread is None or thread is threading.current_thread():
+            return
+        if deadline is None:
+            thread.join()
+            return
+        # A PUT in flight is bounded by the store's own deadline, so the uploader stops soon
+        # after it; a wait past the deadline would only hide a hang.
+        thread.join(max(0.0, deadline - self._clock.monotonic()) + _JOIN_GRACE_S)
+        if thread.is_alive():
+            self._log.error("the uploader did not stop by the close deadline; leaving it behind")
+
+    def shutdown_puts(self, *, wait: bool) -> None:
+        """Stop the PUT pool (after the thread ended, or was left behind)."""
+        self._put_pool.shutdown(wait=wait, cancel_futures=not wait)
+
+    # ------------------------------------------------------------------ the thread
+
+    def _due(self) -> bool:
+        """Whether an upload should start now (under `cond`): something is untaken and a
+        flush or backpressure asked for it, it reached the threshold, the upload interval
+        passed, or the client is stopping."""
+        untaken = self._cache.untaken_bytes
+        if not untaken:
+            return False
+        status = self._status
+        if status.upload_requested or status.stop or untaken >= self._max_upload:
+            return True
+        interval = self._settings.upload_interval_ms / 1000
+        return interval > 0 and self._clock.monotonic() - self._last_upload_mono >= interval
+
+    def _idle_wait_s(self) -> float | None:
+        """How long the idle uploader may sleep: until the upload interval is due (None:
+        until woken, as nothing is pending or there is no timer)."""
+        interval = self._settings.upload_interval_ms / 1000
+        if interval <= 0 or not self._cache.untaken_bytes:
+            # Appends that make something pending notify when they cross the threshold; the
+            # interval timer starts from the last upload, so re-check within one interval.
+            return interval if interval > 0 else None
+        return max(0.0, self._last_upload_mono + interval - self._clock.monotonic())
+
+    def _run(self) -> None:
+        status = self._status
+        try:
+            self._run_uploads()
+        except BaseException as exc:
+            err = (
+                exc
+                if isinstance(exc, S3StreamError)
+                else S3StreamError(f"the uploader thread failed: {exc!r}")
+            )
+            if err is not exc:
+                err.__cause__ = exc
+            self._log.exception("the uploader thread died")
+            with status.cond:
+                status.thread_error = err
+                if status.failed is None:
+                    status.failed = err
+                status.cond.notify_all()
+
+    def _run_uploads(self) -> None:
+        """Start bounded uploads while they are due and fewer than `max_inflight` are in
+        flight; commit them in order as their PUTs complete. Sleeps on the condition until
+        something changes: an append crossing the threshold, a flush, a PUT completing (its
+        callback notifies), the interval, close, a WAL failure."""
+        status = self._status
+        inflight: deque[_Upload] = deque()
+        max_inflight = max(1, self._settings.upload_parallelism // 2)
+        while True:
+            with status.cond:
+                while True:
+                    if status.abandoned:
+                        return
+                    stop = status.stop
+                    repair = status.wal_error is not None and status.failed is None and not stop
+                    start = len(inflight) < max_inflight and self._due()
+                    head_done = bool(inflight) and all(f.done() for f in inflight[0].puts)
+                    if repair or start or head_done or stop:
+                        break
+                    status.cond.wait(None if inflight else self._idle_wait_s())
+            if repair:
+                try:
+                    while inflight:
+                        self._finish_upload(inflight.popleft())
+                    self._repair_wal()
+                except S3StreamError:
+                    return  # fatal (the client stopped) or stopping
+                continue
+            if start:
+                entries = self._cache.take_pending(self._max_upload)
+                if entries:
+                    inflight.append(self._start_upload(entries))
+                with status.cond:
+                    if not self._cache.untaken_bytes:
+                        status.upload_requested = False  # all asked for is under way
+            try:
+                # Commit in order what has landed; when stopping, wait for the oldest.
+                while inflight and (stop or all(f.done() for f in inflight[0].puts)):
+                    self._finish_upload(inflight.popleft())
+                    if stop and self._cache.untaken_bytes:
+                        break  # start the next upload of what remains
+            except S3StreamError:
+                # Only raised while stopping: what is not uploaded stays in the WAL.
+                return
+            if stop and not inflight and not self._cache.untaken_bytes:
+                return
+
+    def _repair_wal(self) -> None:
+        """Bring a WAL that failed retryably back into service (uploader thread).
+
+        Every append in flight fails once one has (the WAL's contract), so after they have
+        all completed, offsets from each stream's confirm offset on were never acknowledged
+        and are handed out again. What was acknowledged is uploaded before `reset` drops it
+        from the WAL. Raises only when stopping or when the client failed fatally.
+        """
+        status = self._status
+        attempts = 0
+        while not self._appender.rewind_when_quiet(_REPAIR_WAIT_S):
+            with status.cond:
+                if status.stop or status.failed is not None:
+                    raise StreamClosedError("stopping")
+        while True:
+            self.upload_sync(trim=False)  # the reset below drops it all
+            try:
+                self._wal.reset()
+            except S3StreamError as exc:
+                if not exc.retryable:
+                    status.fail(exc)
+                    raise
+                attempts += 1
+                self._log.warning("WAL repair attempt %d failed: %s", attempts, exc)
+                with status.cond:
+                    if status.stop:
+                        raise
+                    status.cond.wait(_backoff_s(attempts))
+                    if status.stop:
+                        raise
+                continue
+            with status.cond:
+                self._log.warning("WAL repaired after: %s", status.wal_error)
+                status.wal_error = None
+                status.cond.notify_all()
+            return
+
+    # ------------------------------------------------------------------ one upload
+
+    def _start_upload(self, entries: list[CachedBatch]) -> _Upload:
+        self._last_upload_mono = started = self._clock.monotonic()
+        self._log.debug("upload start: %d batches", len(entries))
+        up = _Upload(entries, pack_objects(entries, self._settings, self._keys), started=started)
+        self._submit_puts(up)
+        return up
+
+    def _submit_puts(self, up: _Upload) -> None:
+        up.puts = [self._put_pool.submit(self._put, o.key, o.data) for o in up.objects]
+        for f in up.puts:
+            # The thread sleeps until something changes: a PUT landing is such a change.
+            f.add_done_callback(self._put_done)
+
+    def _put_done(self, _: Future[None]) -> None:
+        self._status.notify()
+
+    def _put(self, key: str, data: bytes) -> None:
+        if self._limiter is not None:
+            self._limiter.acquire(len(data), Priority.UPLOAD)
+        self._store.put(key, data)
+
+    def _finish_upload(
+        self, up: _Upload, deadline: float | None = None, *, trim: bool = True
+    ) -> None:
+        """Wait for the PUTs of the oldest upload and commit it (then trim the WAL below it,
+        if `trim`); retry until it succeeds (raises only when stopping, when the node was
+        fenced, or past `deadline`)."""
+        status = self._status
+        while True:
+            try:
+                for f in up.puts:
+                    f.result()
+                self._committer.commit(up.entries, up.objects, up.started, trim)
+                with status.cond:
+                    status.upload_error = None
+                    status.cond.notify_all()
+                return
+            except FencedError as exc:
+                # The node was taken over: no retry can succeed, and no append may be acked.
+                self._ins.upload_failures.add()
+                status.fail(exc)
+                with status.cond:
+                    up.attempts += 1
+                    status.on_upload_failed(exc)
+                raise
+            except S3StreamError as exc:
+                up.attempts += 1
+                self._ins.upload_failures.add()
+                self._log.warning("upload attempt %d failed: %s", up.attempts, exc)
+                with status.cond:
+                    status.on_upload_failed(exc)
+                    if (
+                        status.abandoned
+                        or (status.stop and up.attempts >= 3)
+                        or (deadline is not None and self._clock.monotonic() >= deadline)
+                    ):
+                        # Closing, or out of time: the data stays in the WAL for the next
+                        # open to recover.
+                        raise
+                    status.cond.wait(_backoff_s(up.attempts))
+                self._submit_puts(up)
+
+    def upload_sync(self, deadline: float | None = None, *, trim: bool = True) -> None:
+        """Upload everything pending from the calling thread (recovery, WAL repair, and flush
+        without a thread); uploads made for a WAL about to be reset trim nothing."""
+        while True:
+            entries = self._cache.take_pending(self._max_upload)
+            if not entries:
+                return
+            self._finish_upload(self._start_upload(entries), deadline, trim=trim)
+
+
+def _backoff_s(attempts: int) -> float:
+    """Wait before retry `attempts` (woken early by close)."""
+    return min(2.0, 0.05 * float(1 << min(attempts, 8)))

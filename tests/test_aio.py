@@ -1,0 +1,329 @@
+"""`s3stream.aio`: the asyncio front end over the thread-based client (plain `asyncio.run`)."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import s3stream
+import s3stream.aio as aio
+from s3stream import (
+    ClientSettings,
+    InvalidArgumentError,
+    OffsetMismatchError,
+    OffsetOutOfRangeError,
+    Record,
+    RecordBatch,
+    StreamClosedError,
+    StreamNotFoundError,
+)
+
+SMALL = ClientSettings(upload_threshold_bytes=16 * 1024, upload_interval_ms=0)
+
+
+async def open_dir(path: Path, **kwargs: int) -> aio.AsyncStreamClient:
+    # The default file WAL: an append's future resolves in the WAL's thread, not at the call.
+    if kwargs:
+        return aio.AsyncStreamClient(s3stream.open(str(path), settings=SMALL), **kwargs)
+    return await aio.open(str(path), settings=SMALL)
+
+
+def pool_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("s3stream-aio-")]
+
+
+def test_open_takes_the_arguments_of_the_sync_open() -> None:
+    for async_fn, sync_fn in ((aio.open, s3stream.open), (aio.open_reader, s3stream.open_reader)):
+        assert inspect.iscoroutinefunction(async_fn)
+        assert list(inspect.signature(async_fn).parameters.values()) == list(
+            inspect.signature(sync_fn).parameters.values()
+        )
+        assert inspect.getdoc(async_fn)
+    assert s3stream.aio is aio  # the facade's attribute, imported on first use
+
+
+def test_append_fetch_tail_and_close(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with await open_dir(tmp_path) as client:
+            s = await client.create_stream(tags={"topic": "t"})
+            assert s.tags == {"topic": "t"} and s.stream_id == s.sync.stream_id
+            r = await s.append(RecordBatch(b"first", count=2))
+            assert (r.base_offset, r.count) == (0, 2)
+            r = await s.append_records([Record(b"v0", key=b"k"), Record(b"v1")])
+            assert r.base_offset == 2 and s.confirm_offset == 4 == s.next_offset
+            got = await s.fetch(0)
+            assert got.batches[0].payload == b"first" and got.next_offset == 4
+            assert [(o, rec.value) async for o, rec in s.read_records(0)] == [
+                (0, b"first"),
+                (2, b"v0"),
+                (3, b"v1"),
+            ]
+            assert [i.stream_id for i in await client.list_streams({"topic": "t"})] == [0]
+            assert await s.offset_for_timestamp(0) == 0
+            assert await s.offset_for_timestamp(2**62) is None
+            assert (await client.stream_info(s.stream_id)).tags == {"topic": "t"}
+
+            seen: list[int] = []
+
+            async def consume() -> None:
+                async for batch in s.tail(0, wait_s=0.2):
+                    seen.append(batch.base_offset)
+
+            tail = asyncio.create_task(consume())
+            for i in range(3):
+                await s.append(RecordBatch(b"%d" % i))
+            await client.flush()
+            assert (await client.read(s.stream_id, 0)).next_offset == 7
+            while len(seen) < 5:
+                await asyncio.sleep(0.01)
+            await client.close()  # ends the tail, cleanly
+            await asyncio.wait_for(tail, 10)
+            assert seen == [0, 2, 4, 5, 6]
+            assert client.closed and s.closed
+        assert pool_threads() == []  # the client's threads stopped with it
+
+        async with await open_dir(tmp_path) as again:
+            s = await again.open_stream(0)
+            records = s.tail_records(1, wait_s=0.1)
+            # A RAW batch is one record at its base offset: the one at 0 is not in the tail.
+            assert [(await anext(records))[0] for _ in range(4)] == [2, 3, 4, 5]
+            await s.append_records([Record(b"new")])
+            assert (await anext(records))[0] == 6  # the RAW batch appended before
+            offset, record = await anext(records)
+            assert (offset, record.value) == (7, b"new")
+
+    asyncio.run(main())
+
+
+def test_a_long_poll_waits_without_blocking_the_loop(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with await open_dir(tmp_path) as client:
+            s = await client.create_stream()
+            ticks = 0
+
+            async def tick() -> None:
+                nonlocal ticks
+                while True:
+                    await asyncio.sleep(0.01)
+                    ticks += 1
+
+            ticker = asyncio.create_task(tick())
+            t0 = time.monotonic()
+            assert (await s.fetch(0, wait_s=0.3)).batches == []
+            assert time.monotonic() - t0 >= 0.25
+            assert ticks >= 5, "the loop ran other tasks while the poll waited"
+
+            async def late_append() -> None:
+                await asyncio.sleep(0.1)
+                await s.append(RecordBatch(b"late"))
+
+            appender = asyncio.create_task(late_append())
+            t0 = time.monotonic()
+            got = await s.fetch(0, wait_s=30)
+            assert [b.payload for b in got.batches] == [b"late"]
+            assert time.monotonic() - t0 < 10, "the append woke the poll"
+            await appender
+            ticker.cancel()
+
+    asyncio.run(main())
+
+
+def test_cancelling_a_tail_frees_its_thread_within_one_poll(tmp_path: Path) -> None:
+    async def main() -> None:
+        # One poll thread: a tail left blocked would keep every other tail waiting forever.
+        client = await open_dir(tmp_path, poll_threads=1)
+        async with client:
+            idle = await client.create_stream()
+            busy = await client.create_stream()
+            await busy.append(RecordBatch(b"x"))
+            started = asyncio.Event()
+
+            async def follow_idle() -> None:
+                started.set()
+                async for _ in idle.tail(0, wait_s=0.5):
+                    raise AssertionError("nothing was appended")
+
+            task = asyncio.create_task(follow_idle())
+            await started.wait()
+            await asyncio.sleep(0.1)  # its poll is waiting in the thread now
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            t0 = time.monotonic()
+            batch = await asyncio.wait_for(anext(aiter(busy.tail(0, wait_s=0.5))), 10)
+            assert batch.payload == b"x"
+            assert time.monotonic() - t0 < 5, "the cancelled tail's poll returned"
+        assert pool_threads() == []
+
+    asyncio.run(main())
+
+
+def test_concurrent_appends_from_many_tasks(tmp_path: Path) -> None:
+    tasks, per_task = 40, 25
+
+    async def main() -> None:
+        async with await open_dir(tmp_path) as client:
+            s = await client.create_stream()
+
+            async def writer(t: int) -> list[int]:
+                offsets = []
+                for i in range(per_task):
+                    r = await s.append_records([Record(b"%d-%d" % (t, i))])
+                    offsets.append(r.base_offset)
+                return offsets
+
+            results = await asyncio.gather(*(writer(t) for t in range(tasks)))
+            for offsets in results:
+                assert offsets == sorted(offsets)  # each task's appends land in its order
+            every = sorted(o for offsets in results for o in offsets)
+            assert every == list(range(tasks * per_task))
+            values = {rec.value async for _, rec in s.read_records(0)}
+            assert values == {b"%d-%d" % (t, i) for t in range(tasks) for i in range(per_task)}
+
+    asyncio.run(main())
+
+
+def test_conditional_appends(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with await open_dir(tmp_path) as client:
+            s = await client.create_stream()
+            assert (await s.append(RecordBatch(b"a"), expected_offset=0)).base_offset == 0
+            with pytest.raises(OffsetMismatchError) as err:
+                await s.append(RecordBatch(b"a"), expected_offset=0)
+            assert err.value.actual == 1
+            # Two tasks racing for the same offset: exactly one wins.
+            outcomes = await asyncio.gather(
+                *(s.append(RecordBatch(b"b"), expected_offset=1) for _ in range(5)),
+                return_exceptions=True,
+            )
+            assert sum(not isinstance(o, BaseException) for o in outcomes) == 1
+            assert all(
+                isinstance(o, OffsetMismatchError) for o in outcomes if isinstance(o, BaseException)
+            )
+            assert s.next_offset == 2
+            first = await s.append(RecordBatch(b"c"), producer_id="p", sequence=0)
+            assert await s.append(RecordBatch(b"c"), producer_id="p", sequence=0) == first
+            assert s.next_offset == 3  # the resend wrote nothing
+
+    asyncio.run(main())
+
+
+def test_errors_are_the_sync_exceptions(tmp_path: Path) -> None:
+    async def main() -> None:
+        client = await open_dir(tmp_path)
+        s = await client.create_stream()
+        with pytest.raises(StreamNotFoundError):
+            await client.open_stream(999)
+        with pytest.raises(OffsetOutOfRangeError):
+            await s.fetch(5)
+        with pytest.raises(InvalidArgumentError):
+            s.tail(0, wait_s=0)  # checked at the call, as the sync tail does
+        with pytest.raises(InvalidArgumentError):
+            await s.append(b"not a batch")  # type: ignore[arg-type]
+        await s.append(RecordBatch(b"x"))
+        await s.trim(1)
+        assert s.start_offset == 1
+        with pytest.raises(OffsetOutOfRangeError):
+            await s.fetch(0)
+        await s.close()
+        with pytest.raises(StreamClosedError):
+            await s.append(RecordBatch(b"y"))
+        await client.close()
+        await client.close()  # again: reports how the first one ended (fine)
+        with pytest.raises(StreamClosedError):
+            await client.create_stream()
+        with pytest.raises(InvalidArgumentError):
+            aio.AsyncStreamClient(object())  # type: ignore[arg-type]
+
+    asyncio.run(main())
+
+
+def test_reader(tmp_path: Path) -> None:
+    with s3stream.open(str(tmp_path), wal="memory://") as client:
+        s = client.create_stream(tags={"topic": "orders"})
+        s.append_records([Record(b"%d" % i) for i in range(3000)])
+
+    async def main() -> None:
+        async with await aio.open_reader(str(tmp_path)) as reader:
+            assert [i.end_offset for i in await reader.list_streams()] == [3000]
+            assert (await reader.stream_info(0)).tags == {"topic": "orders"}
+            assert (await reader.read(0, 0)).next_offset == 3000
+            records = [(o, r.value) async for o, r in reader.read_records(0, 0, 10)]
+            assert records == [(i, b"%d" % i) for i in range(10)]
+            assert len([o async for o, _ in reader.read_records(0, 0)]) == 3000  # several hops
+            assert len(await reader.objects()) >= 1
+            assert (await reader.snapshot()).get_stream(0).end_offset == 3000
+            assert await reader.offset_for_timestamp(0, 0) == 0
+            with pytest.raises(StreamNotFoundError):
+                await reader.stream_info(7)
+        await reader.close()  # idempotent
+        with pytest.raises(StreamClosedError):
+            await reader.read(0, 0)
+        with pytest.raises(InvalidArgumentError):
+            await aio.open_reader(str(tmp_path / "missing"))
+
+    asyncio.run(main())
+    assert pool_threads() == []
+
+
+def test_a_reader_tails_what_a_writer_commits_and_cancels_within_one_poll(
+    tmp_path: Path,
+) -> None:
+    with s3stream.open(str(tmp_path), settings=SMALL) as client:
+        s = client.create_stream()
+
+        async def main() -> None:
+            async with await aio.open_reader(str(tmp_path)) as reader:
+
+                async def collect(n: int) -> list[bytes]:
+                    got: list[bytes] = []
+                    async for b in reader.tail(s.stream_id, 0, poll_s=0.05):
+                        got.append(b.payload)
+                        if len(got) == n:
+                            break
+                    return got
+
+                task = asyncio.create_task(collect(30))
+                for i in range(30):
+                    await asyncio.to_thread(s.append, RecordBatch(b"%d" % i))
+                    if i % 10 == 9:
+                        await asyncio.to_thread(client.flush)  # commit: the reader sees it
+                assert await asyncio.wait_for(task, 30) == [b"%d" % i for i in range(30)]
+
+                idle = asyncio.create_task(collect(31))  # waits at the end for ever
+                await asyncio.sleep(0.2)
+                idle.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await idle
+                with pytest.raises(InvalidArgumentError):
+                    reader.tail(s.stream_id, 0, poll_s=0)
+
+        asyncio.run(main())
+    assert pool_threads() == []
+
+
+def test_a_cancelled_open_closes_what_it_opened() -> None:
+    closed = threading.Event()
+
+    class Slow:
+        def close(self) -> None:
+            closed.set()
+
+    def slow_open() -> Slow:
+        time.sleep(0.3)
+        return Slow()
+
+    async def main() -> None:
+        task = asyncio.create_task(aio._opened(slow_open))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert await asyncio.to_thread(closed.wait, 10)
+
+    asyncio.run(main())

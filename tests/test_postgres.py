@@ -1,0 +1,350 @@
+"""The PostgreSQL metadata log beyond the conformance kit: its URL, deadlines and errors, the
+tables' creation and version, privileges, the same bytes as the object-store log, the binding
+of a store to one log, and the entry points that take ``metadata=`` (open, open_reader, the
+CLI, the Spark options). Against the session's server (tests/conftest.py, ``postgres``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import s3stream
+from s3stream.clock import ManualClock
+from s3stream.errors import InvalidArgumentError, UnavailableError
+from s3stream.metadata import MetadataManager
+from s3stream.metadata.codec import encode_checkpoint
+from s3stream.metadata.log import MetadataLog
+from s3stream.metadata.model import Checkpoint
+from s3stream.metadata.postgres_url import parse_postgres_url
+from s3stream.metadata.registry import check_metadata_url
+from s3stream.objectstore.memory import MemoryObjectStore
+from s3stream.types import RecordBatch
+
+psycopg = pytest.importorskip("psycopg", reason="needs psycopg (s3stream[postgres])")
+
+from s3stream.metadata.postgres import PostgresMetadataLog  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _namespace() -> str:
+    return f"t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def url(postgres: Any) -> str:
+    """The session server's database, in a namespace of the test's own."""
+    made: str = postgres.url(namespace=_namespace())
+    return made
+
+
+def _sql(postgres: Any, statement: str, *params: Any) -> list[tuple[Any, ...]]:
+    with psycopg.connect(postgres.url(), autocommit=True) as conn:
+        cur = conn.execute(statement, params or None)
+        return list(cur.fetchall()) if cur.description is not None else []
+
+
+def _manager(log: Any, writer: str = "w") -> MetadataManager:
+    m = MetadataManager(log, clock=ManualClock(), writer_id=writer)
+    m.load()
+    return m
+
+
+# -- the URL ---------------------------------------------------------------------------------
+
+
+def test_url_parameters_and_defaults() -> None:
+    t = parse_postgres_url(
+        "postgresql://u:secret@db.example:6543/meta", namespace="m", timeout_ms=30_000
+    )
+    assert (t.namespace, t.schema, t.statement_timeout_ms, t.connect_timeout_s) == (
+        "m", "s3stream", 30_000, 10
+    )  # fmt: skip
+    assert t.host == "db.example:6543"
+    assert "secret" not in t.display and t.display == "postgresql://u@db.example:6543/meta"
+    assert "connect_timeout=10" in t.conninfo and "secret" in t.conninfo
+    t = parse_postgres_url(
+        "postgres://h/db?namespace=orders&schema=meta_v1&statement_timeout=5s&sslmode=disable"
+        "&connect_timeout=3",
+        namespace="meta",
+        timeout_ms=30_000,
+    )
+    assert (t.namespace, t.schema, t.statement_timeout_ms, t.connect_timeout_s) == (
+        "orders", "meta_v1", 5_000, 3
+    )  # fmt: skip
+    assert "namespace" not in t.conninfo and "sslmode=disable" in t.conninfo
+    assert t.call_deadline_s == 6.0
+    # A short deadline still gives libpq its 2 s minimum to connect.
+    assert (
+        parse_postgres_url("postgresql://h/db", namespace="m", timeout_ms=500).connect_timeout_s
+        == 2
+    )
+    for bad, why in (
+        ("postgresql://h/db?schema=Bad-Name", "schema"),
+        ("postgresql://h/db?statement_timeout=1.5s", "statement_timeout"),
+        ("postgresql://h/db?statement_timeout=0", "statement_timeout"),
+        ("postgresql://h/db?connect_timeout=0", "connect_timeout"),
+        ("postgresql://h/db?namespace=", "namespace"),
+        ("postgresql://h/db?namespace=a&namespace=b", "twice"),
+        ("postgresql://u:pw@h/db#x", "fragment"),
+        ("mysql://h/db", "PostgreSQL URL"),
+    ):
+        with pytest.raises(InvalidArgumentError, match=why) as err:
+            parse_postgres_url(bad, namespace="m", timeout_ms=1000)
+        assert "pw" not in str(err.value)
+
+
+def test_metadata_urls_are_checked_before_anything_is_opened(tmp_path: Path) -> None:
+    assert check_metadata_url(None) is None
+    assert check_metadata_url("postgres://h/db") == "postgres://h/db"
+    with pytest.raises(InvalidArgumentError, match=r"known: postgres, postgresql"):
+        check_metadata_url("mysql://h/db")
+    with pytest.raises(InvalidArgumentError, match="must be a URL"):
+        check_metadata_url("h/db")
+    target = tmp_path / "never"
+    with pytest.raises(InvalidArgumentError, match="mysql"):
+        s3stream.open(target, metadata="mysql://h/db")
+    with pytest.raises(InvalidArgumentError, match="mysql"):
+        s3stream.open_reader(tmp_path, metadata="mysql://h/db")
+    assert not target.exists()
+
+
+# -- deadlines and errors --------------------------------------------------------------------
+
+
+def test_an_unreachable_server_is_unavailable_naming_the_host() -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = PostgresMetadataLog(f"postgresql://nobody@127.0.0.1:{port}/db", namespace="x")
+    started = time.monotonic()
+    with pytest.raises(UnavailableError, match=f"127.0.0.1:{port}") as err:
+        _manager(log)
+    assert time.monotonic() - started < 15
+    assert err.value.retryable
+    log.close()
+
+
+def test_a_server_that_stops_answering_hits_the_call_deadline(postgres: Any) -> None:
+    log = PostgresMetadataLog(postgres.url(statement_timeout="1s"), namespace=_namespace())
+    try:
+        m = _manager(log)
+        m.create_stream({})
+        backend_pid = log._main.run(lambda c: c.execute("SELECT pg_backend_pid()").fetchone()[0])
+        os.kill(backend_pid, signal.SIGSTOP)  # the server's process for this connection
+        try:
+            started = time.monotonic()
+            with pytest.raises(UnavailableError, match="did not answer within 2 s"):
+                m.create_stream({})
+            assert time.monotonic() - started < 5
+        finally:
+            os.kill(backend_pid, signal.SIGCONT)
+        # The outcome was unknown; the next call reconnects, and the manager sorts it out.
+        m.refresh()
+        assert m.create_stream({}).stream_id == m.seq - 1
+    finally:
+        log.close()
+
+
+def test_a_slow_statement_ends_at_the_statement_timeout(postgres: Any) -> None:
+    log = PostgresMetadataLog(postgres.url(statement_timeout="300ms"), namespace=_namespace())
+    try:
+        with pytest.raises(UnavailableError, match="statement_timeout"):
+            log._main.run(lambda c: c.execute("SELECT pg_sleep(5)"))
+        assert log.has_entry(1) is False  # the connection is still usable
+    finally:
+        log.close()
+
+
+# -- tables ----------------------------------------------------------------------------------
+
+
+def test_readers_create_nothing_and_the_first_writer_creates_the_tables(postgres: Any) -> None:
+    schema = f"fresh_{uuid.uuid4().hex[:8]}"
+    url = postgres.url(schema=schema, namespace="n")
+    exists = "SELECT count(*) FROM information_schema.tables WHERE table_schema = %s"
+    reader = PostgresMetadataLog(url)
+    m = _manager(reader)
+    assert m.seq == 0 and reader.read_pointer() is None and reader.listed_seqs() == set()
+    assert _sql(postgres, exists, schema) == [(0,)], "a reader created tables"
+    writer = PostgresMetadataLog(url)
+    _manager(writer).create_stream({})
+    assert _sql(postgres, exists, schema) == [(5,)]
+    assert _sql(postgres, f"SELECT version FROM {schema}.schema_version") == [(1,)]
+    assert m.refresh() is True and m.seq == 1
+    for log in (reader, writer):
+        log.close()
+
+
+def test_a_newer_schema_version_is_refused(postgres: Any) -> None:
+    schema = f"newer_{uuid.uuid4().hex[:8]}"
+    url = postgres.url(schema=schema, namespace="n")
+    first = PostgresMetadataLog(url)
+    first.check_writable()
+    first.close()
+    _sql(postgres, f"INSERT INTO {schema}.schema_version (version) VALUES (2)")
+    for use in ("read", "write"):
+        log = PostgresMetadataLog(url)
+        with pytest.raises(InvalidArgumentError, match="layout version 2, newer"):
+            log.read_pointer() if use == "read" else log.check_writable()
+        log.close()
+
+
+def test_a_read_only_role_reads_and_is_refused_writes(postgres: Any, url: str) -> None:
+    writer = PostgresMetadataLog(url)
+    _manager(writer).create_stream({"a": "b"})
+    writer.close()
+    role = f"ro_{uuid.uuid4().hex[:8]}"
+    _sql(postgres, f"CREATE ROLE {role} LOGIN")
+    _sql(postgres, f"GRANT USAGE ON SCHEMA s3stream TO {role}")
+    _sql(postgres, f"GRANT SELECT ON ALL TABLES IN SCHEMA s3stream TO {role}")
+    ro_url = url.replace("postgresql://s3stream@", f"postgresql://{role}@")
+    log = PostgresMetadataLog(ro_url)
+    m = _manager(log, "ro")
+    assert [s.tags for s in m.list_streams()] == [{"a": "b"}]
+    with pytest.raises(InvalidArgumentError, match=r"permission denied|refused"):
+        m.create_stream({})
+    log.close()
+
+
+def test_the_pointer_only_moves_forward(url: str) -> None:
+    log = PostgresMetadataLog(url)
+    for seq in (8, 4):
+        log.write_checkpoint(
+            Checkpoint(seq=seq, next_stream_id=0, streams=(), objects=(), nodes=())
+        )
+    assert log.read_pointer() == 8 and log.listed_seqs(checkpoints=True) == {4, 8}
+    log.close()
+
+
+def test_entries_are_the_object_store_logs_bytes(url: str) -> None:
+    """The same commits give byte-identical entries and checkpoints in both backends."""
+    pg = PostgresMetadataLog(url)
+    obj_log = MetadataLog(MemoryObjectStore())
+    for log in (pg, obj_log):
+        m = MetadataManager(
+            log, clock=ManualClock(start_ms=7), writer_id="w", checkpoint_interval=3
+        )
+        m.load()
+        sid = m.create_stream({"topic": "t"}).stream_id
+        m.open_stream(sid, "n1")
+        m.register_node("n1")
+        m.close_stream(sid, 1)
+    for seq in range(1, 5):
+        assert pg.read_entry(seq)[1] == obj_log.read_entry(seq)[1]
+    assert encode_checkpoint(pg.read_checkpoint(3)) == encode_checkpoint(obj_log.read_checkpoint(3))
+    pg.close()
+
+
+def test_a_forked_child_opens_its_own_connection(url: str) -> None:
+    log = PostgresMetadataLog(url)
+    m = _manager(log)
+    m.create_stream({})
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            code = 0 if log.has_entry(1) and not log.has_entry(2) else 3
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    m.create_stream({})  # the parent's connection survived the child
+    assert m.seq == 2
+    log.close()
+
+
+# -- clients, readers and the binding of a store to its log ----------------------------------
+
+
+def test_a_client_and_a_reader_keep_the_log_in_postgres(tmp_path: Path, url: str) -> None:
+    root = tmp_path / "store"
+    with s3stream.open(root, node_id="n1", metadata=url) as client:
+        stream = client.create_stream({"topic": "orders"})
+        for i in range(20):
+            stream.append(RecordBatch(b"r%d" % i, count=1))
+        client.flush()
+    assert not (root / "meta" / "log").exists(), "the log went to the object store"
+    assert (root / "meta" / "metadata-store").is_file() and (root / "data").is_dir()
+    with s3stream.open_reader(root, metadata=url) as reader:
+        (info,) = reader.list_streams()
+        assert (info.end_offset, info.tags) == (20, {"topic": "orders"})
+        assert [b.payload for b in reader.read(info.stream_id, 0).batches][:2] == [b"r0", b"r1"]
+    with s3stream.open(root, node_id="n2", metadata=url) as again:
+        assert again.stream_info(info.stream_id).end_offset == 20
+
+
+def test_a_store_and_a_log_are_bound_one_to_one(tmp_path: Path, url: str) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    s3stream.open(a, metadata=url).close()
+    # Another store on the same namespace: refused, writer and reader, leaving no marker.
+    with pytest.raises(InvalidArgumentError, match="another object store"):
+        s3stream.open(b, metadata=url)
+    assert not (b / "meta" / "metadata-store").exists()
+    b.mkdir(exist_ok=True)
+    with pytest.raises(InvalidArgumentError, match="another object store"):
+        s3stream.open_reader(b, metadata=url)
+    # ... which may have a namespace of its own.
+    s3stream.open(b, metadata=url + "-b").close()
+    # The store itself, without the metadata URL (or with another namespace): refused, saying
+    # where its metadata is.
+    with pytest.raises(InvalidArgumentError, match="lives in postgresql://"):
+        s3stream.open(a)
+    with pytest.raises(InvalidArgumentError, match="lives in postgresql://"):
+        s3stream.open_reader(a)
+    with pytest.raises(InvalidArgumentError, match="lives in postgresql://"):
+        s3stream.open(a, metadata=url + "-c")
+    # A store keeping its log in itself cannot be moved to PostgreSQL by accident.
+    own = tmp_path / "own"
+    s3stream.open(own).close()
+    with pytest.raises(InvalidArgumentError, match="keeps its metadata log in the store"):
+        s3stream.open(own, metadata=url + "-d")
+
+
+def test_the_cli_takes_metadata(tmp_path: Path, url: str) -> None:
+    root = tmp_path / "store"
+    with s3stream.open(root, metadata=url) as client:
+        client.create_stream({"k": "v"}).append(RecordBatch(b"x", count=1))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("S3STREAM_METADATA", None)
+
+    def cli(*args: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "s3stream", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**env, **extra_env},
+            check=False,
+        )
+
+    done = cli("inspect", str(root), "--metadata", url, "--json")
+    assert done.returncode == 0, done.stderr
+    assert '"end": 1' in done.stdout
+    done = cli("verify", str(root), S3STREAM_METADATA=url)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "verify: OK" in done.stdout
+    done = cli("inspect", str(root))
+    assert done.returncode == 2 and "lives in postgresql://" in done.stderr
+    done = cli("inspect", str(root), "--metadata", "mysql://h/db")
+    assert done.returncode == 2 and "mysql" in done.stderr
+
+
+def test_the_spark_option_metadata() -> None:
+    from s3stream.spark.options import parse_options
+
+    opts = parse_options({"path": "./x", "metadata": "postgresql://h/db"}, streaming=False)
+    assert opts.metadata == "postgresql://h/db"
+    assert parse_options({"path": "./x"}, streaming=False).metadata is None
+    with pytest.raises(InvalidArgumentError, match="option metadata"):
+        parse_options({"path": "./x", "METADATA": "mysql://h/db"}, streaming=False)

@@ -1,0 +1,254 @@
+"""Stream habits in the owning process: long-poll fetch, tailing, conditional appends."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import s3stream
+from s3stream import (
+    ClientSettings,
+    InvalidArgumentError,
+    OffsetMismatchError,
+    OffsetOutOfRangeError,
+    Record,
+    RecordBatch,
+)
+
+WRITER = Path(__file__).with_name("tail_writer_child.py")
+SMALL = ClientSettings(upload_threshold_bytes=16 * 1024, upload_interval_ms=0)
+
+
+def open_dir(path: Path) -> s3stream.StreamClient:
+    # The default file WAL: appends are durable on disk when acknowledged.
+    return s3stream.open(str(path), settings=SMALL)
+
+
+def test_fetch_long_poll_waits_for_an_append_and_times_out_empty(tmp_path: Path) -> None:
+    with open_dir(tmp_path) as client:
+        s = client.create_stream()
+        t0 = time.monotonic()
+        assert s.fetch(0, wait_s=0.3).batches == []
+        assert time.monotonic() - t0 >= 0.25
+        timer = threading.Timer(0.2, lambda: s.append(RecordBatch(b"late")))
+        timer.start()
+        t0 = time.monotonic()
+        got = s.fetch(0, wait_s=30)
+        waited = time.monotonic() - t0
+        timer.join()
+        assert [b.payload for b in got.batches] == [b"late"]
+        assert waited < 10, "the append should wake the poll at once"
+        with pytest.raises(InvalidArgumentError):
+            s.fetch(0, wait_s=-1)
+
+
+def test_tail_delivers_every_batch_once_in_order_while_a_writer_appends(tmp_path: Path) -> None:
+    n = 2_000
+    with open_dir(tmp_path) as client:
+        s = client.create_stream()
+        s.append(RecordBatch(b"before"))
+        seen: list[bytes] = []
+
+        def consume() -> None:
+            for b in s.tail(0, max_bytes=4096):
+                seen.append(b.payload)
+                if len(seen) == n + 1:
+                    return
+
+        reader = threading.Thread(target=consume)
+        reader.start()
+        for i in range(n):
+            s.append(RecordBatch(b"%d" % i))  # uploads run meanwhile (small threshold)
+        reader.join(60)
+        assert not reader.is_alive()
+        assert seen == [b"before"] + [b"%d" % i for i in range(n)]
+
+
+def test_tail_ends_cleanly_on_close_and_raises_on_trim(tmp_path: Path) -> None:
+    with open_dir(tmp_path) as client:
+        s = client.create_stream()
+        s.append(RecordBatch(b"a"))
+        got: list[bytes] = []
+        done = threading.Event()
+
+        def consume() -> None:
+            for b in s.tail(0, wait_s=60):
+                got.append(b.payload)
+            done.set()
+
+        t = threading.Thread(target=consume)
+        t.start()
+        time.sleep(0.3)
+        s.close()  # wakes the 60 s poll: the iterator ends
+        assert done.wait(10)
+        assert got == [b"a"]
+
+        s2 = client.create_stream()
+        for i in range(5):
+            s2.append(RecordBatch(b"%d" % i))
+        it = s2.tail(1, max_bytes=1, wait_s=0.2)  # one batch per fetch
+        assert next(it).base_offset == 1
+        s2.trim(4)
+        with pytest.raises(OffsetOutOfRangeError):
+            next(it)
+        with pytest.raises(InvalidArgumentError):
+            s2.tail(0, wait_s=0)
+
+    # The client closing ends a tail that is waiting.
+    with open_dir(tmp_path / "b") as client:
+        s3 = client.create_stream()
+        ended = threading.Event()
+
+        def drain() -> None:
+            list(s3.tail(0, wait_s=60))
+            ended.set()
+
+        t = threading.Thread(target=drain)
+        t.start()
+        time.sleep(0.3)
+    assert ended.wait(10)
+
+
+def test_tail_records_yields_offsets_and_records(tmp_path: Path) -> None:
+    with open_dir(tmp_path) as client:
+        s = client.create_stream()
+        s.append_records([Record(b"v0", b"k0"), Record(b"v1", b"k1")])
+        s.append(RecordBatch(b"raw"))
+        it = s.tail_records(1, wait_s=0.1)
+        first = next(it)
+        assert first[0] == 1 and first[1].value == b"v1"
+        second = next(it)
+        assert second[0] == 2 and second[1].value == b"raw"
+
+
+def test_conditional_append_refuses_a_stale_offset_and_never_duplicates(tmp_path: Path) -> None:
+    with open_dir(tmp_path) as client:
+        s = client.create_stream()
+        assert s.append(RecordBatch(b"a", count=2), expected_offset=0).base_offset == 0
+        # The same append retried (its first outcome unknown to the caller): refused.
+        with pytest.raises(OffsetMismatchError) as e:
+            s.append(RecordBatch(b"a", count=2), expected_offset=0)
+        assert (e.value.expected, e.value.actual) == (0, 2)
+        assert not e.value.retryable
+        with pytest.raises(OffsetMismatchError):
+            s.append_async(RecordBatch(b"x"), expected_offset=5)
+        assert s.append_async(RecordBatch(b"b"), expected_offset=2).result().base_offset == 2
+        assert s.next_offset == 3
+        with pytest.raises(InvalidArgumentError):
+            s.append(RecordBatch(b"x"), expected_offset=-1)
+
+
+def test_conditional_appends_racing_from_two_threads_each_offset_wins_once(
+    tmp_path: Path,
+) -> None:
+    rounds = 300
+    with open_dir(tmp_path) as client:
+        s = client.create_stream()
+        wins: dict[str, int] = {"a": 0, "b": 0}
+        barrier = threading.Barrier(2)
+
+        def writer(name: str) -> None:
+            barrier.wait()
+            while True:
+                offset = s.next_offset
+                if offset >= rounds:
+                    return
+                try:
+                    s.append(RecordBatch(f"{name}{offset}".encode()), expected_offset=offset)
+                    wins[name] += 1
+                except OffsetMismatchError as exc:
+                    assert exc.actual > offset
+
+        threads = [threading.Thread(target=writer, args=(n,)) for n in "ab"]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert wins["a"] + wins["b"] == s.confirm_offset == rounds
+        batches = s.fetch(0, max_bytes=1 << 30).batches
+        while batches[-1].next_offset < rounds:
+            batches += s.fetch(batches[-1].next_offset, max_bytes=1 << 30).batches
+        # Each offset holds exactly the batch that was appended expecting it.
+        assert [int(b.payload[1:]) for b in batches] == list(range(rounds))
+
+
+# ---------------------------------------------------------------- a reader in another process
+
+
+def tail_from_another_process(
+    url: str, options: dict[str, Any], count: int, wal: str | None = None
+) -> list[int]:
+    """Run a writer process on `url`; tail its stream from this process with a reader."""
+    child = subprocess.Popen(
+        [sys.executable, str(WRITER), url, str(count), json.dumps(options)]
+        + ([wal] if wal else []),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        stream_id = int(child.stdout.readline())
+        seen: list[int] = []
+        with s3stream.open_reader(url, storage_options=options or None) as reader:
+            # The reader closing ends the tail: a watchdog bounds the test.
+            watchdog = threading.Timer(120, reader.close)
+            watchdog.start()
+            try:
+                for offset, record in reader.tail_records(stream_id, 0, poll_s=0.05):
+                    assert record.value is not None
+                    assert offset == len(seen)
+                    seen.append(int(record.value))
+                    if len(seen) == count:
+                        break
+            finally:
+                watchdog.cancel()
+        assert child.wait(60) == 0
+        return seen
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+def test_a_reader_process_tails_a_writer_process_on_a_local_directory(tmp_path: Path) -> None:
+    assert tail_from_another_process(str(tmp_path / "store"), {}, 300) == list(range(300))
+
+
+@pytest.mark.s3
+def test_a_reader_process_tails_a_writer_process_on_s3(seaweedfs: Any, tmp_path: Path) -> None:
+    url = f"s3://{seaweedfs.bucket}/tail-{uuid.uuid4().hex}"
+    options = seaweedfs.storage_options()
+    wal = str(tmp_path / "writer.wal")  # a file WAL: appends at disk speed, uploads to S3
+    assert tail_from_another_process(url, options, 200, wal) == list(range(200))
+
+
+def test_a_reader_tail_ends_on_close_and_checks_its_arguments(tmp_path: Path) -> None:
+    with open_dir(tmp_path) as client:
+        s = client.create_stream()
+        s.append(RecordBatch(b"a"))
+        client.flush()
+        reader = s3stream.open_reader(str(tmp_path))
+        got: list[bytes] = []
+        ended = threading.Event()
+
+        def consume() -> None:
+            for b in reader.tail(s.stream_id, 0, poll_s=30):
+                got.append(b.payload)
+            ended.set()
+
+        t = threading.Thread(target=consume)
+        t.start()
+        time.sleep(0.5)
+        reader.close()  # wakes the 30 s wait
+        assert ended.wait(10)
+        assert got == [b"a"]
+        with s3stream.open_reader(str(tmp_path)) as r2, pytest.raises(InvalidArgumentError):
+            r2.tail(s.stream_id, 0, poll_s=0)
