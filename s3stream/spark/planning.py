@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from ..arrow import stream_labels
 from ..cache.index_cache import ObjectIndexCache
 from ..errors import CorruptionError, InvalidArgumentError, StreamNotFoundError
 from ..format.block import BlockInfo
@@ -47,7 +48,6 @@ __all__ = [
     "stream_target",
 ]
 
-_INT32_MAX = (1 << 31) - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,19 +93,12 @@ class PartitionPlan:
 
 def topic_of(meta: StreamMeta, opts: SourceOptions) -> str | None:
     """The ``topic`` column of a stream: its `topicTag` tag, or None."""
-    return meta.tags.get(opts.topic_tag)
+    return stream_labels(meta.tags, opts.topic_tag, opts.partition_tag)[0]
 
 
 def partition_of(meta: StreamMeta, opts: SourceOptions) -> int | None:
-    """The ``partition`` column of a stream: its `partitionTag` tag as an int, or None."""
-    raw = meta.tags.get(opts.partition_tag)
-    if raw is None:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        return None
-    return value if -_INT32_MAX - 1 <= value <= _INT32_MAX else None
+    """The ``partition`` column of a stream: its `partitionTag` tag as an int32, or None."""
+    return stream_labels(meta.tags, opts.topic_tag, opts.partition_tag)[1]
 
 
 def select_streams(state: MetadataState, opts: SourceOptions) -> list[StreamMeta]:

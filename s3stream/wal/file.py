@@ -37,7 +37,7 @@ from ..errors import (
 )
 from ..metrics.logs import ContextLogger
 from ..settings import FileWalSettings
-from ..validation import check_text
+from ..validation import check_int, check_text
 from .base import WalCapabilities, WalPosition, WalRecord
 from .file_scan import choose_header, clean_tail_damage, damage, ring_reader, scan_bound
 from .framing import (
@@ -157,8 +157,7 @@ class FileWal(PipelinedWal):
         accept_loss: bool = False,
     ) -> None:
         check_text("node_id", node_id, max_bytes=MAX_NODE_ID_BYTES)
-        if isinstance(node_epoch, bool) or not isinstance(node_epoch, int) or node_epoch < 0:
-            raise InvalidArgumentError(f"node_epoch must be an int >= 0, got {node_epoch!r}")
+        check_int("node_epoch", node_epoch)
         if not isinstance(path, str | Path) or not str(path):
             raise InvalidArgumentError(f"path must be a non-empty str or Path, got {path!r}")
         if lock is not None and (

@@ -65,7 +65,7 @@ from ..metrics.logs import ContextLogger
 from ..objectstore.base import ObjectStore
 from ..objectstore.wrappers import RetryingObjectStore
 from ..settings import MAX_OBJECT_WAL_UNFLUSHED_BYTES, ObjectWalSettings
-from ..validation import check_bool, check_node_id
+from ..validation import check_bool, check_int, check_node_id
 from .base import WalCapabilities, WalRecord, WriteAheadLog
 from .framing import FRAME_HEADER, FrameScanner, frame_size
 from .loss import check_open_node_wal, check_wal_loss
@@ -319,8 +319,7 @@ class ObjectWal(PipelinedWal):
         if not isinstance(store, ObjectStore):
             raise InvalidArgumentError(f"store must be an ObjectStore, got {store!r}")
         check_node_id(node_id)
-        if isinstance(node_epoch, bool) or not isinstance(node_epoch, int) or node_epoch < 0:
-            raise InvalidArgumentError(f"node_epoch must be an int >= 0, got {node_epoch!r}")
+        check_int("node_epoch", node_epoch)
         if not isinstance(prefix, str):
             raise InvalidArgumentError(f"prefix must be a str, got {prefix!r}")
         settings = settings if settings is not None else ObjectWalSettings()
