@@ -449,8 +449,8 @@ class Appender:
         if w.tailers:
             w.wake_tailers()
         self._record_append(self._mono() - started, len(batch.payload), count)
-        if untaken >= self._upload_threshold and not self._status.upload_requested:
-            self._status.request_upload()
+        if untaken >= self._upload_threshold and not self._status.upload_woken:
+            self._status.wake_uploader()
         return AppendResult(w.stream_id, base, count)
 
     def _on_durable(

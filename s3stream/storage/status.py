@@ -36,7 +36,11 @@ class PipelineStatus:
         self.stop = False
         #: The uploader ends at once, leaving what is not uploaded in the WAL.
         self.abandoned = False
+        #: Upload everything now (flush, backpressure, a full WAL), in bounded uploads.
         self.upload_requested = False
+        #: An append crossed the upload threshold and woke the uploader (cleared by it): the
+        #: appenders after it do not wake it again.
+        self.upload_woken = False
         self.upload_error: S3StreamError | None = None
         #: Failed upload attempts since the client opened (flush counts those during its wait).
         self.upload_failures = 0
@@ -55,8 +59,14 @@ class PipelineStatus:
         with self.cond:
             self.cond.notify_all()
 
+    def wake_uploader(self) -> None:
+        """Wake the uploader: enough is pending for an upload (it decides what to take)."""
+        with self.cond:
+            self.upload_woken = True
+            self.cond.notify_all()
+
     def request_upload(self) -> None:
-        """Ask the uploader to upload now."""
+        """Ask the uploader to upload everything pending now."""
         with self.cond:
             self.upload_requested = True
             self.cond.notify_all()

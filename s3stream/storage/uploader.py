@@ -191,6 +191,7 @@ class Uploader:
                 if entries:
                     inflight.append(self._start_upload(entries))
                 with status.cond:
+                    status.upload_woken = False  # the next append over the threshold wakes it
                     if not self._cache.untaken_bytes:
                         status.upload_requested = False  # all asked for is under way
             try:
