@@ -312,8 +312,7 @@ class StreamReader(Closeable):
         (a RAW batch is one record at its base offset, as in `read_records`)."""
         start = check_int("start_offset", start_offset)
         batches = self.tail(stream_id, start, max_bytes=max_bytes, poll_s=poll_s)
-        for batch in batches:
-            yield from batch_records(batch, start)
+        return (record for batch in batches for record in batch_records(batch, start))
 
     def read_arrow(
         self,

@@ -98,9 +98,10 @@ _ALIASES: dict[type, dict[str, str]] = {
 _DEPRECATED = frozenset({(CompactionSettings, "stream_split_bytes")})
 
 # Bounded digit runs: int() of thousands of digits is slow (and refused past 4300).
-_SIZE = re.compile(r"\s*(\d{1,30})\s*([A-Za-z]*)\s*")
-_DURATION = re.compile(r"\s*(\d{1,30})\s*([A-Za-z]*)\s*")
-_INT = re.compile(r"\s*([+-]?\d{1,30})\s*")
+# re.ASCII: `\d` would also take other scripts' digits ("١٢"), which the grammar does not.
+_SIZE = re.compile(r"\s*(\d{1,30})\s*([A-Za-z]*)\s*", re.ASCII)
+_DURATION = re.compile(r"\s*(\d{1,30})\s*([A-Za-z]*)\s*", re.ASCII)
+_INT = re.compile(r"\s*([+-]?\d{1,30})\s*", re.ASCII)
 _SI_UNITS = frozenset({"k", "kb", "m", "mb", "g", "gb", "t", "tb"})
 _DURATION_UNITS = {"ms": 1, "s": 1000, "min": 60_000, "h": 3_600_000}
 _TRUE = frozenset({"1", "true", "yes", "on"})

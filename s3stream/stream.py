@@ -17,7 +17,7 @@ from .errors import (
 )
 from .records import Record, batch_records, records_batch, records_in
 from .storage.engine import Storage, WriterState
-from .storage.producers import stamp_batch
+from .storage.producers import check_unreserved, stamp_batch
 from .storage.seek import check_timestamp
 from .types import AppendResult, FetchedBatch, FetchResult, RecordBatch
 from .validation import (
@@ -336,8 +336,8 @@ class Stream(Closeable):
         """``(offset, record)`` from `start_offset` on, as `tail` delivers batches (a RAW
         batch counts as one record at its base offset, as in `read_records`)."""
         start = check_int("start_offset", start_offset)
-        for batch in self.tail(start, max_bytes=max_bytes, wait_s=wait_s):
-            yield from batch_records(batch, start)
+        batches = self.tail(start, max_bytes=max_bytes, wait_s=wait_s)  # checks the rest now
+        return (record for batch in batches for record in batch_records(batch, start))
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -405,6 +405,8 @@ def _checked(
     something to say (the hot path)."""
     if not isinstance(batch, RecordBatch):
         check_instance("batch", batch, RecordBatch)
+    if batch.properties:
+        check_unreserved(batch.properties)
     if expected_offset is not None:
         check_int("expected_offset", expected_offset)
     if producer_id is None and sequence is None:

@@ -76,7 +76,9 @@ class RecordBatch:
                 )
         check_int("count", self.count, minimum=1, maximum=MAX_BATCH_COUNT)
         if self.base_timestamp is not None:
-            check_int("base_timestamp", self.base_timestamp, minimum=-(1 << 63))
+            # The record codec's bound too (-2**63 stands for "no timestamp" there), so every
+            # batch appended can be read back as records.
+            check_int("base_timestamp", self.base_timestamp, minimum=-(1 << 63) + 1)
         if self.properties is not _EMPTY:  # the default needs no check (the hot path)
             # None is taken for "no properties", as the empty default.
             props = check_str_map("properties", self.properties, allow_none=True)

@@ -178,3 +178,36 @@ def test_a_sigkilled_producer_resends_after_take_over_without_duplicates(tmp_pat
     with s3stream.open(str(tmp_path), node_id="w2") as client:
         client.take_over("w1")
         resend_and_check(client.open_stream(0), last)
+
+
+def test_a_resend_after_reopen_is_recognised_whatever_the_batches_timestamps(
+    tmp_path: Path,
+) -> None:
+    """Expiry and the rebuild's horizon go by the library's commit times: a caller's old
+    `base_timestamp` (on the producer's batch, or on a later plain batch) changes nothing."""
+    with s3stream.open(str(tmp_path), settings=SMALL) as client:
+        s = client.create_stream()
+        sid = s.stream_id
+        first = s.append(RecordBatch(b"a", base_timestamp=1000), producer_id="p", sequence=0)
+        q0 = s.append(RecordBatch(b"x"), producer_id="q", sequence=0)
+        s.append(RecordBatch(b"y", base_timestamp=5))  # a plain batch, stamped long ago
+        s.append(RecordBatch(b"z"))
+    with s3stream.open(str(tmp_path), settings=SMALL) as client:
+        s = client.open_stream(sid)
+        assert (
+            s.append(RecordBatch(b"a", base_timestamp=1000), producer_id="p", sequence=0) == first
+        )
+        assert s.append(RecordBatch(b"x"), producer_id="q", sequence=0) == q0
+        assert s.next_offset == 4
+
+
+def test_plain_appends_may_not_carry_the_reserved_properties(tmp_path: Path) -> None:
+    with s3stream.open(str(tmp_path), settings=SMALL) as client:
+        s = client.create_stream()
+        for key in ("s3stream.producer", "s3stream.sequence"):
+            with pytest.raises(InvalidArgumentError, match="reserved"):
+                s.append(RecordBatch(b"e", properties={key: "1"}))
+            with pytest.raises(InvalidArgumentError, match="reserved"):
+                s.append_async(RecordBatch(b"e", properties={key: "1"}))
+        assert s.next_offset == 0
+        s.append(RecordBatch(b"ok", properties={"s3stream": "fine"}))

@@ -72,7 +72,22 @@ def test_decimal_looking_size_units_are_refused_as_ambiguous(text: str) -> None:
         parse_size(text, name="max_group_bytes")
 
 
-@pytest.mark.parametrize("text", ["", "-1", "1.5GiB", "lots", "1e6", "1_000", "0x10", "9" * 40])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "-1",
+        "1.5GiB",
+        "lots",
+        "1e6",
+        "1_000",
+        "0x10",
+        "9" * 40,
+        "\u0661\u0662",
+        "\uff11\uff12",
+        "1\u0662KiB",
+    ],
+)
 def test_malformed_sizes_are_refused(text: str) -> None:
     with pytest.raises(InvalidArgumentError, match="capacity_bytes must be a size"):
         parse_size(text, name="capacity_bytes")
@@ -86,7 +101,7 @@ def test_durations_are_milliseconds_or_units(text: str, expected: int) -> None:
     assert parse_duration_ms(text, name="x") == expected
 
 
-@pytest.mark.parametrize("text", ["1k", "1.5s", "5m", "-1", "", "1KiB", "soon"])
+@pytest.mark.parametrize("text", ["1k", "1.5s", "5m", "-1", "", "1KiB", "soon", "\u0665s"])
 def test_malformed_durations_are_refused(text: str) -> None:
     with pytest.raises(InvalidArgumentError, match="full_wait_ms must be a duration"):
         parse_duration_ms(text, name="full_wait_ms")
@@ -94,7 +109,7 @@ def test_malformed_durations_are_refused(text: str) -> None:
 
 def test_ints_and_bools() -> None:
     assert parse_int("4") == 4 and parse_int("-5") == -5 and parse_int(" +7 ") == 7
-    for bad in ("1k", "1_000", "1e3", "", "4.0"):
+    for bad in ("1k", "1_000", "1e3", "", "4.0", "\u0661\u0662"):
         with pytest.raises(InvalidArgumentError, match="n must be a whole number"):
             parse_int(bad, name="n")
     for text in ("1", "true", "YES", "On"):

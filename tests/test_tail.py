@@ -252,3 +252,18 @@ def test_a_reader_tail_ends_on_close_and_checks_its_arguments(tmp_path: Path) ->
         assert got == [b"a"]
         with s3stream.open_reader(str(tmp_path)) as r2, pytest.raises(InvalidArgumentError):
             r2.tail(s.stream_id, 0, poll_s=0)
+
+
+def test_tail_records_checks_its_arguments_at_the_call(tmp_path: Path) -> None:
+    with open_dir(tmp_path) as client:
+        s = client.create_stream()
+        client.flush()
+        with pytest.raises(InvalidArgumentError):
+            s.tail_records(-1)
+        with pytest.raises(InvalidArgumentError):
+            s.tail_records(0, wait_s=0)
+        with s3stream.open_reader(str(tmp_path)) as reader, pytest.raises(InvalidArgumentError):
+            reader.tail_records(s.stream_id, -1)
+        # The record codec's bound holds at append time: every batch reads back as records.
+        with pytest.raises(InvalidArgumentError):
+            RecordBatch(b"d", base_timestamp=-(2**63))

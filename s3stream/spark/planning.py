@@ -49,7 +49,6 @@ __all__ = [
 ]
 
 
-
 @dataclass(frozen=True, slots=True)
 class StreamTarget:
     """Offsets ``[start_offset, end_offset)`` of one stream to read, with its row labels."""

@@ -221,9 +221,11 @@ class Storage:
                 w.producers = table
             return w.producers
 
-    def _newest_first(self, stream_id: int, now_ms: int) -> Iterator[FetchedBatch]:
-        """The stream's committed batches, newest first, back to the producer expiry horizon
-        or `producer_scan_bytes`, whichever comes first."""
+    def _newest_first(self, stream_id: int, now_ms: int) -> Iterator[tuple[FetchedBatch, int]]:
+        """The stream's committed batches, newest first, each with its object's commit time,
+        back to the producer expiry horizon (objects committed before it hold no producer
+        still remembered) or `producer_scan_bytes`, whichever comes first. Commit times are
+        the library's clock; compaction re-commits data later, which only scans more."""
         state = self._meta.state
         stream = state.streams.get(stream_id)
         if stream is None:
@@ -231,6 +233,8 @@ class Storage:
         horizon = now_ms - self._settings.producer_expiry_ms
         budget = self._settings.producer_scan_bytes
         for obj in reversed(state.stream_objects(stream_id)):
+            if obj.committed_ms < horizon:
+                return
             for r in obj.ranges:
                 if r.stream_id != stream_id:
                     continue
@@ -245,9 +249,9 @@ class Storage:
                         for b in reversed(batches):
                             if b.base_offset >= hi or b.next_offset <= lo:
                                 continue
-                            yield b
+                            yield b, obj.committed_ms
                             budget -= b.size
-                            if budget <= 0 or b.base_timestamp < horizon:
+                            if budget <= 0:
                                 return
 
     def request_upload(self) -> None:

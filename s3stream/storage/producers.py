@@ -58,14 +58,20 @@ class _Producer:
     last_ms: int = 0
 
 
-def stamp_batch(batch: RecordBatch, producer_id: str, sequence: int) -> RecordBatch:
-    """`batch` with the producer's id and sequence added to its properties."""
-    props = dict(batch.properties)
-    if PRODUCER_KEY in props or SEQUENCE_KEY in props:
+def check_unreserved(properties: Mapping[str, str]) -> None:
+    """Refuse a caller's batch properties that name a producer or a sequence: a plain append
+    carrying them would pass for an idempotent one when producers are rebuilt."""
+    if PRODUCER_KEY in properties or SEQUENCE_KEY in properties:
         raise InvalidArgumentError(
             f"batch properties {PRODUCER_KEY!r} and {SEQUENCE_KEY!r} are reserved for "
             "producer_id and sequence"
         )
+
+
+def stamp_batch(batch: RecordBatch, producer_id: str, sequence: int) -> RecordBatch:
+    """`batch` with the producer's id and sequence added to its properties."""
+    check_unreserved(batch.properties)
+    props = dict(batch.properties)
     props[PRODUCER_KEY] = producer_id
     props[SEQUENCE_KEY] = str(sequence)
     return RecordBatch(
@@ -141,9 +147,13 @@ class ProducerTable:
         p.recent.append((sequence, outcome))
         p.last_ms = now_ms
 
-    def rebuild(self, batches_newest_first: Iterable[FetchedBatch], now_ms: int) -> None:
-        """Learn producers from stored batches, newest first (a reopened stream)."""
-        for b in batches_newest_first:
+    def rebuild(
+        self, batches_newest_first: Iterable[tuple[FetchedBatch, int]], now_ms: int
+    ) -> None:
+        """Learn producers from stored batches, newest first (a reopened stream), each with
+        the time its object was committed (the library's clock: a batch's own timestamp is
+        the caller's and may be anything)."""
+        for b, committed_ms in batches_newest_first:
             ident = batch_identity(b.properties)
             if ident is None:
                 continue
@@ -151,9 +161,8 @@ class ProducerTable:
             p = self._producers.get(pid)
             result = AppendResult(b.stream_id, b.base_offset, b.count)
             if p is None:
-                p = self._producers[pid] = _Producer(seq, last_ms=max(b.base_timestamp, 0))
-                # The horizon is the producer's last append, as for a live one.
-                p.last_ms = min(now_ms, p.last_ms)
+                # Its last append was no later than its commit: expiry counts from there.
+                p = self._producers[pid] = _Producer(seq, last_ms=min(now_ms, committed_ms))
                 p.recent.append((seq, result))
             elif len(p.recent) < WINDOW and seq < p.recent[0][0]:
                 p.recent.appendleft((seq, result))
