@@ -232,17 +232,23 @@ class AsyncStream:
         `producer_id` and `sequence` included (a mismatch or an out-of-order sequence raises
         at once, nothing written).
 
-        Calls `Stream.append_async` on the loop: it returns at once, except while the client
-        holds appends back (the upload backlog at ``max_pending_bytes``, a full WAL), when it
-        waits for room up to ``backpressure_timeout_ms`` as every append does. Waits at most
-        `timeout_s` (default ``call_timeout_ms``) for durability, then raises
-        `UnavailableError`; the batch may still become durable, as after a cancelled await.
+        Calls `Stream.append_async` on the loop, where it returns at once; while the client
+        holds appends back (the upload backlog at ``max_pending_bytes``, a full WAL, a WAL
+        under repair) or a reopened stream's producers must be read first
+        (`Stream.append_would_wait`), the call is made in a thread instead, so the loop never
+        waits for room. Waits at most `timeout_s` (default ``call_timeout_ms``) for
+        durability, then raises `UnavailableError`; the batch may still become durable, as
+        after a cancelled await.
         """
         timeout = check_timeout("timeout_s", timeout_s)
-        future = self._stream.append_async(
-            batch, expected_offset=expected_offset, producer_id=producer_id, sequence=sequence
+        call = functools.partial(
+            self._stream.append_async,
+            batch,
+            expected_offset=expected_offset,
+            producer_id=producer_id,
+            sequence=sequence,
         )
-        return await self._durable(future, timeout)
+        return await self._durable(await self._submit(call, producer_id, sequence), timeout)
 
     async def append_records(
         self,
@@ -257,14 +263,28 @@ class AsyncStream:
         """Pack `records` into one RECORDS batch, append it and wait until it is durable, as
         `Stream.append_records` (and on the loop, as `append`)."""
         timeout = check_timeout("timeout_s", timeout_s)
-        future = self._stream.append_records_async(
+        call = functools.partial(
+            self._stream.append_records_async,
             records,
             compression=compression,
             expected_offset=expected_offset,
             producer_id=producer_id,
             sequence=sequence,
         )
-        return await self._durable(future, timeout)
+        return await self._durable(await self._submit(call, producer_id, sequence), timeout)
+
+    async def _submit(
+        self,
+        call: Callable[[], Future[AppendResult]],
+        producer_id: object,
+        sequence: object,
+    ) -> Future[AppendResult]:
+        """`call()` (an `append_async`) on the loop, or in a thread if it would wait."""
+        idempotent = producer_id is not None or sequence is not None
+        if self._stream.append_would_wait(idempotent=idempotent):
+            # The long-wait pool: appends waiting for room do not hold up flush and friends.
+            return await self._threads.poll(call)
+        return call()
 
     async def _durable(self, future: Future[AppendResult], timeout: float | None) -> AppendResult:
         if future.done():

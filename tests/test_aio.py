@@ -327,3 +327,56 @@ def test_a_cancelled_open_closes_what_it_opened() -> None:
         assert await asyncio.to_thread(closed.wait, 10)
 
     asyncio.run(main())
+
+
+def test_an_append_held_back_waits_in_a_thread_not_on_the_loop(tmp_path: Path) -> None:
+    """Data PUTs fail, so the backlog fills to max_pending_bytes: an append then waits for
+    room (up to backpressure_timeout_ms) in a thread, while the loop goes on ticking."""
+    import random
+
+    from s3stream import BackpressureError
+    from s3stream.objectstore.local import LocalObjectStore
+    from s3stream.testing.faults import FaultRule, FaultyObjectStore
+    from s3stream.wal.memory import MemoryWal
+
+    faulty = FaultyObjectStore(
+        LocalObjectStore(tmp_path),
+        rng=random.Random(7),
+        rules=[FaultRule(error_rate=1.0, operations=frozenset({"put"}), key_prefix="data/")],
+    )
+    settings = ClientSettings(
+        upload_threshold_bytes=16 * 1024,
+        max_pending_bytes=64 * 1024,
+        backpressure_timeout_ms=1000,
+        upload_interval_ms=0,
+    )
+    sync = s3stream.StreamClient(faulty, MemoryWal(), settings=settings, retry=False)
+
+    async def main() -> None:
+        client = aio.AsyncStreamClient(sync)
+        stream = await client.create_stream()
+        with pytest.raises(BackpressureError):
+            for i in range(1000):
+                await stream.append(RecordBatch(bytes([i % 256]) * 1000))
+        assert stream.sync.append_would_wait()
+        gaps: list[float] = []
+
+        async def tick() -> None:
+            last = time.monotonic()
+            while True:
+                await asyncio.sleep(0.01)
+                now = time.monotonic()
+                gaps.append(now - last)
+                last = now
+
+        ticker = asyncio.create_task(tick())
+        t0 = time.monotonic()
+        with pytest.raises(BackpressureError):
+            await stream.append(RecordBatch(b"held back"))
+        assert time.monotonic() - t0 >= 0.5  # it did wait for room
+        ticker.cancel()
+        assert gaps and max(gaps) < 0.3, "the loop was blocked while the append waited"
+        with faulty.healthy():
+            await client.close()
+
+    asyncio.run(main())

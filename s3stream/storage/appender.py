@@ -343,6 +343,10 @@ class Appender:
             return earlier
         return earlier, None, None
 
+    def would_wait(self) -> bool:
+        """Whether an append would wait in the call now: the WAL under repair, or no room."""
+        return self._status.wal_error is not None or self._no_room()
+
     def _no_room(self) -> bool:
         """Whether an append must wait for an upload first: the WAL refused one for want of
         room, or the upload backlog is at `max_pending_bytes`."""

@@ -200,6 +200,11 @@ class Storage:
             self.load_producers(w)
         return self._appender.append_and_wait(w, batch, timeout_s, expected, ident)
 
+    def append_would_wait(self, w: WriterState, *, idempotent: bool = False) -> bool:
+        """Whether `append` would wait in the call now (for room, a WAL under repair, or, for
+        an idempotent append, loading the stream's producers)."""
+        return (idempotent and w.producers is None) or self._appender.would_wait()
+
     def load_producers(self, w: WriterState) -> ProducerTable:
         """The stream's idempotent producers, rebuilt from its newest committed batches on
         first use (storage/producers.py): recovery and take-over commit everything a WAL
