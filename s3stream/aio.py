@@ -381,15 +381,11 @@ class AsyncStream:
             for item in records:
                 yield item
 
-    @staticmethod
-    def _check_tail(start_offset: object, max_bytes: object, wait_s: object) -> tuple[int, float]:
-        """`Stream.tail`'s checks, made at the call (an async generator would defer them)."""
-        pos = check_int("start_offset", start_offset)
-        check_int("max_bytes", max_bytes, minimum=1)
-        wait = check_timeout("wait_s", wait_s)
-        if not wait:
-            raise InvalidArgumentError(f"wait_s must be a number of seconds > 0, got {wait_s!r}")
-        return pos, wait
+    def _check_tail(self, start_offset: int, max_bytes: int, wait_s: float) -> tuple[int, float]:
+        """`Stream.tail`'s checks (the one rule), made at the call, since an async generator
+        would defer them: its generator does nothing until iterated."""
+        self._stream.tail(start_offset, max_bytes=max_bytes, wait_s=wait_s)
+        return start_offset, wait_s
 
     # -- lifecycle
 

@@ -15,6 +15,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from threading import get_ident
+from typing import TypeVar
 
 from ..errors import InvalidArgumentError
 from .cells import SlotRows
@@ -200,6 +201,9 @@ def _recorder(
 Observations = Iterable[tuple[tuple[str, ...], float]]
 
 
+_C = TypeVar("_C")
+
+
 class _Instrument:
     """Cells by label values, made on first use, and callbacks that report values kept
     elsewhere (a component's own counters, a cache's size), read at collection."""
@@ -228,6 +232,25 @@ class _Instrument:
     def collect(self) -> Family:
         raise NotImplementedError
 
+    def _cell(
+        self,
+        cells: dict[tuple[str, ...], _C],
+        label_values: tuple[str, ...],
+        make: Callable[[tuple[str, ...]], _C],
+    ) -> _C:
+        """The cell of `label_values` in `cells`, made by `make(checked values)` under the
+        lock on first use; later lookups, by the values as given, take no lock."""
+        cell = cells.get(label_values)
+        if cell is not None:
+            return cell
+        values = _check_labels(self.spec, label_values)
+        with self._lock:
+            cell = cells.get(values)
+            if cell is None:
+                cell = cells[values] = make(values)
+            cells[label_values] = cell
+            return cell
+
 
 class Counter(_Instrument):
     """A total that only grows (cells: `CounterCell`)."""
@@ -239,19 +262,13 @@ class Counter(_Instrument):
 
     def cell(self, *label_values: str) -> CounterCell:
         """The cell of these label values (in the spec's label order)."""
-        cell = self._cells.get(label_values)
-        if cell is not None:
-            return cell
-        values = _check_labels(self.spec, label_values)
-        with self._lock:
-            cell = self._cells.get(values)
-            if cell is None:
-                slot = self._slots.get(values)
-                if slot is None:
-                    slot = self._slots[values] = self._rows.allocate(1)
-                cell = self._cells[values] = CounterCell(self._rows, slot)
-            self._cells[label_values] = cell
-            return cell
+        return self._cell(self._cells, label_values, self._new_cell)
+
+    def _new_cell(self, values: tuple[str, ...]) -> CounterCell:
+        slot = self._slots.get(values)
+        if slot is None:
+            slot = self._slots[values] = self._rows.allocate(1)
+        return CounterCell(self._rows, slot)
 
     def _attach(self, values: tuple[str, ...], slot: int) -> None:
         """Count these label values in `slot`, which an `OperationCell` updates."""
@@ -280,20 +297,14 @@ class Histogram(_Instrument):
 
     def cell(self, *label_values: str) -> HistogramCell:
         """The cell of these label values (in the spec's label order)."""
-        cell = self._cells.get(label_values)
-        if cell is not None:
-            return cell
-        values = _check_labels(self.spec, label_values)
-        with self._lock:
-            cell = self._cells.get(values)
-            if cell is None:
-                if values in self._slots:
-                    raise InvalidArgumentError(f"{self.spec.name}{values} is an operation's")
-                slot = self._rows.allocate(len(self.spec.bounds) + 2)
-                self._slots[values] = (slot, slot + 1)
-                cell = self._cells[values] = HistogramCell(self._rows, slot, self.spec.bounds)
-            self._cells[label_values] = cell
-            return cell
+        return self._cell(self._cells, label_values, self._new_cell)
+
+    def _new_cell(self, values: tuple[str, ...]) -> HistogramCell:
+        if values in self._slots:
+            raise InvalidArgumentError(f"{self.spec.name}{values} is an operation's")
+        slot = self._rows.allocate(len(self.spec.bounds) + 2)
+        self._slots[values] = (slot, slot + 1)
+        return HistogramCell(self._rows, slot, self.spec.bounds)
 
     def _attach(self, values: tuple[str, ...], sum_slot: int, first_bucket: int) -> None:
         with self._lock:

@@ -48,8 +48,8 @@ class ReadPath:
     def read(self, stream_id: int, start: int, end: int, max_bytes: int) -> list[FetchedBatch]:
         """Batches of the stream overlapping ``[start, end)``: at least one, about `max_bytes`."""
         started = self._mono()
-        out = self._read(stream_id, start, end, max_bytes)
-        self.record_fetch(started, out, sum(map(_SIZE, out)))
+        out, nbytes = self._read(stream_id, start, end, max_bytes)
+        self.record_fetch(started, out, nbytes)
         return out
 
     def record_fetch(self, started: float, batches: Sequence[FetchedBatch], nbytes: int) -> None:
@@ -59,7 +59,10 @@ class ReadPath:
         records = batches[-1].next_offset - batches[0].base_offset if batches else 0
         self._ins.fetch.record(self._mono() - started, nbytes, records)
 
-    def _read(self, stream_id: int, start: int, end: int, max_bytes: int) -> list[FetchedBatch]:
+    def _read(
+        self, stream_id: int, start: int, end: int, max_bytes: int
+    ) -> tuple[list[FetchedBatch], int]:
+        """The batches and their total size (each batch's size added once)."""
         out: list[FetchedBatch] = []
         pos = start
         remaining = max_bytes
@@ -70,6 +73,7 @@ class ReadPath:
                 if got:
                     ins.log_hit.add()
                 out.extend(got)
+                remaining -= sum(map(_SIZE, got))
                 break
             first_cached = self._cache.first_offset(stream_id)
             obj_end = end if first_cached is None else min(end, max(first_cached, pos + 1))
@@ -84,4 +88,4 @@ class ReadPath:
             remaining -= sum(map(_SIZE, got))
             if remaining <= 0:
                 break
-        return out
+        return out, max_bytes - remaining

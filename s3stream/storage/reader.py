@@ -54,15 +54,15 @@ class ObjectDataReader:
         Raises `OffsetOutOfRangeError` when data at `start` is gone because the stream was
         trimmed past it (by retention, say) since the caller last looked.
         """
-        out = self._read(state, stream_id, start, end, max_bytes)
+        out, nbytes = self._read(state, stream_id, start, end, max_bytes)
         if out and self._readahead is not None:
-            nbytes = sum(b.size for b in out)
             self._readahead.after_read(state, stream_id, start, out[-1].next_offset, nbytes)
         return out
 
     def _read(
         self, state: MetadataState, stream_id: int, start: int, end: int, max_bytes: int
-    ) -> list[FetchedBatch]:
+    ) -> tuple[list[FetchedBatch], int]:
+        """The batches and their total size (counted as they are taken, once)."""
         out: list[FetchedBatch] = []
         total = 0
         pos = start
@@ -87,7 +87,7 @@ class ObjectDataReader:
                     if b.base_offset > pos:
                         raise missing_data(state, stream_id, pos, b.base_offset, obj.key)
                     if b.base_offset >= end or (out and total + b.size > max_bytes):
-                        return out
+                        return out, total
                     out.append(b)
                     total += b.size
                     pos = b.next_offset
@@ -97,7 +97,7 @@ class ObjectDataReader:
             stream = state.streams.get(stream_id)
             if stream is not None and start < stream.start_offset:
                 raise missing_data(state, stream_id, start, stream.start_offset, "")
-        return out
+        return out, total
 
 
 def missing_data(
