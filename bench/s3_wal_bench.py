@@ -14,12 +14,17 @@ records the hedges sent and won, and for every PUT slower than 5x the median how
 PUTs started and finished while it ran (so an isolated slow request tells itself apart from
 a stall of the whole server). "PUT" latencies count every attempt, hedges included.
 
+The WAL's S3 client (``--clients``): obstore (`ObstoreS3ObjectStore`, the S3 WAL's default)
+and boto3 (`S3ObjectStore`) run row by row, interleaved, in a rotating order; each row's
+``s3stream`` is the first client's run, ``by_client`` has every client's, and
+``client_ratios`` boto3's latency percentiles over obstore's.
+
 SlateDB (the ``slatedb`` Python package, an embedded LSM store whose WAL is also on object
 storage) runs the same phases against the same server with ``flush_interval`` equal to the
 batch interval, each write awaited until durable. Both sides are driven from Python.
 
 Usage: ``python bench/s3_wal_bench.py [--quick] [--rows 1024:50 ...] [--no-hedge]
-[--out bench/results/s3_wal.json]``
+[--clients obstore boto3] [--out bench/results/s3_wal.json]``
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ sys.path.insert(0, str(ROOT))
 
 from s3stream.objectstore.base import ObjectStore  # noqa: E402
 from s3stream.objectstore.s3 import S3ObjectStore  # noqa: E402
+from s3stream.objectstore.s3_obstore import ObstoreS3ObjectStore  # noqa: E402
 from s3stream.objectstore.wrappers import ForwardingObjectStore  # noqa: E402
 from s3stream.settings import ObjectWalSettings  # noqa: E402
 from s3stream.testing.seaweedfs import SeaweedS3Server  # noqa: E402
@@ -163,8 +169,10 @@ def s3stream_run(
     hedges: int,
     stall_ms: int = 0,
     stall_at: int = 50,
+    client: str = "boto3",
 ) -> dict[str, Any]:
-    s3 = S3ObjectStore(server.bucket, f"bench-{uuid.uuid4().hex}", **server.storage_options())
+    kind = ObstoreS3ObjectStore if client == "obstore" else S3ObjectStore
+    s3 = kind(server.bucket, f"bench-{uuid.uuid4().hex}", **server.storage_options())
     stalling = StallingStore(s3, stall_ms / 1000, stall_at)
     store = TimingStore(stalling)
     settings = ObjectWalSettings(
@@ -381,6 +389,13 @@ def main(argv: list[str] | None = None) -> int:
         "--stall-at", type=int, default=50, help="...the first attempt of this WAL object"
     )
     parser.add_argument("--server-log", default=None, help="copy SeaweedFS's log here")
+    parser.add_argument(
+        "--clients",
+        nargs="+",
+        choices=("obstore", "boto3"),
+        default=["obstore", "boto3"],
+        help="the WAL's S3 clients, interleaved (the first is each row's 's3stream')",
+    )
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "s3_wal.json"))
     args = parser.parse_args(argv)
     duration = args.duration or (1.5 if args.quick else 5.0)
@@ -405,20 +420,40 @@ def main(argv: list[str] | None = None) -> int:
                 AWS_SECRET_ACCESS_KEY=opts["aws_secret_access_key"],
                 AWS_REGION=opts["region_name"],
             )
-            for size, interval in rows:
+            for n, (size, interval) in enumerate(rows):
                 row: dict[str, Any] = {"record_bytes": size, "interval_ms": interval}
                 freeze = not args.no_gc_freeze
-                row["s3stream"] = s3stream_run(
-                    server,
-                    size,
-                    interval,
-                    duration,
-                    args.inflight,
-                    freeze,
-                    args.hedges,
-                    args.stall_ms,
-                    args.stall_at,
-                )
+                clients = list(args.clients)
+                by_client: dict[str, Any] = {}
+                # A rotating order, so that drift of the machine touches every client alike.
+                for client in clients[n % len(clients) :] + clients[: n % len(clients)]:
+                    by_client[client] = s3stream_run(
+                        server,
+                        size,
+                        interval,
+                        duration,
+                        args.inflight,
+                        freeze,
+                        args.hedges,
+                        args.stall_ms,
+                        args.stall_at,
+                        client=client,
+                    )
+                row["s3stream"] = by_client[clients[0]]
+                row["client"] = clients[0]
+                row["by_client"] = {c: by_client[c] for c in clients}
+                if {"obstore", "boto3"} <= by_client.keys():
+                    b, o = by_client["boto3"], by_client["obstore"]
+                    row["client_ratios"] = {
+                        f"append_{q}_boto3_over_obstore": b["latency"][f"{q}_ms"]
+                        / o["latency"][f"{q}_ms"]
+                        for q in ("p50", "p99")
+                    } | {
+                        "put_p50_boto3_over_obstore": b["put_latency"]["p50_ms"]
+                        / o["put_latency"]["p50_ms"],
+                        "throughput_obstore_over_boto3": o["throughput_mb_s"]
+                        / b["throughput_mb_s"],
+                    }
                 if not args.no_slatedb:
                     row["slatedb"] = slatedb_run(server, size, interval, duration, freeze)
                 ours = row["s3stream"]
@@ -443,6 +478,7 @@ def main(argv: list[str] | None = None) -> int:
         "phase_seconds": duration,
         "max_inflight_puts": args.inflight,
         "max_hedged_puts": args.hedges,
+        "clients": args.clients,
         "injected_stall_ms": args.stall_ms,
         "gc_freeze": not args.no_gc_freeze,
         "server": "SeaweedFS (weed mini) on loopback",
@@ -486,12 +522,12 @@ def print_row(row: dict[str, Any]) -> None:
         )
         _HEADER_PRINTED = True
     size = f"{row['record_bytes'] // 1024}K"
-    for name in ("s3stream", "slatedb"):
-        r = row.get(name)
-        if r is None:
-            continue
+    runs = [(f"s3s/{c}"[:9], r) for c, r in row["by_client"].items()]
+    if "slatedb" in row:
+        runs.append(("slatedb", row["slatedb"]))
+    for name, r in runs:
         lat = r["latency"]
-        if name == "s3stream":
+        if name != "slatedb":
             h = r["hedging"]
             won = f"{h['hedged_puts']}/{h['hedges_won']}"
             won_t = f"{h['throughput_hedged_puts']}/{h['throughput_hedges_won']}"
@@ -512,6 +548,8 @@ def print_row(row: dict[str, Any]) -> None:
                 for p in sorted(slow, key=lambda p: -p["ms"])[:6]
             )
             print(f"{'':9} slow PUTs (others done/started meanwhile): {shown}")
+    for name, value in (row.get("client_ratios") or {}).items():
+        print(f"{'':9} {name}: {value:.2f}")
     sys.stdout.flush()
 
 

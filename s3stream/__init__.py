@@ -34,6 +34,7 @@ from .clock import Clock, ManualClock, SystemClock
 from .compaction import CompactionReport, RetentionPolicy
 from .errors import (
     BackpressureError,
+    ContendedError,
     CorruptionError,
     FencedError,
     InvalidArgumentError,
@@ -83,6 +84,7 @@ __all__ = [
     "Clock",
     "CompactionReport",
     "CompactionSettings",
+    "ContendedError",
     "CorruptionError",
     "CostReport",
     "FencedError",

@@ -206,6 +206,7 @@ class StreamClient(Closeable):
             writer_id=node_id,
             checkpoint_interval=self._settings.metadata_checkpoint_interval,
             commit_attempts=self._settings.metadata_commit_attempts,
+            commit_timeout_s=self._settings.metadata_commit_timeout_ms / 1000,
             instruments=MetadataInstruments(self._registry),
         )
         try:

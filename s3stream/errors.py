@@ -10,6 +10,7 @@ from __future__ import annotations
 
 __all__ = [
     "BackpressureError",
+    "ContendedError",
     "CorruptionError",
     "FencedError",
     "InvalidArgumentError",
@@ -148,6 +149,13 @@ class UnavailableError(S3StreamError):
     """A backend (object store, disk) could not be reached or kept failing; retry later."""
 
     retryable = True
+
+
+class ContendedError(UnavailableError):
+    """Another conditional write of the same key was in flight, and the service refused this
+    one without applying it (S3's 409 ``ConditionalRequestConflict``): contention, not an
+    outage. The retry layer tries again soon, at a steady short delay rather than backing off
+    as from an outage; the next try sees the key created (or creates it)."""
 
 
 class BackpressureError(S3StreamError):

@@ -31,10 +31,12 @@ from .metadata.registry import check_metadata_url
 from .objectstore.base import ObjectStore
 from .objectstore.registry import open_object_store
 from .objectstore.stack import store_stack
+from .objectstore.wrappers import MetricsObjectStore
 from .settings import ClientSettings, FileWalSettings, ObjectWalSettings
 from .settings_parse import parse_size, settings_from_environ, settings_from_mapping
 from .validation import (
     check_bool,
+    check_choice,
     check_instance,
     check_node_id,
     check_options,
@@ -45,7 +47,14 @@ from .wal.base import WriteAheadLog
 from .wal.holder import WalHolderLock
 from .wal.memory import MemoryWal
 from .wal.object import ObjectWal
-from .wal.registry import OBJECT_PREFIX, lock_file_wal, url_wal_factory
+from .wal.registry import (
+    OBJECT_PREFIX,
+    S3_WAL_CLIENTS,
+    default_s3_wal_client,
+    lock_file_wal,
+    open_s3_wal_store,
+    url_wal_factory,
+)
 
 __all__ = [
     "DEFAULT_LOCAL_WAL_CAPACITY",
@@ -94,16 +103,23 @@ def default_wal_url(
 
 
 def _shared_object_wal(
-    store: ObjectStore,
+    store: MetricsObjectStore,
     *,
     clock: Clock,
     settings: ObjectWalSettings | None,
     accept_wal_loss: bool = False,
+    own_store: Callable[[], ObjectStore] | None = None,
+    timeout_s: float = 0.0,
 ) -> WalFactory:
     """The default WAL of a remote store: an object WAL under ``wal/`` of the client's own
     store stack (the same keys `default_wal_url` names), retried by that stack alone.
     `must_exist` and `accept_wal_loss` as for `url_wal_factory`: an empty WAL prefix, or a
-    damaged chain (docs/s3-wal.md), is `CorruptionError` unless the loss is accepted."""
+    damaged chain (docs/s3-wal.md), is `CorruptionError` unless the loss is accepted.
+
+    `own_store` (the S3 WAL through obstore): the WAL gets a store of its own from it, on the
+    same objects, in a stack like the client's (retried within `timeout_s`) that records into
+    the client's metrics registry as its ``wal`` purpose, so its traffic still shows in
+    `StreamClient.metrics`; the WAL closes it."""
 
     def factory(
         node_id: str,
@@ -115,8 +131,20 @@ def _shared_object_wal(
     ) -> WriteAheadLog:
         # A take-over needs nothing special here: opening the chain seals the old holder out.
         del take_over
+        wal_store: ObjectStore = store
+        if own_store is not None:
+            stack = store_stack(
+                own_store(),
+                clock=clock,
+                rng=random.Random(f"s3stream:{node_id}:wal"),
+                timeout_s=timeout_s,
+            )
+            # The client adopted its registry before it opens the WAL: record into it.
+            stack.use_registry(store.registry)
+            stack.default_purpose = "wal"
+            wal_store = stack
         return ObjectWal(
-            store,
+            wal_store,
             node_id=node_id,
             node_epoch=node_epoch,
             prefix=OBJECT_WAL_DIR,
@@ -124,11 +152,38 @@ def _shared_object_wal(
             clock=clock,
             on_full=on_full,
             retry=False,
+            # The WAL's own store is the WAL's to close; the client's is the client's.
+            close_store=own_store is not None,
             must_exist=must_exist,
             accept_loss=accept_wal_loss,
         )
 
     return factory
+
+
+def _s3_wal_store_opener(
+    url: str, scheme: str, storage_options: Mapping[str, Any] | None, client: str | None
+) -> Callable[[], ObjectStore] | None:
+    """How the default WAL of an ``s3://`` store opens a store of its own through obstore;
+    None when it shares the client's store (boto3: chosen, or obstore missing, or options only
+    boto3 takes with no client named). Options obstore refuses fail here, at open."""
+    if scheme not in ("s3", "s3a"):
+        return None
+    chosen = client if client is not None else default_s3_wal_client()
+    if chosen != "obstore":
+        return None
+    base = url.split("?", 1)[0]
+    try:
+        open_s3_wal_store(base, storage_options, "obstore").close()
+    except InvalidArgumentError:
+        if client is not None:
+            raise
+        return None  # e.g. profile_name: the data store's boto3 client serves the WAL too
+
+    def opener() -> ObjectStore:
+        return open_s3_wal_store(base, storage_options, "obstore")
+
+    return opener
 
 
 def _check_open_args(
@@ -140,6 +195,7 @@ def _check_open_args(
     file_wal_settings: object,
     object_wal_settings: object,
     environ: object,
+    wal_client: object = None,
 ) -> None:
     """`open`'s arguments, checked before anything is opened or created (the settings are
     checked as they are resolved, also before)."""
@@ -160,6 +216,8 @@ def _check_open_args(
     ):
         check_instance(name, value, cls, allow_none=True)
     check_str_map("environ", environ, allow_none=True)
+    if wal_client is not None:
+        check_choice("wal_client", wal_client, S3_WAL_CLIENTS)
 
 
 def resolve_settings(
@@ -232,6 +290,7 @@ def open(
     accept_wal_loss: bool = False,
     environ: Mapping[str, str] | None = None,
     metadata: str | MetadataLogStore | None = None,
+    wal_client: str | None = None,
 ) -> StreamClient:
     """Open a stream-storage client.
 
@@ -261,6 +320,12 @@ def open(
     ``postgresql://user@host:5432/db`` keeps it in PostgreSQL (the ``postgres`` extra;
     docs/metadata.md, "The PostgreSQL backend"), a `MetadataLogStore` anywhere. The data objects
     stay in the store. Every node and reader of a store must name the same log.
+
+    `wal_client` chooses the S3 client of an S3 WAL (the default WAL of an ``s3://`` store, or
+    an ``s3://`` `wal` URL whose query names no ``client``): ``"obstore"`` (the default when
+    obstore is installed; a small PUT, the WAL's latency, costs about half as much) or
+    ``"boto3"``. The default WAL falls back to boto3, the data store's client, when the store's
+    `storage_options` need boto3 (``profile_name``, a ready ``client``) and none was named.
     """
     if not isinstance(metadata, MetadataLogStore):
         check_metadata_url(metadata)
@@ -273,6 +338,7 @@ def open(
         file_wal_settings,
         object_wal_settings,
         environ,
+        wal_client,
     )
     check_bool("accept_wal_loss", accept_wal_loss)
     check_instance("clock", clock, Clock, allow_none=True)
@@ -302,9 +368,20 @@ def open(
     if isinstance(wal, WriteAheadLog):
         wal_arg = wal
     elif wal is None and scheme not in ("memory", "file"):
-        # A remote store's default: the object WAL in it, on this client's store stack.
+        # A remote store's default: the object WAL in it, on this client's store stack (or,
+        # for S3 through obstore, on a stack of its own over the same objects).
+        try:
+            own_store = _s3_wal_store_opener(url, scheme, storage_options, wal_client)
+        except BaseException:
+            store.close()
+            raise
         wal_arg = _shared_object_wal(
-            store, clock=clock, settings=resolved.object_wal, accept_wal_loss=accept_wal_loss
+            store,
+            clock=clock,
+            settings=resolved.object_wal,
+            accept_wal_loss=accept_wal_loss,
+            own_store=own_store,
+            timeout_s=resolved.store_timeout_ms / 1000,
         )
     elif split_scheme(wal if wal is not None else url)[0] == "memory":
         wal_arg = MemoryWal()
@@ -332,6 +409,7 @@ def open(
             storage_options=storage_options,
             held=held,
             accept_wal_loss=accept_wal_loss,
+            s3_client=wal_client,
         )
     try:
         return StreamClient(

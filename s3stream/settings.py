@@ -179,7 +179,8 @@ class ClientSettings:
     zstd_level: int = 3
     #: Parallel PUTs during one upload.
     upload_parallelism: int = 4
-    #: Un-uploaded bytes at which appends block until an upload frees room.
+    #: Memory of un-uploaded batches at which appends block until an upload frees room: each
+    #: batch's record plus about 384 bytes of Python objects, and packed objects in flight.
     max_pending_bytes: int = 512 * MiB
     #: Longest an append waits for room before `BackpressureError`.
     backpressure_timeout_ms: int = 30_000
@@ -189,12 +190,18 @@ class ClientSettings:
     #: Longest one object-store call may take, retries included; each try is bounded as
     #: well by the store's own connect and read timeouts.
     store_timeout_ms: int = 30_000
-    #: Bytes of already-uploaded batches the LogCache keeps for tail readers.
+    #: Memory of already-uploaded batches the LogCache keeps for tail readers (each batch's
+    #: record plus about 384 bytes of Python objects).
     log_cache_bytes: int = 128 * MiB
     #: Write a metadata checkpoint after this many log entries.
     metadata_checkpoint_interval: int = 64
-    #: Times a metadata commit re-reads and retries after losing a race.
-    metadata_commit_attempts: int = 32
+    #: Times a metadata commit may lose the race for the next log entry before it gives up;
+    #: 0 (the default): no limit, lost races are retried (re-reading what the winners
+    #: wrote) until the commit's deadline, so contention alone is never an error.
+    metadata_commit_attempts: int = 0
+    #: How long a metadata commit may keep retrying lost races (re-reading what the winners
+    #: wrote) before it fails with `UnavailableError` saying the log is overloaded.
+    metadata_commit_timeout_ms: int = 60_000
     #: Bytes of object blocks the BlockCache keeps.
     block_cache_bytes: int = 256 * MiB
     #: Readahead of a sequential (catch-up) reader starts at this many bytes ...
@@ -226,6 +233,7 @@ class ClientSettings:
         _check_fields(
             self,
             allow_zero=(
+                "metadata_commit_attempts",
                 "upload_interval_ms",
                 "log_cache_bytes",
                 "block_cache_bytes",

@@ -38,6 +38,7 @@ __all__ = [
     "check_node_id",
     "check_number",
     "check_options",
+    "check_positive",
     "check_read_args",
     "check_scheme",
     "check_seconds",
@@ -109,6 +110,15 @@ def check_number(
     if not (math.isfinite(number) and minimum <= number <= maximum):
         bound = f">= {minimum:g}" if maximum == math.inf else f"in [{minimum:g}, {maximum:g}]"
         raise InvalidArgumentError(f"{name} must be a finite number {bound}, got {_show(value)}")
+    return number
+
+
+def check_positive(name: str, value: object) -> float:
+    """A finite number > 0 (an int or a float, not a bool) as a float: a timeout or an
+    interval that must not be zero."""
+    number = check_number(name, value)
+    if number <= 0:
+        raise InvalidArgumentError(f"{name} must be a number > 0, got {_show(value)}")
     return number
 
 

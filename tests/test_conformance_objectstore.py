@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import os
 import random
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from s3stream.objectstore.memory import MemoryObjectStore
 from s3stream.objectstore.wrappers import MetricsObjectStore, RetryingObjectStore
 from s3stream.testing.faults import OPERATIONS, FaultRule, FaultyObjectStore
 from s3stream.testing.objectstore import ObjectStoreTests
+from s3stream.testing.store_servers import LoopbackStoreServer
 
 
 class TestMemoryObjectStore(ObjectStoreTests):
@@ -98,48 +100,39 @@ class TestFsspecLocalObjectStore(ObjectStoreTests):
         super().test_put_is_atomic_for_readers(tmp_path)
 
 
-@pytest.mark.s3
-class TestS3ObjectStore(ObjectStoreTests):
-    """The S3 store against the session's SeaweedFS server, a fresh prefix per store."""
+class TestObjectStoreOnServers(ObjectStoreTests):
+    """Each store of the server matrix (tests/conftest.py ``store_server``: SeaweedFS, moto
+    with signatures checked, fake-gcs-server, Azurite), opened by URL as a user would, a fresh
+    prefix per store. A subclass may open another store on the same servers (`open_at`)."""
 
     race_rounds = 3  # each round of conditional-create races costs seconds of 409 back-off
-    _prefixes = itertools.count()
 
     @pytest.fixture(autouse=True)
-    def _server(self, seaweedfs: Any) -> None:
-        self.server = seaweedfs
+    def _server(self, store_server: LoopbackStoreServer) -> None:
+        self.server = store_server
+        self.prefixes: dict[int, str] = {}
+
+    def open_at(self, prefix: str) -> ObjectStore:
+        """A store on the server under `prefix`."""
+        return self.server.open_store(prefix)
 
     def make_store(self, tmp_path: Path) -> ObjectStore:
-        from s3stream.objectstore.s3 import S3ObjectStore
-
-        prefix = f"kit/{os.getpid()}-{next(self._prefixes)}"
-        return S3ObjectStore(self.server.bucket, prefix, **self.server.storage_options())
+        prefix = f"kit/{uuid.uuid4().hex}"
+        store = self.open_at(prefix)
+        self.prefixes[id(store)] = prefix
+        return store
 
     def raw_get(self, store: ObjectStore, key: str) -> bytes | None:
-        client = self.server.client()
-        try:
-            reply = client.get_object(Bucket=self.server.bucket, Key=self._full_key(store, key))
-        except client.exceptions.NoSuchKey:
-            return None
-        return bytes(reply["Body"].read())
+        return self.server.raw_get(f"{self.prefixes[id(store)]}/{key}")
 
     def raw_put(self, store: ObjectStore, key: str, data: bytes) -> None:
-        self.server.client().put_object(
-            Bucket=self.server.bucket, Key=self._full_key(store, key), Body=data
-        )
+        self.server.raw_put(f"{self.prefixes[id(store)]}/{key}", data)
 
     def reopen_store(self, store: ObjectStore) -> ObjectStore:
-        from s3stream.objectstore.s3 import S3ObjectStore
-
-        assert isinstance(store, S3ObjectStore)
-        return S3ObjectStore(store.bucket, store.prefix, **self.server.storage_options())
-
-    @staticmethod
-    def _full_key(store: ObjectStore, key: str) -> str:
-        from s3stream.objectstore.s3 import S3ObjectStore
-
-        assert isinstance(store, S3ObjectStore)
-        return store.prefix + key
+        prefix = self.prefixes[id(store)]
+        again = self.open_at(prefix)
+        self.prefixes[id(again)] = prefix
+        return again
 
 
 # -- wrappers through the kit --------------------------------------------------------------------

@@ -18,12 +18,15 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
 import pytest
+
+from s3stream.testing.store_servers import LoopbackStoreServer
 
 ROOT = Path(__file__).resolve().parents[1]
 _CHILD_TIMEOUT_S = 60
@@ -172,6 +175,31 @@ def metadata_url(request: pytest.FixtureRequest) -> str | None:
     return url
 
 
+#: (object-store server, metadata) pairs of the take-over test: the object-store log on each
+#: server of the matrix (tests/conftest.py ``STORE_SERVERS``), and PostgreSQL beside SeaweedFS.
+FAILOVER_TARGETS = [
+    ("seaweedfs", "store"),
+    ("moto", "store"),
+    ("gcs", "store"),
+    ("azure", "store"),
+    ("seaweedfs", "postgres"),
+]
+
+
+@pytest.fixture(params=[pytest.param(t, id="-".join(t)) for t in FAILOVER_TARGETS])
+def failover_target(
+    request: pytest.FixtureRequest, store_server_of: Callable[[str], LoopbackStoreServer]
+) -> tuple[LoopbackStoreServer, str | None]:
+    """A server of the matrix, and where the metadata log lives (None: in its store)."""
+    kind, metadata = request.param
+    server = store_server_of(kind)
+    if metadata == "store":
+        return server, None
+    pg = request.getfixturevalue("postgres")
+    url: str = pg.url(namespace=f"failover-{uuid.uuid4().hex[:12]}")
+    return server, url
+
+
 def _count_acks(n: int) -> Any:
     return lambda lines: sum(line.startswith("ACK ") for line in lines) >= n
 
@@ -194,14 +222,15 @@ def _visible(reader: Any, stream_ids: list[int]) -> dict[int, list[str]]:
 @pytest.mark.s3
 @pytest.mark.slow
 def test_sigkilled_writer_is_taken_over_and_its_zombie_is_fenced(
-    seaweedfs: Any, metadata_url: str | None
+    failover_target: tuple[LoopbackStoreServer, str | None],
 ) -> None:
     import s3stream
     from s3stream.settings import ObjectWalSettings
     from s3stream.types import RecordBatch
 
-    url = f"s3://{seaweedfs.bucket}/failover-{uuid.uuid4().hex}"
-    options = seaweedfs.storage_options()
+    server, metadata_url = failover_target
+    url = server.url(f"failover-{uuid.uuid4().hex}")
+    options = server.storage_options()
     base = {"url": url, "options": options, "streams": [], "metadata": metadata_url}
     children: list[Child] = []
     try:

@@ -964,6 +964,117 @@ def test_same_epoch_take_over_fences_the_earlier_instance(wal_path: Path) -> Non
     second.close()
 
 
+@pytest.mark.parametrize("taker", ["thread", "process", "process-direct"])
+def test_a_take_over_fences_the_old_writers_next_commit(wal_path: Path, taker: str) -> None:
+    """A claim written by another open file description, another process, or with O_DIRECT
+    (which bypasses the page cache the old writer reads through) fences the old writer's
+    next commit, and nothing it appends after the claim is ever acknowledged."""
+    if taker == "process-direct" and not direct_io_supported(wal_path.parent.parent):
+        pytest.skip("the filesystem does not support O_DIRECT")
+    old = FileWal(wal_path, node_epoch=1, settings=small())
+    recover_all(old)
+    acked = append_all(old, [b"before", b"still before"])
+    old.trim(acked[0].position)
+    if taker == "thread":
+        FileWal(wal_path, node_epoch=2, settings=small(), take_over=True).close()
+    else:
+        direct = taker == "process-direct"
+        code = textwrap.dedent(
+            f"""
+            from s3stream.settings import FileWalSettings
+            from s3stream.wal import FileWal
+            settings = FileWalSettings(capacity_bytes={256 * KiB}, direct_io={direct})
+            wal = FileWal({str(wal_path)!r}, node_epoch=2, settings=settings, take_over=True)
+            assert wal.direct_io == {direct}
+            wal.close()
+            """
+        )
+        subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    with pytest.raises(FencedError, match="taken over"):
+        old.append(b"after the fence").result(timeout=10)
+    old.close()
+    new = FileWal(wal_path, node_epoch=2, settings=small())
+    assert recover_all(new) == acked[1:]
+    new.close()
+
+
+def test_a_wal_file_cut_short_under_its_writer_stops_it_with_an_error(wal_path: Path) -> None:
+    """Something other than s3stream truncating a live WAL below its header slots makes the
+    next commit fail with `FencedError` naming the cut (the process lives on); the records
+    are lost, and the next opener says so instead of starting afresh silently."""
+    wal = FileWal(wal_path, node_epoch=1, settings=small())
+    recover_all(wal)
+    append_all(wal, [b"acknowledged"])
+    os.truncate(wal_path, 100)
+    with pytest.raises(FencedError, match="cut short"):
+        wal.append(b"after the cut").result(timeout=10)
+    wal.close()
+    with pytest.raises(CorruptionError, match="truncated"):
+        FileWal(wal_path, node_epoch=2, settings=small())
+
+
+@pytest.mark.usefixtures("no_writer")
+def test_a_driven_append_whose_caller_never_drives_is_committed_by_the_next_append(
+    wal_path: Path,
+) -> None:
+    """`append(driven=True)` leaves the writer asleep (its caller commits, `drive`); should
+    that caller never come, the next append of anyone wakes the writer for both records."""
+    wal = FileWal(wal_path, settings=small())
+    recover_all(wal)
+    woken = [0]
+    real_notify = wal._cond.notify_all
+
+    def counting() -> None:
+        woken[0] += 1
+        real_notify()
+
+    wal._cond.notify_all = counting  # type: ignore[method-assign]
+    first = wal.append(b"driven", driven=True)
+    assert woken[0] == 0
+    wal.drive(first)  # the caller commits it: nobody was woken
+    assert first.result(timeout=0) is not None and woken[0] == 0
+    stranded = wal.append(b"no driver comes", driven=True)
+    later = wal.append(b"next", driven=True)
+    assert woken[0] == 1  # the second append woke the writer for the first one
+    wal.drive(later)
+    assert stranded.done() and later.done()
+    wal.close()
+
+
+def test_a_lone_driven_append_without_its_driver_is_written_at_close(wal_path: Path) -> None:
+    wal = FileWal(wal_path, settings=small())
+    recover_all(wal)
+    fut = wal.append(b"driven, never driven", driven=True)
+    wal.close()
+    wal = FileWal(wal_path, settings=small())
+    assert recover_all(wal) == [WalRecord(fut.result(timeout=0), b"driven, never driven")]
+    wal.close()
+
+
+def test_a_synchronous_appender_commits_alone(wal_path: Path) -> None:
+    """One thread appending and driving: every commit runs in that thread and the writer
+    thread is never woken (it would cost two context switches and a GIL hand-off each)."""
+    wal = FileWal(wal_path, settings=small(4 * MiB))
+    recover_all(wal)
+    committers: list[int] = []
+    wal.observe_commits(lambda *_: committers.append(threading.get_ident()))
+    woken = [0]
+    real_notify = wal._cond.notify_all
+
+    def counting() -> None:
+        woken[0] += 1
+        real_notify()
+
+    wal._cond.notify_all = counting  # type: ignore[method-assign]
+    for i in range(50):
+        fut = wal.append(data_for(i, 1000), driven=True)
+        wal.drive(fut)
+        fut.result(timeout=0)
+    assert committers == [threading.get_ident()] * 50
+    assert woken[0] == 0
+    wal.close()
+
+
 # -- lifecycle ----------------------------------------------------------------------------------
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import threading
+from typing import Any
 
 import pytest
 
@@ -16,7 +17,6 @@ from s3stream.format.batch import encode_batch
 from s3stream.format.objects import ObjectIndex, ObjectWriter
 from s3stream.objectstore.memory import MemoryObjectStore
 from s3stream.objectstore.metered import MetricsObjectStore
-from s3stream.spark.planning import IndexReader
 from s3stream.testing.faults import FaultRule, FaultyObjectStore
 
 
@@ -122,7 +122,16 @@ def test_bad_bounds_are_refused() -> None:
         ObjectIndexCache(MemoryObjectStore(), max_bytes=0)
 
 
+def _index_reader() -> Any:
+    """The Spark planner's IndexReader (the s3stream.spark package needs pyspark)."""
+    pytest.importorskip("pyspark", reason="the Spark planner needs pyspark (s3stream[spark])")
+    from s3stream.spark.planning import IndexReader
+
+    return IndexReader
+
+
 def test_block_cache_and_spark_planner_share_one_index_cache() -> None:
+    IndexReader = _index_reader()
     store, size = store_with({k: 2 for k in "abcde"})
     blocks = BlockCache(store, capacity_bytes=1 << 20)
     blocks.index("a", size["a"])
@@ -137,6 +146,7 @@ def test_block_cache_and_spark_planner_share_one_index_cache() -> None:
 
 
 def test_planner_cache_is_bounded_without_clearing_wholesale() -> None:
+    IndexReader = _index_reader()
     store, size = store_with({k: 1 for k in "abcdef"})
     planner = IndexReader(store, max_entries=4, threads=2)
     planner.prefetch((k, size[k]) for k in "abcd")

@@ -613,7 +613,9 @@ def test_manager_arguments_and_lifecycle(store: ObjectStore) -> None:
     with pytest.raises(InvalidArgumentError, match="checkpoint_interval"):
         MetadataManager(store, clock=clock, writer_id="w", checkpoint_interval=0)
     with pytest.raises(InvalidArgumentError, match="commit_attempts"):
-        MetadataManager(store, clock=clock, writer_id="w", commit_attempts=0)
+        MetadataManager(store, clock=clock, writer_id="w", commit_attempts=-1)
+    with pytest.raises(InvalidArgumentError, match="commit_timeout_s"):
+        MetadataManager(store, clock=clock, writer_id="w", commit_timeout_s=0)
     with pytest.raises(InvalidArgumentError, match="prefix"):
         MetadataManager(store, clock=clock, writer_id="w", prefix="/x")
     m = MetadataManager(store, clock=clock, writer_id="w")
@@ -874,7 +876,13 @@ def test_threads_sharing_one_manager(backend: MetadataBackend) -> None:
         t.join()
     assert errors == []
     assert [m.get_stream(s).end_offset for s in sids] == [50] * 4
-    assert m.seq == 8 + 100
+    # Group commit may fold concurrent uploads into one entry, never drop or repeat one.
+    assert m.seq <= 8 + 100
+    entries = [m.log.read_entry(s)[0] for s in range(9, m.seq + 1)]
+    keys = [
+        o.key for e in entries for op in e.ops if isinstance(op, CommitObjects) for o in op.objects
+    ]
+    assert sorted(keys) == sorted(f"{sid}/{i}" for sid in sids for i in range(25))
     assert same_state(manager(backend, writer="r").state, m.state)
 
 
@@ -913,26 +921,218 @@ def test_stale_view_is_refreshed_before_a_commit_is_refused(backend: MetadataBac
     assert mb.seq == 2
 
 
+def rival_wins_next(hooked: HookLog, rival: MetadataManager, times: int) -> list[int]:
+    """Make `rival` commit just before each of the next `times` creates through `hooked`, so
+    that each loses the race; the returned one-item list counts the races lost so far."""
+    losses = [0]
+
+    def sneak_in(seq: int, data: bytes) -> None:
+        losses[0] += 1
+        rival.create_stream({})
+        hooked.before_create = sneak_in if losses[0] < times else None
+
+    hooked.before_create = sneak_in
+    return losses
+
+
 def test_commit_gives_up_after_losing_the_race_commit_attempts_times(
     backend: MetadataBackend,
 ) -> None:
     hooked = HookLog(backend.open_log())
     mine = manager(hooked, writer="me", commit_attempts=3)
     rival = manager(backend, writer="rival")
-    losses = 0
-
-    def sneak_in(seq: int, data: bytes) -> None:
-        nonlocal losses
-        losses += 1
-        rival.create_stream({})
-        if losses < 3:
-            hooked.before_create = sneak_in
-
-    hooked.before_create = sneak_in
+    losses = rival_wins_next(hooked, rival, 3)
     with pytest.raises(UnavailableError, match="3 times"):
         mine.create_stream({})
-    assert losses == 3 and mine.seq == rival.seq == 3
+    assert losses == [3] and mine.seq == rival.seq == 3
     assert mine.create_stream({}).stream_id == 3
+
+
+def test_contention_is_retried_until_the_deadline_not_reported(backend: MetadataBackend) -> None:
+    """By default a lost race is never an error while the deadline lasts (40 losses here);
+    the deadline, on the manager's clock, is the only limit, and says so."""
+    clock = ManualClock()
+    hooked = HookLog(backend.open_log())
+    mine = manager(hooked, writer="me", clock=clock, commit_timeout_s=10.0)
+    rival = manager(backend, writer="rival")
+    losses = rival_wins_next(hooked, rival, 40)
+    assert mine.create_stream({}).stream_id == 40
+    assert losses == [40] and mine.seq == rival.seq + 1 == 41
+
+    def sneak_in_slowly(seq: int, data: bytes) -> None:
+        clock.advance(3.0)  # each lost race takes 3 s: the 4th try is past the deadline
+        rival.create_stream({})
+        hooked.before_create = sneak_in_slowly
+
+    hooked.before_create = sneak_in_slowly
+    with pytest.raises(UnavailableError, match=r"did not land within its deadline \(10 s"):
+        mine.create_stream({})
+    hooked.before_create = None
+    # A deadline of the call's own; the next commit, uncontended, lands.
+    with pytest.raises(InvalidArgumentError, match="timeout_s"):
+        mine.commit(fixed(), timeout_s="1")  # type: ignore[arg-type]
+    assert mine.create_stream({}).stream_id == mine.seq - 1
+
+
+def queue_behind_a_blocked_commit(
+    m: MetadataManager, hooked: HookLog, builds: list[Callable[[MetadataState], Sequence[Op]]]
+) -> tuple[list[Any], list[threading.Thread]]:
+    """Start a commit whose create blocks until every one of `builds` is queued behind it (in
+    threads); return the outcomes (each an entry/state pair or an error) and the threads."""
+    outcomes: list[Any] = [None] * len(builds)
+
+    def run(i: int) -> None:
+        try:
+            outcomes[i] = m.commit(builds[i])
+        except Exception as exc:
+            outcomes[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(builds))]
+
+    def hold(seq: int, data: bytes) -> None:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 10
+        while len(m._queue) < len(builds):  # the followers have queued up
+            assert time.monotonic() < deadline, "followers did not queue"
+            time.sleep(0.001)
+
+    hooked.before_create = hold
+    return outcomes, threads
+
+
+def test_group_commit_folds_concurrent_commits_into_one_entry(backend: MetadataBackend) -> None:
+    hooked = HookLog(backend.open_log())
+    m = manager(hooked)
+    builds: list[Callable[[MetadataState], Sequence[Op]]] = []
+    for i in range(5):
+
+        def create(state: MetadataState, i: int = i) -> list[Op]:
+            return [CreateStream(state.next_stream_id, {"n": str(i)}, 1)]
+
+        builds.append(create)
+    builds.append(fixed())  # a no-op folded along
+    outcomes, threads = queue_behind_a_blocked_commit(m, hooked, builds)
+    first = m.create_stream({"n": "first"})
+    for t in threads:
+        t.join()
+    assert first.stream_id == 0
+    # The 5 creates queued behind the first commit went out as ONE entry, in queue order,
+    # each built on the state staged by those before it (consecutive stream ids).
+    assert m.seq == 2 and backend.entry_seqs() == [1, 2]
+    entry = m.log.read_entry(2)[0]
+    assert [type(op) for op in entry.ops] == [CreateStream] * 5
+    assert [op.stream_id for op in entry.ops if isinstance(op, CreateStream)] == [1, 2, 3, 4, 5]
+    for got, state in outcomes[:5]:
+        assert got == entry and state.seq == 2 and len(state.streams) == 6
+    noop, state = outcomes[5]
+    assert noop.ops == () and noop.seq == 2 and state is outcomes[0][1]
+    assert sorted(s.tags["n"] for s in m.list_streams()) == ["0", "1", "2", "3", "4", "first"]
+    assert same_state(manager(backend, writer="r").state, m.state)
+    assert check_state(m.state) == []
+
+
+def test_create_stream_open_for_is_one_entry_and_creates_fold(backend: MetadataBackend) -> None:
+    hooked = HookLog(backend.open_log())
+    m = manager(hooked)
+    s = m.create_stream({"a": "1"}, open_for="n1")
+    assert (s.stream_id, s.epoch, s.owner, s.state) == (0, 1, "n1", StreamState.OPEN)
+    assert m.seq == 1 and [type(op) for op in m.log.read_entry(1)[0].ops] == [
+        CreateStream,
+        OpenStream,
+    ]
+    with pytest.raises(InvalidArgumentError, match="open_for"):
+        m.create_stream({}, open_for="")
+    # Concurrent creates of one manager fold: 4 streams, created and opened, in one entry.
+    builds = []
+    for i in range(4):
+
+        def create(state: MetadataState, i: int = i) -> list[Op]:
+            sid = state.next_stream_id
+            return [CreateStream(sid, {"i": str(i)}, 1), OpenStream(sid, 1, "n1")]
+
+        builds.append(create)
+    outcomes, threads = queue_behind_a_blocked_commit(m, hooked, builds)
+    m.create_stream({}, open_for="n1")
+    for t in threads:
+        t.join()
+    assert all(isinstance(o, tuple) and o[0].seq == 3 for o in outcomes)
+    assert m.seq == 3 and len(m.log.read_entry(3)[0].ops) == 8
+    assert [(st.stream_id, st.owner, st.epoch) for st in m.list_streams()] == [
+        (i, "n1", 1) for i in range(6)
+    ]
+
+
+def test_group_commit_a_failing_build_fails_only_its_caller(backend: MetadataBackend) -> None:
+    hooked = HookLog(backend.open_log())
+    m = manager(hooked)
+    sid = open_new(m, "node-a")
+    upload(m, "a/0", {sid: 3})
+
+    def good(key: str) -> Callable[[MetadataState], Sequence[Op]]:
+        def build(state: MetadataState) -> list[Op]:
+            end = state.streams[sid].end_offset
+            return [CommitObjects((obj(key, (sid, end, end + 2)),), {sid: 1})]
+
+        return build
+
+    def buggy(state: MetadataState) -> list[Op]:
+        raise KeyError("a bug in one caller")
+
+    builds = [
+        good("a/1"),
+        fixed(CommitObjects((obj("stale", (sid, 0, 2)),), {sid: 1})),  # I: wrong offset
+        fixed(TrimStream(sid, 7, 0)),  # fenced: epoch 7 is not current
+        buggy,
+        good("a/2"),
+        fixed(TrimStream(sid, 1, "3")),  # type: ignore[arg-type]  # malformed op
+    ]
+    outcomes, threads = queue_behind_a_blocked_commit(m, hooked, builds)
+    upload(m, "a/blocked", {sid: 1})
+    for t in threads:
+        t.join()
+    assert isinstance(outcomes[1], InvalidArgumentError)
+    assert isinstance(outcomes[2], FencedError)
+    assert isinstance(outcomes[3], KeyError)
+    assert isinstance(outcomes[5], InvalidArgumentError)
+    # The good ones went out together, each checked on the state the one before it staged.
+    entry = m.log.read_entry(m.seq)[0]
+    assert outcomes[0][0] == outcomes[4][0] == entry and m.seq == 5
+    assert [o.key for o in m.objects_for(sid, 0)] == ["a/0", "a/blocked", "a/1", "a/2"]
+    assert m.get_stream(sid).end_offset == 3 + 1 + 2 + 2
+    assert same_state(manager(backend, writer="r").state, m.state)
+
+
+def test_a_writer_that_won_under_contention_pauses_before_its_next_try(
+    backend: MetadataBackend,
+) -> None:
+    """Courtesy: after a win that followed lost races, the next commit waits a jittered while
+    (on the injected clock), so writers still catching up get a turn; without contention it
+    never waits."""
+    clock = ManualClock()
+    hooked = HookLog(backend.open_log())
+    mine = manager(hooked, writer="me", clock=clock)
+    rival = manager(backend, writer="rival")
+    t0 = clock.monotonic()
+    mine.create_stream({})
+    mine.create_stream({})
+    assert clock.monotonic() == t0  # uncontended: no pause
+
+    def sneak_in(seq: int, data: bytes) -> None:
+        clock.advance(0.01)  # the create takes 10 ms, as on S3
+        rival.create_stream({})
+
+    hooked.before_create = sneak_in
+    mine.create_stream({})
+    after_win = clock.monotonic()
+    waited = []
+    for _ in range(20):
+        before = clock.monotonic()
+        mine.create_stream({})
+        waited.append(clock.monotonic() - before)
+    assert after_win > t0
+    # Jittered up to a fifth of a create (twice a tenth) after a contended win.
+    assert max(waited) > 0 and all(w <= 0.002 + 1e-9 for w in waited)
 
 
 def test_ambiguous_create_that_landed_is_recognised(backend: MetadataBackend) -> None:

@@ -23,6 +23,7 @@ import pytest
 
 from s3stream.clock import ManualClock, SystemClock
 from s3stream.errors import (
+    ContendedError,
     InvalidArgumentError,
     ObjectNotFoundError,
     S3StreamError,
@@ -1043,17 +1044,24 @@ def test_entry_point_plugin_is_found(tmp_path: Path) -> None:
 class FlakyStore(MemoryObjectStore):
     """A memory store whose next `failures` calls raise UnavailableError (a test double)."""
 
-    def __init__(self, failures: int = 0, *, lose_reply: bool = False) -> None:
+    def __init__(
+        self,
+        failures: int = 0,
+        *,
+        lose_reply: bool = False,
+        error: type[UnavailableError] = UnavailableError,
+    ) -> None:
         super().__init__()
         self.failures = failures
         self.lose_reply = lose_reply  # apply the write, then fail (an ambiguous error)
+        self.error = error
         self.calls: list[str] = []
 
     def _maybe_fail(self, op: str) -> None:
         self.calls.append(op)
         if self.failures > 0:
             self.failures -= 1
-            raise UnavailableError(f"injected failure of {op}")
+            raise self.error(f"injected failure of {op}")
 
     def put(self, key: str, data: bytes) -> None:
         self._maybe_fail("put")
@@ -1113,6 +1121,16 @@ def test_retrying_recovers_from_transient_failures() -> None:
     inner.failures = 1
     store.delete_many(iter(["k"]))
     assert inner.head("k") is None
+
+
+def test_retrying_waits_steadily_on_contention_not_backing_off() -> None:
+    """A `ContendedError` (S3's 409: a racing conditional write, not an outage) is retried
+    after a fresh random wait of at most `base_delay_s` each time: no exponential growth."""
+    inner, clock = FlakyStore(failures=8, error=ContendedError), RecordingClock()
+    store = _retrying(inner, clock, base_delay_s=0.05, max_delay_s=2.0, max_attempts=20)
+    assert store.put_if_absent("k", b"v") is True
+    assert inner.calls == ["put_if_absent"] * 9
+    assert len(clock.sleeps) == 8 and all(0 <= s <= 0.05 for s in clock.sleeps)
 
 
 def test_retrying_gives_up_after_max_attempts() -> None:

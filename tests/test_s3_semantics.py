@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from s3stream.clock import ManualClock, SystemClock
-from s3stream.errors import ObjectNotFoundError, S3StreamError, UnavailableError
+from s3stream.errors import ContendedError, ObjectNotFoundError, S3StreamError
 from s3stream.objectstore import RetryingObjectStore, S3ObjectStore
 from s3stream.objectstore.s3 import DIRECTORY_BUCKET_SUFFIX
 from s3stream.testing.s3_servers import LoopbackS3Server, MotoS3Server, start_s3_server
@@ -229,7 +229,7 @@ def test_409_conditional_conflict_is_retryable_and_not_retried_in_the_store(
     scripted: Callable[[Callable[[str, str], Reply]], Scripted],
 ) -> None:
     server = scripted(lambda method, path: (409, {}, _error_xml("ConditionalRequestConflict")))
-    with pytest.raises(UnavailableError, match="ConditionalRequestConflict"):
+    with pytest.raises(ContendedError, match="ConditionalRequestConflict"):
         server.store().put_if_absent("k", b"v")
     assert server.requests == [("PUT", "/bucket/k")]
 

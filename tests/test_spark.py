@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import pickle
-import shutil
-import sys
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -523,38 +520,7 @@ def test_a_missing_local_directory_is_refused_not_created(tmp_path: Path) -> Non
 # A real SparkSession
 
 
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    """One local SparkSession for every Spark test (auto-registration on the Python path)."""
-    if shutil.which("java") is None and "JAVA_HOME" not in os.environ:
-        pytest.skip("Spark needs Java 17")
-    from pyspark.sql import SparkSession
-
-    saved = {
-        k: os.environ.get(k) for k in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "PYTHONPATH")
-    }
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    # Python workers must import s3stream and find pyspark_s3stream (auto-registration).
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), saved["PYTHONPATH"]) if p)
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("s3stream-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .getOrCreate()
-    )
-    try:
-        yield session
-    finally:
-        session.stop()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+# The session is tests/conftest.py's ``spark`` fixture (shared with the GCS and Azure tests).
 
 
 def _check_batch_reads(spark: Any, ds: Dataset) -> None:

@@ -540,26 +540,36 @@ def test_fenced_owner_close_raises_after_force_open(tmp_path: Path) -> None:
 
 
 @pytest.mark.s3
-def test_default_object_wal_shares_the_client_store_stack(seaweedfs: Any) -> None:
-    """One store stack: the default S3 WAL goes through the client's store (one boto3
-    client, one retry layer), so its PUTs show in the client's metrics."""
+@pytest.mark.parametrize("wal_client", ["boto3", "obstore"])
+def test_default_object_wal_store_stack(seaweedfs: Any, wal_client: str) -> None:
+    """The default S3 WAL has one retry layer and its PUTs show in the client's metrics: with
+    boto3 it goes through the client's own store stack (one boto3 client); with obstore (the
+    default where it is installed: faster small PUTs) through a stack of its own over an
+    `ObstoreS3ObjectStore`, recording into the same metrics."""
     import uuid
 
+    from s3stream.objectstore.s3_obstore import ObstoreS3ObjectStore
     from s3stream.objectstore.wrappers import MetricsObjectStore, RetryingObjectStore
     from s3stream.wal.object import ObjectWal
 
     url = f"s3://{seaweedfs.bucket}/stack-{uuid.uuid4().hex}"
     settings = ClientSettings(upload_interval_ms=0, upload_threshold_bytes=64 * MiB)
     with s3stream.open(
-        url, storage_options=seaweedfs.storage_options(), settings=settings
+        url, storage_options=seaweedfs.storage_options(), settings=settings, wal_client=wal_client
     ) as client:
         wal = client.wal
         assert isinstance(wal, ObjectWal)
-        assert wal.store is client.object_store
-        assert isinstance(client.object_store, MetricsObjectStore)
-        retrying = client.object_store.inner
-        assert isinstance(retrying, RetryingObjectStore)
-        assert not isinstance(retrying.inner, (RetryingObjectStore, MetricsObjectStore))
+        for stack in (client.object_store, wal.store):
+            assert isinstance(stack, MetricsObjectStore)
+            retrying = stack.inner
+            assert isinstance(retrying, RetryingObjectStore)
+            assert not isinstance(retrying.inner, (RetryingObjectStore, MetricsObjectStore))
+        if wal_client == "boto3":
+            assert wal.store is client.object_store
+        else:
+            assert isinstance(wal.store, MetricsObjectStore)
+            assert isinstance(wal.store.inner, RetryingObjectStore)
+            assert isinstance(wal.store.inner.inner, ObstoreS3ObjectStore)
         before = client.metrics.object_store
         s = client.create_stream()
         for i in range(5):
@@ -568,7 +578,9 @@ def test_default_object_wal_shares_the_client_store_stack(seaweedfs: Any) -> Non
         assert after.conditional_puts - before.conditional_puts >= 5  # WAL objects
         assert client.metrics.storage.uploads == 0  # nothing of that was an upload
         # botocore itself makes one try per call: the retry layer above is the only one.
-        assert retrying.inner._s3().meta.config.retries["total_max_attempts"] == 1
+        data = client.object_store.inner
+        assert isinstance(data, RetryingObjectStore)
+        assert data.inner._s3().meta.config.retries["total_max_attempts"] == 1
 
 
 # ---------------------------------------------------------------------- a lost WAL
@@ -655,3 +667,161 @@ def test_a_backlog_drains_in_bounded_uploads_without_spinning(tmp_path: Path) ->
         objects = [o for o in client.metadata.state.objects.values()]
         assert len(objects) >= 8
         assert max(o.size for o in objects) < 2 * threshold + 16384
+
+
+# ---------------------------------------------------------------------- memory (issue 19)
+
+
+def test_the_log_cache_charges_what_an_entry_costs() -> None:
+    """The LogCache's budgets count each batch's Python objects, not only its bytes: measured
+    with tracemalloc through a whole client (memory WAL included), an append costs no more
+    than the `entry_memory` it is charged."""
+    import gc
+    import tracemalloc
+
+    from s3stream.cache.log_cache import ENTRY_OVERHEAD_BYTES
+
+    settings = ClientSettings(upload_interval_ms=0, upload_threshold_bytes=64 * MiB)
+    with s3stream.open("memory://", settings=settings) as client:
+        s = client.create_stream()
+        batch = RecordBatch(b"x" * 100)  # timestamped at append: an int of its own each
+        for _ in range(2_000):
+            s.append(batch)
+        cache = client._storage.log_cache
+        gc.collect()
+        charged0 = cache.pending_bytes
+        tracemalloc.start()
+        try:
+            used0 = tracemalloc.get_traced_memory()[0]
+            n = 20_000
+            for _ in range(n):
+                s.append(batch)
+            gc.collect()
+            used = tracemalloc.get_traced_memory()[0] - used0
+        finally:
+            tracemalloc.stop()
+        charged = cache.pending_bytes - charged0
+        record = 9 + 40 + 100  # WAL prefix, batch header, payload
+        assert charged == n * (record + ENTRY_OVERHEAD_BYTES)
+        assert used <= charged, f"an entry costs {used / n:.0f} bytes, charged {charged / n:.0f}"
+        # ... and the charge is not far above it either (it would waste the budget).
+        assert used >= 0.7 * charged, f"an entry costs {used / n:.0f}, charged {charged / n:.0f}"
+
+
+def test_appends_leave_nothing_for_the_cyclic_gc_to_walk() -> None:
+    """What an append keeps (the LogCache entry, the memory WAL's record) is no object the
+    cyclic GC tracks for long: full collections stay as cheap after a million appends as
+    after a thousand. (The memory WAL kept a `WalRecord` named tuple per record, which the
+    GC never untracks: the append rate halved over the first million.)"""
+    import gc
+
+    settings = ClientSettings(upload_interval_ms=0, upload_threshold_bytes=64 * MiB)
+    with s3stream.open("memory://", settings=settings) as client:
+        s = client.create_stream()
+        batch = RecordBatch(b"x" * 100, base_timestamp=0)
+        for _ in range(1_000):
+            s.append(batch)
+        gc.collect()
+        before = len(gc.get_objects())
+        for _ in range(30_000):
+            s.append(batch)
+        gc.collect()
+        assert len(gc.get_objects()) - before < 100
+
+
+def test_uploads_pack_blocks_as_the_object_writer_would() -> None:
+    """Uploads without compression build the blocks of small batches whole (`_add_blocks`),
+    not batch by batch: the objects are byte for byte those `ObjectWriter.add` makes, RECORDS
+    batches (whose time ranges are in their records) included, and so are those of a stream
+    with large batches (added one by one)."""
+    from s3stream.cache.log_cache import LogCache
+    from s3stream.format.batch import WAL_PREFIX, encode_batch
+    from s3stream.format.objects import ObjectWriter, decode_block, read_index
+    from s3stream.objectstore.memory import MemoryObjectStore
+    from s3stream.records import Record, records_batch
+    from s3stream.storage.packing import KeyFactory, pack_objects
+
+    settings = ClientSettings(block_target_bytes=4096, stream_split_bytes=20_000)
+    cache = LogCache(0)
+    offsets = [0, 0, 0]
+    for i in range(300):
+        sid = i % 3 if i % 7 else 2
+        # Streams 0 and 1: small batches (blocks built whole); 2 has large ones too.
+        size = (37 * i) % 1500 + 1 + (6000 if sid == 2 and i % 5 == 0 else 0)
+        if i % 31 == 5:
+            batch = records_batch([Record(value=b"v" * size, timestamp=1000 + i)])
+        else:
+            batch = RecordBatch(bytes([i % 251]) * size, base_timestamp=500 - i)
+        record = encode_batch(
+            sid, offsets[sid], batch.count, int(batch.kind), 500 - i, batch.properties,
+            batch.payload, prefix=WAL_PREFIX.pack(1, 1),
+        )  # fmt: skip
+        cache.put(
+            sid, offsets[sid], batch.count, 500 - i, int(batch.kind), batch.properties,
+            batch.payload, record, WAL_PREFIX.size, i, 1,
+        )  # fmt: skip
+        offsets[sid] += batch.count
+    entries = cache.take_pending()
+    got = pack_objects(entries, settings, KeyFactory("n", 1))
+    by_stream: dict[int, list[Any]] = {}
+    for e in entries:
+        by_stream.setdefault(e[0], []).append(e)
+    # The reference: every batch through `ObjectWriter.add`.
+    store = MemoryObjectStore()
+    own, shared = [], ObjectWriter(block_target_bytes=4096)
+    for sid in sorted(by_stream):
+        size = sum(len(e[6]) - e[7] for e in by_stream[sid])
+        w = ObjectWriter(block_target_bytes=4096) if size >= 20_000 else shared
+        for e in by_stream[sid]:
+            w.add(sid, e[1], e[2], e[3], memoryview(e[6])[e[7] :])
+        if w is not shared:
+            own.append(w.finish())
+    want = own if shared.is_empty() else [*own, shared.finish()]
+    assert len(want) >= 2  # stream objects and a stream-set object
+    assert [o.data for o in got] == want
+    for o in got:
+        store.put(o.key, o.data)
+        index = read_index(store, o.key)
+        for block in index.blocks:
+            raw = store.get(o.key, block.position, block.end_position)
+            assert decode_block(raw, block, o.key)
+
+
+def test_a_throttled_store_makes_appends_wait_in_step_with_it(tmp_path: Path) -> None:
+    """Uploads limited to 2 MiB/s (the client's `background_bytes_per_s`) under a writer that
+    could go far faster: appends wait for room instead of failing, get about the store's
+    rate, and no wait is longer than a few of the store's seconds (uploads are sized to the
+    rate, so room comes back in small steps, not once per large upload); the memory pending
+    stays near its budget (packed objects in flight included)."""
+    rate = 2 * MiB
+    settings = ClientSettings(
+        background_bytes_per_s=rate,
+        upload_threshold_bytes=4 * MiB,
+        max_pending_bytes=8 * MiB,
+        backpressure_timeout_ms=20_000,
+        log_cache_bytes=0,
+    )
+    with s3stream.StreamClient(
+        LocalObjectStore(tmp_path), MemoryWal(), settings=settings
+    ) as client:
+        s = client.create_stream()
+        cache = client._storage.log_cache
+        batch = RecordBatch(os.urandom(32 * KiB), base_timestamp=0)
+        waits: list[float] = []
+        most_pending = 0
+        t_start = time.monotonic()
+        steady_from = t_start + 3.0  # the first 8 MiB go at once
+        steady_bytes = 0
+        while time.monotonic() < t_start + 6.0:
+            t0 = time.monotonic()
+            s.append(batch)  # never BackpressureError
+            t1 = time.monotonic()
+            waits.append(t1 - t0)
+            most_pending = max(most_pending, cache.pending_bytes)
+            if t0 >= steady_from:
+                steady_bytes += len(batch.payload)
+        steady_rate = steady_bytes / (time.monotonic() - steady_from)
+        assert 0.4 * rate <= steady_rate <= 2.5 * rate, steady_rate
+        assert max(waits) < 2.5, max(waits)
+        assert most_pending <= settings.max_pending_bytes + 2 * 2 * MiB, most_pending
+        client.abandon()  # no waiting for the backlog to drain at 2 MiB/s

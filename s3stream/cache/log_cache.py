@@ -3,57 +3,100 @@
 Entries are plain tuples of ints, bytes and (rarely) a dict: CPython's cyclic garbage
 collector stops tracking such tuples after their first collection, so a cache holding millions
 of batches does not make every later allocation pay for ever longer collections. (With
-dataclass entries, GC alone halved the append rate of 100-byte batches.)
+dataclass entries, GC alone halved the append rate of 100-byte batches.) Nothing per entry is
+tracked beyond that tuple: the bookkeeping of which entries are finished is a watermark, the
+eviction queue holds the entries themselves.
+
+Memory is counted honestly: an entry is charged its encoded record plus
+`ENTRY_OVERHEAD_BYTES`, the Python objects it costs besides (the tuple, the record's bytes
+header, its ints, its slots in the cache's lists and in a memory WAL), measured by
+tests/test_write_path.py. At 100-byte batches the overhead is twice the data, so a budget
+that counted the record alone let the process grow to several times it.
 """
 
 from __future__ import annotations
 
 import bisect
+import struct
 import threading
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Final
+from typing import Any, Final
 
+from ..format.batch import BATCH_HEADER
 from ..types import BatchKind, FetchedBatch
 
-__all__ = ["CachedBatch", "LogCache", "entry_batch", "entry_block_record"]
+__all__ = [
+    "ENTRY_OVERHEAD_BYTES",
+    "CachedBatch",
+    "LogCache",
+    "entry_batch",
+    "entry_block_record",
+    "entry_memory",
+    "entry_size",
+]
 
-#: (stream_id, base_offset, count, timestamp, kind, properties or None, payload,
-#:  record, record_skip, wal_position, epoch, seq). `record[record_skip:]` is the encoded
-#:  batch record (format.batch) that goes into object blocks.
+#: (stream_id, base_offset, count, timestamp, kind, properties or None, record, record_skip,
+#:  wal_position, epoch, seq). `record[record_skip:]` is the encoded batch record
+#:  (format.batch) that goes into object blocks; the payload is its tail (not kept apart: a
+#:  second reference to the caller's payload would keep a second copy of it alive).
 _Props = dict[str, str] | None
-CachedBatch = tuple[int, int, int, int, int, _Props, bytes, bytes, int, int, int, int]
+CachedBatch = tuple[int, int, int, int, int, _Props, bytes, int, int, int, int]
 SID: Final = 0
 BASE: Final = 1
 COUNT: Final = 2
 TS: Final = 3
 KIND: Final = 4
 PROPS: Final = 5
-PAYLOAD: Final = 6
-RECORD: Final = 7
-SKIP: Final = 8
-WALPOS: Final = 9
-EPOCH: Final = 10
-SEQ: Final = 11
+RECORD: Final = 6
+SKIP: Final = 7
+WALPOS: Final = 8
+EPOCH: Final = 9
+SEQ: Final = 10
+
+#: Bytes of Python objects one entry costs besides its record's data (64-bit CPython 3.11):
+#: the 11-tuple with its GC header (144), the record's bytes header (33, rounded up by the
+#: allocator), four ints of its own (base offset, timestamp, WAL position, seq: 4 x 32) and
+#: about six list slots (the stream's offsets and entries, the pending list or the eviction
+#: queue, a memory WAL's positions and records: 6 x 8), rounded up. tests/test_write_path.py
+#: measures it with tracemalloc and fails if entries cost more.
+ENTRY_OVERHEAD_BYTES: Final = 384
 
 _KINDS = {int(k): k for k in BatchKind}
 _EMPTY: Mapping[str, str] = MappingProxyType({})
+#: Where a batch record's header keeps its properties' length (format.batch.BATCH_HEADER).
+_PROPS_LEN = struct.Struct("<I")
+_PROPS_LEN_AT: Final = 32
+assert BATCH_HEADER.unpack_from(BATCH_HEADER.pack(0, 0, 1, 0, 0, 0, 0, 7, 0))[7] == 7
+assert _PROPS_LEN.unpack_from(BATCH_HEADER.pack(0, 0, 1, 0, 0, 0, 0, 7, 0), _PROPS_LEN_AT)[0] == 7
 
 
 def entry_batch(e: CachedBatch) -> FetchedBatch:
-    """The `FetchedBatch` a cache entry stands for."""
+    """The `FetchedBatch` a cache entry stands for; its payload is a view of the record."""
     props = e[PROPS]
+    record = e[RECORD]
+    skip = e[SKIP]
+    # The record is `prefix, header, properties, payload`: the payload is what follows.
+    (props_len,) = _PROPS_LEN.unpack_from(record, skip + _PROPS_LEN_AT)
     return FetchedBatch(
         e[SID],
         e[BASE],
         e[COUNT],
-        e[PAYLOAD],
+        memoryview(record)[skip + BATCH_HEADER.size + props_len :],
         e[TS],
         _EMPTY if props is None else MappingProxyType(props),
         _KINDS[e[KIND]],
     )
+
+
+def _payload_len(e: CachedBatch) -> int:
+    """Bytes of an entry's payload (fetch limits count payloads)."""
+    n = len(e[RECORD]) - e[SKIP] - BATCH_HEADER.size
+    if e[PROPS] is None:
+        return n
+    return n - int(_PROPS_LEN.unpack_from(e[RECORD], e[SKIP] + _PROPS_LEN_AT)[0])
 
 
 def entry_block_record(e: CachedBatch) -> memoryview:
@@ -62,14 +105,20 @@ def entry_block_record(e: CachedBatch) -> memoryview:
 
 
 def entry_size(e: CachedBatch) -> int:
-    """Bytes an entry accounts for (its encoded record)."""
+    """Bytes of an entry's encoded batch record: what it adds to an object."""
     return len(e[RECORD]) - e[SKIP]
+
+
+def entry_memory(e: CachedBatch) -> int:
+    """Bytes of memory an entry is charged: its whole record and `ENTRY_OVERHEAD_BYTES`."""
+    return len(e[RECORD]) + ENTRY_OVERHEAD_BYTES
 
 
 @dataclass(slots=True)
 class _StreamTail:
     # Parallel lists; `head` skips evicted entries so eviction is O(1) amortised;
     # entries [head, uploaded) are uploaded, [uploaded, len) pending.
+    stream_id: int
     offsets: list[int] = field(default_factory=list)
     entries: list[CachedBatch] = field(default_factory=list)
     head: int = 0
@@ -88,6 +137,10 @@ class LogCache:
 
     Thread-safe. Inserts must come in WAL order (the storage inserts from WAL completion
     callbacks, which run in order), so each stream's entries are in offset order.
+
+    Two measures: `pending_bytes` and `cached_bytes` are memory (records plus per-entry
+    overhead, `entry_memory`), what the budgets ``max_pending_bytes`` and ``log_cache_bytes``
+    bound; `untaken_bytes` are batch-record bytes (`entry_size`), what uploads are sized by.
     """
 
     def __init__(self, max_uploaded_bytes: int) -> None:
@@ -96,24 +149,29 @@ class LogCache:
         self._max_uploaded = max_uploaded_bytes
         self._uploaded_bytes = 0
         self._pending_bytes = 0
-        # Uploaded entries in upload order, for eviction: (stream_id, size).
-        self._evict_queue: deque[tuple[int, int]] = deque()
+        # Uploaded entries in upload order, for eviction, as runs of one stream's entries
+        # from its head on: [the stream's tail, entries left in the run]. One item per
+        # stream per upload, not per entry: eviction and uploads touch each entry once.
+        self._evict_queue: deque[list[Any]] = deque()
         # Not-yet-uploaded entries in WAL order; the uploader takes them as snapshots.
         self._pending: list[CachedBatch] = []
-        #: Bytes of `_pending`: acknowledged, not yet taken by an upload.
+        #: Record bytes of `_pending`: acknowledged, not yet taken by an upload.
         self._untaken_bytes = 0
         self._last_seq = 0
-        # Seqs of entries neither uploaded nor discarded: flush waits for the oldest.
-        self._unfinished: OrderedDict[int, None] = OrderedDict()
+        # Entries finish (are uploaded or discarded) nearly always in seq order: every seq
+        # below `_finished_below` is finished, and the few finished out of order wait in
+        # `_finished_ahead` until the watermark reaches them. Flush waits for the watermark.
+        self._finished_below = 1
+        self._finished_ahead: set[int] = set()
 
     @property
     def pending_bytes(self) -> int:
-        """Bytes of acknowledged batches not yet uploaded."""
+        """Memory of acknowledged batches not yet uploaded (`entry_memory`)."""
         return self._pending_bytes
 
     @property
     def cached_bytes(self) -> int:
-        """Bytes held: pending plus uploaded-but-not-evicted."""
+        """Memory held: pending plus uploaded-but-not-evicted (`entry_memory`)."""
         return self._pending_bytes + self._uploaded_bytes
 
     @property
@@ -124,7 +182,20 @@ class LogCache:
     def oldest_unfinished_seq(self) -> int | None:
         """Seq of the oldest entry neither uploaded nor discarded (None: all are done)."""
         with self._lock:
-            return next(iter(self._unfinished), None)
+            w = self._finished_below
+            return w if w <= self._last_seq else None
+
+    def _finish_locked(self, seq: int) -> None:
+        w = self._finished_below
+        if seq == w:
+            w += 1
+            ahead = self._finished_ahead
+            while ahead and w in ahead:
+                ahead.remove(w)
+                w += 1
+            self._finished_below = w
+        elif seq > w:
+            self._finished_ahead.add(seq)
 
     def put(
         self,
@@ -140,35 +211,44 @@ class LogCache:
         wal_position: int,
         epoch: int,
     ) -> int:
-        """Insert an acknowledged batch; returns the bytes not yet taken by an upload
-        afterwards (the uploader is woken when they reach its threshold)."""
+        """Insert an acknowledged batch; returns the record bytes not yet taken by an upload
+        afterwards (the uploader is woken when they reach its threshold). `payload` must be
+        the tail of `record` (it is read from there: not kept, so it costs nothing more)."""
         props = dict(properties) if properties else None
-        size = len(record) - record_skip
+        size = len(record)
         with self._lock:
             seq = self._last_seq = self._last_seq + 1
             e: CachedBatch = (
-                stream_id, base_offset, count, timestamp, int(kind), props, payload,
+                stream_id, base_offset, count, timestamp, int(kind), props,
                 record, record_skip, wal_position, epoch, seq,
             )  # fmt: skip
             tail = self._streams.get(stream_id)
             if tail is None:
-                tail = self._streams[stream_id] = _StreamTail()
+                tail = self._streams[stream_id] = _StreamTail(stream_id)
             tail.offsets.append(base_offset)
             tail.entries.append(e)
             self._pending.append(e)
-            self._untaken_bytes += size
-            self._unfinished[seq] = None
-            self._pending_bytes += size
+            self._pending_bytes += size + ENTRY_OVERHEAD_BYTES
+            self._untaken_bytes += size - record_skip
             return self._untaken_bytes
+
+    def charge(self, nbytes: int) -> None:
+        """Count `nbytes` more (negative: fewer) of memory held for pending entries outside
+        the cache against `pending_bytes`: the uploader's packed objects, a second copy of
+        their entries until the upload commits (two 64 MiB uploads in flight are 128 MiB
+        that the pending budget did not see)."""
+        with self._lock:
+            self._pending_bytes += nbytes
 
     @property
     def untaken_bytes(self) -> int:
-        """Bytes acknowledged and not yet taken by an upload (a part of `pending_bytes`)."""
+        """Record bytes acknowledged and not yet taken by an upload (`entry_size`)."""
         return self._untaken_bytes
 
     def take_pending(self, max_bytes: int | None = None) -> list[CachedBatch]:
-        """Hand the oldest pending entries (in WAL order), about `max_bytes` of them (at least
-        one; all without a limit), to the uploader; they stay pinned until `mark_uploaded`."""
+        """Hand the oldest pending entries (in WAL order), about `max_bytes` of records
+        (at least one; all without a limit), to the uploader; they stay pinned until
+        `mark_uploaded`."""
         with self._lock:
             if max_bytes is None or self._untaken_bytes <= max_bytes:
                 taken, self._pending = self._pending, []
@@ -176,7 +256,7 @@ class LogCache:
                 return taken
             total = n = 0
             for e in self._pending:
-                size = entry_size(e)
+                size = len(e[RECORD]) - e[SKIP]
                 if n and total + size > max_bytes:
                     break
                 total += size
@@ -189,18 +269,60 @@ class LogCache:
     def mark_uploaded(self, entries: list[CachedBatch]) -> None:
         """Entries from `take_pending` are now in object storage: unpin and maybe evict."""
         with self._lock:
+            self._finish_all_locked(entries)
+            by_stream: dict[int, list[CachedBatch]] = {}
             for e in entries:
-                self._unfinished.pop(e[SEQ], None)
-                tail = self._streams.get(e[SID])
+                lst = by_stream.get(e[SID])
+                if lst is None:
+                    by_stream[e[SID]] = [e]
+                else:
+                    lst.append(e)
+            streams = self._streams
+            moved = 0
+            for sid, lst in by_stream.items():
+                tail = streams.get(sid)
                 if tail is None:
                     continue  # discarded meanwhile
-                # Uploads commit in WAL order, so this is the stream's oldest pending entry.
-                tail.uploaded += 1
-                size = entry_size(e)
-                self._pending_bytes -= size
-                self._uploaded_bytes += size
-                self._evict_queue.append((e[SID], size))
+                k = len(lst)
+                u = tail.uploaded
+                cached = tail.entries
+                # Uploads commit in WAL order, so these are the stream's oldest pending
+                # entries, unless the stream was discarded meanwhile (and cached anew).
+                if (
+                    u + k > len(cached)
+                    or cached[u] is not lst[0]
+                    or cached[u + k - 1] is not lst[-1]
+                ):
+                    k = 0
+                    for e in lst:
+                        if u + k < len(cached) and cached[u + k] is e:
+                            k += 1
+                    if not k:
+                        continue
+                    lst = cached[u : u + k]
+                tail.uploaded = u + k
+                moved += sum([len(e[RECORD]) for e in lst]) + k * ENTRY_OVERHEAD_BYTES
+                self._evict_queue.append([tail, k])
+            self._pending_bytes -= moved
+            self._uploaded_bytes += moved
             self._evict_locked()
+
+    def _finish_all_locked(self, entries: list[CachedBatch]) -> None:
+        """`_finish_locked` for each entry; at once when they are the next seqs in a row."""
+        if not entries:
+            return
+        w = self._finished_below
+        if entries[0][SEQ] == w and entries[-1][SEQ] == w + len(entries) - 1:
+            # Seqs strictly increase in a list in WAL order: these are w, w+1, ... exactly.
+            w += len(entries)
+            ahead = self._finished_ahead
+            while ahead and w in ahead:
+                ahead.remove(w)
+                w += 1
+            self._finished_below = w
+            return
+        for e in entries:
+            self._finish_locked(e[SEQ])
 
     def discard_stream(self, stream_id: int) -> list[CachedBatch]:
         """Forget a stream (destroyed or fenced); returns its pending entries."""
@@ -210,12 +332,16 @@ class LogCache:
                 return []
             dropped = tail.entries[tail.uploaded :]
             uploaded = tail.entries[tail.head : tail.uploaded]
-            self._uploaded_bytes -= sum(entry_size(e) for e in uploaded)
-            self._pending_bytes -= sum(entry_size(e) for e in dropped)
+            self._uploaded_bytes -= sum(entry_memory(e) for e in uploaded)
+            self._pending_bytes -= sum(entry_memory(e) for e in dropped)
             for e in dropped:
-                self._unfinished.pop(e[SEQ], None)
+                self._finish_locked(e[SEQ])
             self._pending = [e for e in self._pending if e[SID] != stream_id]
             self._untaken_bytes = sum(entry_size(e) for e in self._pending)
+            if uploaded:
+                # Rare (a stream destroyed or fenced): its records go now, not when eviction
+                # would have reached them.
+                self._evict_queue = deque(r for r in self._evict_queue if r[0] is not tail)
             return dropped
 
     def first_offset(self, stream_id: int) -> int | None:
@@ -247,7 +373,7 @@ class LogCache:
                 e = entries[i]
                 if e[BASE] >= end:
                     break
-                size = len(e[PAYLOAD])
+                size = _payload_len(e)
                 if found and total + size > max_bytes:
                     break
                 found.append(e)
@@ -257,14 +383,27 @@ class LogCache:
 
     def _evict_locked(self) -> None:
         q = self._evict_queue
+        streams = self._streams
         while self._uploaded_bytes > self._max_uploaded and q:
-            stream_id, size = q.popleft()
-            tail = self._streams.get(stream_id)
-            if tail is None:
+            run = q[0]
+            tail: _StreamTail = run[0]
+            left: int = run[1]
+            if streams.get(tail.stream_id) is not tail:
+                q.popleft()  # discarded: its entries were uncounted then
                 continue
-            # Uploaded entries are evicted in upload order, which is each stream's offset
-            # order, so the evicted entry is always at the head of its stream.
-            if tail.head < tail.uploaded:
-                tail.head += 1
-                self._uploaded_bytes -= size
-                tail.compact()
+            # Runs are queued in upload order, each stream's in offset order, so a run's
+            # entries are its stream's oldest cached ones: from `head` on.
+            over = self._uploaded_bytes - self._max_uploaded
+            entries = tail.entries
+            h = tail.head
+            freed = k = 0
+            while k < left and freed < over:
+                freed += len(entries[h + k][RECORD]) + ENTRY_OVERHEAD_BYTES
+                k += 1
+            tail.head = h + k
+            self._uploaded_bytes -= freed
+            if k == left:
+                q.popleft()
+            else:
+                run[1] = left - k
+            tail.compact()

@@ -20,12 +20,17 @@ Implementations: `MetadataLog` (``log.py``: keys in the object store, the defaul
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from ..errors import ObjectNotFoundError
 from .model import Checkpoint, LogEntry
 
-__all__ = ["ExternalMetadataLog", "MetadataLogStore"]
+__all__ = ["Compose", "ExternalMetadataLog", "MetadataLogStore"]
+
+#: `MetadataLogStore.commit_serialized`'s callback: given the entries from seq `after` on (in
+#: order; entry `after` itself first unless `after` is 0), the seq and payload of the entry to
+#: create, or None to create nothing.
+Compose = Callable[[list[tuple[LogEntry, bytes]]], tuple[int, bytes] | None]
 
 
 class MetadataLogStore(ABC):
@@ -93,6 +98,21 @@ class MetadataLogStore(ABC):
     def create_entry(self, seq: int, payload: bytes) -> bool:
         """Write entry `seq` unless it exists; True if this call created it. Atomic across
         processes and machines (see the module docstring). Calls `check_writable` first."""
+
+    @property
+    def serializes_commits(self) -> bool:
+        """Whether `commit_serialized` is available: committers of this log then queue for a
+        lock of the backend (fair, first come first served) instead of racing."""
+        return False
+
+    def commit_serialized(self, after: int, compose: Compose) -> bool:
+        """In one backend transaction holding the log's commit lock: read the entries from
+        seq `after` on, call `compose` with them, and create the entry it returns if absent
+        (the same conditional create as `create_entry`, which alone fences writers: the lock
+        only orders committers, so none wastes an attempt); True if this call created it.
+        `compose` must not call this log. Only where `serializes_commits`; backend failures
+        raise `UnavailableError` (the entry may or may not have been created)."""
+        raise NotImplementedError(f"{type(self).__name__} does not serialize commits")
 
     @abstractmethod
     def has_entry(self, seq: int) -> bool:

@@ -7,14 +7,26 @@ a conditional PUT in the object store, an ``INSERT ... ON CONFLICT DO NOTHING`` 
 A writer that loses the race reads the entries it missed and builds again, so every entry was
 validated against exactly the state it follows, and the log's backend is the only coordination
 service.
+
+Group commit: concurrent `commit` calls of one manager queue up; one caller (the leader) takes
+every queued request, runs each one's build in turn on the state the ones before it staged, and
+writes ONE entry with all their ops. A build that raises fails only its own caller; each op is
+still checked by the invariants on exactly the state it follows, and replay applies the entry
+op by op as well. Lost races are retried until the commit's deadline (never a count), with an
+age-ordered jitter: the writer that has lost most retries first, and a writer that just won
+while others were committing pauses briefly before its next try, so it does not starve the
+writers still catching up (docs/metadata.md, "Concurrency protocol").
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import random
 import threading
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from ..clock import Clock
 from ..errors import (
@@ -29,7 +41,7 @@ from ..metrics.components import MetadataInstruments
 from ..metrics.logs import ContextLogger
 from ..metrics.registry import MetricsRegistry
 from ..objectstore.base import ObjectStore
-from ..validation import check_int, check_str_map, check_text
+from ..validation import check_int, check_number, check_str_map, check_text
 from .base import MetadataLogStore
 from .codec import encode_entry, validate_entry
 from .invariants import check_state
@@ -56,15 +68,52 @@ _logger = logging.getLogger(__name__)
 #: Builds the ops of one entry from the latest state; may be called again after a lost race.
 Build = Callable[[MetadataState], Sequence[Op]]
 
+#: Most commit requests folded into one entry (bounds an entry's size; the rest go next).
+_MAX_GROUP = 256
+#: How long after a lost race, or after replaying another writer's entry, this writer assumes
+#: others are committing too (and so pauses courteously after a win).
+_CONTENTION_MEMORY_S = 1.0
+#: Weight of the newest sample in the moving averages of request times.
+_EWMA = 0.2
+
+
+class _Stale(enum.Enum):
+    """An attempt's outcome when a build failed on a stale view (build the group again)."""
+
+    STALE = enum.auto()
+
+
+_STALE = _Stale.STALE
+#: An attempt's outcome: None (nothing to write), `_STALE`, or (won, entry, state after it).
+_Outcome = tuple[bool, LogEntry, MetadataState] | _Stale | None
+#: A group's entry, its bytes and the state after it.
+_Group = tuple[LogEntry, bytes, MetadataState]
+
+
+@dataclass(eq=False, slots=True)
+class _Request:
+    """One `commit` call waiting for its group's entry."""
+
+    build: Build
+    #: On the manager's clock: past it, the request fails instead of being tried again.
+    deadline: float
+    result: tuple[LogEntry, MetadataState] | None = None
+    error: BaseException | None = None
+    done: bool = False
+    #: Ops built on the latest attempt (empty: a no-op, or `error` is set).
+    ops: tuple[Op, ...] = field(default=())
+
 
 class MetadataManager:
     """Reads, replays and commits a metadata log: the one kept in the object store `store`
     under `prefix` (the default), or `store` itself when it is a `MetadataLogStore` (then
     `prefix` is its business and must be left alone).
 
-    Call `load` once before anything else. Commits are serialized by a lock; `state` is an
-    immutable snapshot swapped atomically, so readers never lock. `writer_id` names this
-    writer in every entry (make it unique per process, e.g. the node id plus a nonce).
+    Call `load` once before anything else. Concurrent commits fold into one entry per group
+    (group commit), and groups are serialized by a lock; `state` is an immutable snapshot
+    swapped atomically, so readers never lock. `writer_id` names this writer in every entry
+    (make it unique per process, e.g. the node id plus a nonce). A commit retries lost races
+    until its deadline, `commit_timeout_s`; a positive `commit_attempts` also caps them.
     """
 
     def __init__(
@@ -75,7 +124,8 @@ class MetadataManager:
         writer_id: str,
         prefix: str = "meta",
         checkpoint_interval: int = 64,
-        commit_attempts: int = 32,
+        commit_attempts: int = 0,
+        commit_timeout_s: float = 60.0,
         rng: random.Random | None = None,
         instruments: MetadataInstruments | None = None,
     ) -> None:
@@ -83,7 +133,10 @@ class MetadataManager:
             raise InvalidArgumentError(f"clock must be a Clock, got {clock!r}")
         check_text("writer_id", writer_id, allow_empty=False)
         check_int("checkpoint_interval", checkpoint_interval, minimum=1)
-        check_int("commit_attempts", commit_attempts, minimum=1)
+        check_int("commit_attempts", commit_attempts, minimum=0)
+        check_number("commit_timeout_s", commit_timeout_s)
+        if commit_timeout_s <= 0:
+            raise InvalidArgumentError(f"commit_timeout_s must be > 0, got {commit_timeout_s!r}")
         if isinstance(store, MetadataLogStore):
             if prefix != "meta":
                 raise InvalidArgumentError(
@@ -97,12 +150,22 @@ class MetadataManager:
         self._writer_id = writer_id
         self._logger = ContextLogger(_logger, writer_id)
         self._checkpoint_interval = checkpoint_interval
+        #: 0: lost races are retried until the deadline only (the default).
         self._commit_attempts = commit_attempts
-        # Jitter after repeated lost races, so a writer whose view is always one entry stale
-        # does not starve behind one committing back to back. Seeded: no ambient randomness.
+        self._commit_timeout_s = float(commit_timeout_s)
+        # Jitter of retries and courtesy pauses (see `_pause`). Seeded: no ambient randomness.
         self._rng = rng if rng is not None else random.Random(writer_id)
-        # Serializes commits and replays; never held by readers.
+        # Serializes commit groups and replays; never held by readers.
         self._lock = threading.Lock()
+        # Group commit: requests waiting, and whether a caller is leading (taking them).
+        self._queue_cond = threading.Condition(threading.Lock())
+        self._queue: deque[_Request] = deque()
+        self._leading = False
+        # Contention, as seen by this writer (under `_lock`): until when to assume others
+        # commit too, and moving averages of a create's and of a catch-up's duration.
+        self._contended_until = float("-inf")
+        self._create_s = 0.0
+        self._catch_up_s = 0.0
         #: Set once the log was found rolled back: this manager then neither reads on nor
         #: writes (a write would put a different history under the same numbers).
         self._rolled_back: CorruptionError | None = None
@@ -160,34 +223,54 @@ class MetadataManager:
         with self._lock:
             return self._catch_up()
 
-    def commit(self, build: Build) -> tuple[LogEntry, MetadataState]:
+    def commit(
+        self, build: Build, *, timeout_s: float | None = None
+    ) -> tuple[LogEntry, MetadataState]:
         """Commit the ops `build` makes from the latest state, as one entry; return the entry
         written and the state after it.
 
-        `build` is called again on the newer state each time another writer got there first,
-        so it must derive its ops from the state it is given. It may raise to abort: the
-        error propagates (an `S3StreamError` only once a refresh found nothing newer, so a
-        stale view never aborts a commit). Making it idempotent (no ops if its effect is
-        already in the state, e.g. its object key is in ``state.objects``) makes a retry
-        after an `UnavailableError` safe. If `build` returns no ops nothing is written, and
-        the returned entry has ``ops == ()`` and the seq of the current state.
+        Concurrent calls fold into one entry (group commit, see the module docstring): then
+        `build` sees the state with the ops of the calls before it in the group staged, and
+        every caller of the group gets the same entry and state back. `build` is called again
+        on the newer state each time another writer got there first, so it must derive its ops
+        from the state it is given. It may raise to abort: the error propagates to this caller
+        only (an `S3StreamError` only once a refresh found nothing newer, so a stale view never
+        aborts a commit). Making it idempotent (no ops if its effect is already in the state,
+        e.g. its object key is in ``state.objects``) makes a retry after an `UnavailableError`
+        safe. If `build` returns no ops nothing is written for it, and the returned entry has
+        ``ops == ()`` and the seq of the state returned.
 
-        Raises what the invariant checks raise (`FencedError`, `InvalidArgumentError`, ...)
-        without writing anything; `UnavailableError` if the race was lost `commit_attempts`
-        times in a row or the store is unreachable (then the entry may or may not have been
-        written: `refresh` tells).
+        Lost races are retried (after re-reading what the winners wrote) until `timeout_s`
+        (default: the manager's `commit_timeout_s`) has passed; contention is never an error
+        before that. Raises what the invariant checks raise (`FencedError`,
+        `InvalidArgumentError`, ...) without writing anything of this call; `UnavailableError`
+        if the deadline passed or the store is unreachable (then the entry may or may not have
+        been written: `refresh` tells).
         """
         started = self._clock.monotonic()
-        try:
-            with self._lock:
-                entry, state = self._commit_locked(build)
-        except BaseException:
+        if timeout_s is not None:
+            check_number("timeout_s", timeout_s)
+        limit = self._commit_timeout_s if timeout_s is None else float(timeout_s)
+        request = _Request(build, started + limit)
+        lead = False
+        with self._queue_cond:
+            self._queue.append(request)
+            # The leader completes every request it takes and hands over when done, so this
+            # wait ends; the leader's own work is bounded by the requests' deadlines and the
+            # store's timeouts.
+            while not request.done and self._leading:
+                self._queue_cond.wait()
+            if not request.done:
+                self._leading = lead = True
+        if lead:
+            self._lead()
+        if request.error is not None:
             self._ins.failed.observe(self._clock.monotonic() - started)
-            raise
+            raise request.error
+        assert request.result is not None
+        entry, state = request.result
         outcome = self._ins.written if entry.ops else self._ins.noop
         outcome.observe(self._clock.monotonic() - started)
-        if entry.ops and entry.seq % self._checkpoint_interval == 0:
-            self._write_checkpoint(state)
         return entry, state
 
     def write_checkpoint(self) -> int:
@@ -199,15 +282,22 @@ class MetadataManager:
 
     # -- conveniences built on commit() ------------------------------------------------
 
-    def create_stream(self, tags: Mapping[str, str]) -> StreamMeta:
-        """Create a stream (closed, epoch 0) with the next free id."""
+    def create_stream(self, tags: Mapping[str, str], *, open_for: str | None = None) -> StreamMeta:
+        """Create a stream (closed, epoch 0) with the next free id; with `open_for`, open it
+        for that node (epoch 1) in the same entry: one commit instead of two, and concurrent
+        calls fold into one entry (group commit)."""
         tag_dict = check_str_map("tags", tags)
+        if open_for is not None:
+            check_text("open_for", open_for, allow_empty=False)
         created_ms = self._clock.now_ms()
         chosen: list[int] = []
 
         def build(state: MetadataState) -> list[Op]:
-            chosen[:] = [state.next_stream_id]
-            return [CreateStream(state.next_stream_id, tag_dict, created_ms)]
+            sid = state.next_stream_id
+            chosen[:] = [sid]
+            if open_for is None:
+                return [CreateStream(sid, tag_dict, created_ms)]
+            return [CreateStream(sid, tag_dict, created_ms), OpenStream(sid, 1, open_for)]
 
         _, state = self.commit(build)
         return state.get_stream(chosen[0])
@@ -310,39 +400,216 @@ class MetadataManager:
 
     # -- internals -----------------------------------------------------------------------
 
-    def _commit_locked(self, build: Build) -> tuple[LogEntry, MetadataState]:
-        if self._rolled_back is not None:
-            raise self._rolled_back
-        for attempt in range(self._commit_attempts):
-            if attempt >= 4:
-                self._clock.sleep(self._rng.uniform(0, min(0.05, 0.0005 * 2 ** (attempt - 4))))
-            base = self.state
-            try:
-                ops = tuple(build(base))
-                ts_ms = self._clock.now_ms()
-                if not ops:
-                    noop = LogEntry(seq=base.seq, ops=(), writer=self._writer_id, ts_ms=ts_ms)
-                    return noop, base
-                payload = encode_entry(
-                    LogEntry(seq=base.seq + 1, ops=ops, writer=self._writer_id, ts_ms=ts_ms)
-                )
-                # Apply what decodes from the bytes, not the ops as built: the state then is
-                # exactly what any replay of this entry will compute.
-                entry = validate_entry(payload)
-                state = base.apply(entry)
-            except S3StreamError:
-                # Judged against a stale view? Then build again on what others committed.
-                if self._catch_up():
-                    continue
-                raise
-            if self._create_entry(entry.seq, payload):
+    def _lead(self) -> None:
+        """Commit the queued requests as one group (this caller's among them), complete them,
+        then hand the lead over (to a waiter whose request is still queued)."""
+        batch: list[_Request] = []
+        written: MetadataState | None = None
+        try:
+            with self._lock:
+                written = self._commit_group_locked(batch)
+        except BaseException as exc:
+            # The store failed (or the log was found rolled back): every request of the
+            # group gets the error, its entry may or may not have been written.
+            for r in batch:
+                if r.result is None:
+                    r.error = exc
+        finally:
+            with self._queue_cond:
+                for r in batch:
+                    r.done = True
+                self._leading = False
+                self._queue_cond.notify_all()
+        # After handing over: the next group need not wait for the checkpoint.
+        if written is not None and written.seq % self._checkpoint_interval == 0:
+            self._write_checkpoint(written)
+
+    def _commit_group_locked(self, batch: list[_Request]) -> MetadataState | None:
+        """Take queued requests into `batch` and write one entry with the ops of every one
+        that builds them, retrying lost races until each request's deadline (requests queued
+        meanwhile join the group); set each request's result or error. The state written, or
+        None if nothing was."""
+        live: list[_Request] = []
+        losses = 0
+        while True:
+            self._pause(losses)
+            with self._queue_cond:
+                while self._queue and len(batch) < _MAX_GROUP:
+                    batch.append(self._queue.popleft())
+                    live.append(batch[-1])
+            if self._rolled_back is not None:
+                raise self._rolled_back
+            now = self._clock.monotonic()
+            gave_up = self._commit_attempts and losses >= self._commit_attempts
+            for r in live:
+                if gave_up or now >= r.deadline:
+                    r.error = self._overloaded(losses)
+            live = [r for r in live if r.error is None]
+            if not live:
+                return None
+            if self._log.serializes_commits:
+                outcome = self._attempt_serialized(live)
+            else:
+                outcome = self._attempt_optimistic(live)
+            if outcome is _STALE:
+                # A build failed on a stale view: all build again on what others wrote (and
+                # errors judged on that view are void).
+                for r in live:
+                    r.error = None
+                continue
+            if outcome is None:
+                return None  # nothing to write: each request has its no-op or its error
+            won, entry, state = outcome
+            if won:
                 self._state = state
-                return entry, state
+                for r in live:
+                    if r.error is None:
+                        mine = entry if r.ops else _noop(entry)
+                        r.result = (mine, state)
+                if losses:
+                    self._contended_until = self._clock.monotonic() + _CONTENTION_MEMORY_S
+                return state
+            # Lost: errors of builds judged on the staged state are void (those ops are not
+            # in the log); everyone builds again on the entries the winner wrote.
+            for r in live:
+                r.error = None
+            losses += 1
             self._ins.conflicts.add()
+            self._contended_until = self._clock.monotonic() + _CONTENTION_MEMORY_S
+            caught_at = self._clock.monotonic()
             self._catch_up()
-        raise UnavailableError(
-            f"metadata commit by {self._writer_id!r} lost the race for the next log entry "
-            f"{self._commit_attempts} times in a row; retry later"
+            self._catch_up_s += _EWMA * (self._clock.monotonic() - caught_at - self._catch_up_s)
+
+    def _attempt_optimistic(self, live: list[_Request]) -> _Outcome:
+        """Build the group's entry on the latest state known and create it if absent."""
+        made = self._group_entry(live, self.state, fresh=False)
+        if made is None or made is _STALE:
+            return made
+        entry, payload, state = made
+        created_at = self._clock.monotonic()
+        won = self._create_entry(entry.seq, payload)
+        self._create_s += _EWMA * (self._clock.monotonic() - created_at - self._create_s)
+        return won, entry, state
+
+    def _attempt_serialized(self, live: list[_Request]) -> _Outcome:
+        """Build the group's entry inside the log's commit transaction, which holds the log's
+        commit lock and hands over the entries this writer has not seen: the view is the
+        latest, so the create wins unless a writer that does not lock got there first."""
+        made: list[_Group | None] = []
+
+        def compose(entries: list[tuple[LogEntry, bytes]]) -> tuple[int, bytes] | None:
+            made.clear()
+            self._apply_entries(entries)
+            group = self._group_entry(live, self.state, fresh=True)
+            assert group is not _STALE  # a fresh view is never stale
+            made.append(group)
+            return None if made[0] is None else (made[0][0].seq, made[0][1])
+
+        try:
+            won = self._log.commit_serialized(self.state.seq, compose)
+        except UnavailableError as exc:
+            if not made or made[0] is None:
+                raise
+            # The commit may have landed although the call failed: look before reporting.
+            entry, payload, _ = made[0]
+            try:
+                _, data = self._log.read_entry(entry.seq)
+            except ObjectNotFoundError:
+                raise exc from None
+            won = data == payload
+        if not made or made[0] is None:
+            return None
+        entry, _, state = made[0]
+        return won, entry, state
+
+    def _group_entry(
+        self, live: list[_Request], base: MetadataState, *, fresh: bool
+    ) -> _Group | _Stale | None:
+        """The group's entry after `base`, its bytes and the state after it; None if no
+        request has ops (each then has its no-op result or its error); `_STALE` if a build
+        failed on a view a catch-up found stale (only unless `fresh`)."""
+        staged = self._build_group(live, base, fresh=fresh)
+        if staged is None:
+            return _STALE
+        ops = tuple(op for r in live for op in r.ops)
+        ts_ms = self._clock.now_ms()
+        if not ops:
+            noop = LogEntry(seq=base.seq, ops=(), writer=self._writer_id, ts_ms=ts_ms)
+            for r in live:
+                if r.error is None:
+                    r.result = (noop, base)
+            return None
+        payload = encode_entry(
+            LogEntry(seq=base.seq + 1, ops=ops, writer=self._writer_id, ts_ms=ts_ms)
+        )
+        # Apply what decodes from the bytes, not the ops as built: the state then is exactly
+        # what any replay of this entry will compute. (Each op was checked on the state
+        # staged before it; this applies them in the same order again.)
+        entry = validate_entry(payload)
+        return entry, payload, base.apply(entry)
+
+    def _build_group(
+        self, live: list[_Request], base: MetadataState, *, fresh: bool
+    ) -> MetadataState | None:
+        """Run each request's build on `base` with the ops of those before it staged, setting
+        its ops (or its error: that request alone drops out). None if a build failed on a view
+        that a catch-up then found stale (the caller builds the group again); with `fresh`
+        (the view is known to be the latest) a failure is final at once."""
+        staged = base
+        ts_ms = self._clock.now_ms()
+        for r in live:
+            r.ops, r.error = (), None
+            try:
+                ops = tuple(r.build(staged))
+                if ops:
+                    # Through the codec first, as the entry will be: a malformed op fails
+                    # its own request only, and what is staged is what replay will apply.
+                    own = LogEntry(seq=base.seq + 1, ops=ops, writer=self._writer_id, ts_ms=ts_ms)
+                    ops = validate_entry(encode_entry(own)).ops
+                    staged = staged.stage(ops, ts_ms)
+            except S3StreamError as exc:
+                # Judged against a stale view? Then build all again on what others committed.
+                if not fresh and self._catch_up():
+                    return None
+                r.error = exc
+                continue
+            except Exception as exc:  # a bug in one caller's build fails that caller only
+                r.error = exc
+                continue
+            r.ops = ops
+        return staged
+
+    def _pause(self, losses: int) -> None:
+        """Wait before an attempt while others are committing, jittered so writers take turns.
+
+        The wait is age-ordered: none when no contention was seen lately; before a first
+        attempt (a writer that may just have won, whose view is fresh) up to twice the time a
+        loser needs to catch up and try again; after `losses` lost races, that divided by
+        `losses`, so the writer that has lost most tries first. Requests queued meanwhile
+        fold into this group.
+        """
+        if self._log.serializes_commits or self._clock.monotonic() >= self._contended_until:
+            return  # a serializing log queues committers fairly itself
+        # A loser's handicap: reading what it missed, then its next create starts. Floor of
+        # a tenth of a create: the create's own latency spreads the arrivals of the others.
+        turn = max(self._catch_up_s, self._create_s / 10)
+        bound = 2 * turn if losses == 0 else turn / losses
+        if bound > 0:
+            self._clock.sleep(self._rng.uniform(0, bound))
+
+    def _overloaded(self, losses: int) -> UnavailableError:
+        if self._commit_attempts and losses >= self._commit_attempts:
+            why = f"lost the race for the next log entry {losses} times in a row"
+        else:
+            why = (
+                f"did not land within its deadline ({self._commit_timeout_s:g} s unless the "
+                f"call gave one): lost the race for the next log entry {losses} times to "
+                "other writers"
+            )
+        return UnavailableError(
+            f"metadata commit by {self._writer_id!r} {why}; the log is overloaded (commit "
+            "less often: larger uploads, or a namespace per group of writers; or keep the log "
+            "in PostgreSQL, docs/scaling.md); retry later"
         )
 
     def _create_entry(self, seq: int, payload: bytes) -> bool:
@@ -363,13 +630,7 @@ class MetadataManager:
         state = start = self.state
         try:
             for entry, _ in self._log.read_entries(state.seq + 1):
-                try:
-                    state = state.apply(entry)
-                except S3StreamError as exc:
-                    key = self._log.entry_key(entry.seq)
-                    raise CorruptionError(
-                        f"metadata log entry {key!r} breaks an invariant: {exc}", location=key
-                    ) from exc
+                state = self._apply_replayed(state, entry)
             if state is start:
                 self._check_not_rolled_back(state.seq)
         finally:
@@ -379,21 +640,55 @@ class MetadataManager:
                 self._ins.replayed.add(state.seq - start.seq)
         return state is not start
 
+    def _apply_entries(self, entries: list[tuple[LogEntry, bytes]]) -> None:
+        """Apply `entries`, which a serializing log read from this state's seq on (that entry
+        first, unless the state is empty), skipping those already applied."""
+        start = self.state
+        if start.seq > 0 and (not entries or entries[0][0].seq != start.seq):
+            self._rolled_back = self._rollback_error(start.seq)
+            raise self._rolled_back
+        state = start
+        try:
+            for entry, _ in entries:
+                if entry.seq > state.seq:
+                    state = self._apply_replayed(state, entry)
+        finally:
+            self._state = state
+            if state is not start:
+                self._ins.replayed.add(state.seq - start.seq)
+
+    def _apply_replayed(self, state: MetadataState, entry: LogEntry) -> MetadataState:
+        """`state` after `entry`, which another writer (or an earlier run) committed."""
+        try:
+            after = state.apply(entry)
+        except S3StreamError as exc:
+            key = self._log.entry_key(entry.seq)
+            raise CorruptionError(
+                f"metadata log entry {key!r} breaks an invariant: {exc}", location=key
+            ) from exc
+        if entry.writer != self._writer_id:
+            # Another writer commits: pause courteously after wins for a while.
+            self._contended_until = self._clock.monotonic() + _CONTENTION_MEMORY_S
+        return after
+
     def _check_not_rolled_back(self, seen: int) -> None:
         """Entries are never deleted, so the newest one this client has applied must still be
         there: if it is gone, someone deleted the log's newest entries (a rollback), and going
         on would write a different history under their numbers."""
         if seen == 0:
             return
-        key = self._log.entry_key(seen)
         if not self._log.has_entry(seen):
-            self._rolled_back = CorruptionError(
-                f"metadata log entry {key!r}, which this client has applied, is gone: the log "
-                "was rolled back or damaged (entries are never deleted); stop writers and "
-                "restore the log, or run `s3stream verify`",
-                location=key,
-            )
+            self._rolled_back = self._rollback_error(seen)
             raise self._rolled_back
+
+    def _rollback_error(self, seen: int) -> CorruptionError:
+        key = self._log.entry_key(seen)
+        return CorruptionError(
+            f"metadata log entry {key!r}, which this client has applied, is gone: the log "
+            "was rolled back or damaged (entries are never deleted); stop writers and "
+            "restore the log, or run `s3stream verify`",
+            location=key,
+        )
 
     def _write_checkpoint(self, state: MetadataState) -> None:
         try:
@@ -403,3 +698,8 @@ class MetadataManager:
             self._ins.checkpoint_failed.add()
             # Harmless: the next checkpoint (or a longer replay) covers for it.
             self._logger.warning("could not write metadata checkpoint %d: %s", state.seq, exc)
+
+
+def _noop(entry: LogEntry) -> LogEntry:
+    """What a request that built no ops gets back from a group that wrote `entry`."""
+    return LogEntry(seq=entry.seq, ops=(), writer=entry.writer, ts_ms=entry.ts_ms)

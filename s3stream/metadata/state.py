@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import bisect
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import immutables
 import msgspec
@@ -269,6 +269,17 @@ class MetadataState:
         for op in entry.ops:
             txn.apply(op)
         return txn.finish(entry.seq)
+
+    def stage(self, ops: Sequence[Op], ts_ms: int) -> MetadataState:
+        """This state with `ops` applied but the seq unchanged: an entry being assembled by
+        group commit, each caller's ops checked on what the callers before it staged.
+
+        Raises, leaving this state untouched, if an op breaks an invariant (the same checks
+        as `apply`, op by op)."""
+        txn = _Txn(self, ts_ms)
+        for op in ops:
+            txn.apply(op)
+        return txn.finish(self._seq)
 
     def __repr__(self) -> str:
         return (

@@ -120,14 +120,16 @@ class ObjectStore(Closeable):
 
     def get_suffix(self, key: str, length: int) -> bytes:
         """The last `length` bytes of the object (all of it if shorter): one request where
-        the backend supports suffix ranges."""
-        if type(length) is not int or length <= 0:
-            raise InvalidArgumentError(f"suffix length must be an int > 0, got {length!r}")
+        the backend supports suffix ranges; by default, where it does not, a HEAD for the size
+        and a ranged `get`."""
+        from ..errors import ObjectNotFoundError
+        from ._common import check_suffix_length  # it imports this module
+
+        check_key(key)
+        check_suffix_length(length)
         info = self.head(key)
         if info is None:
-            from ..errors import ObjectNotFoundError
-
-            raise ObjectNotFoundError(f"no object {key!r}")
+            raise ObjectNotFoundError(f"no object {key!r} in {self.describe()}")
         return self.get(key, max(0, info.size - length))
 
     @abstractmethod

@@ -1,9 +1,11 @@
 """Choosing an object store by URL scheme.
 
 Built in: ``file://`` and plain paths (`LocalObjectStore`), ``memory://`` (`MemoryObjectStore`),
-``s3://`` and ``s3a://`` (`S3ObjectStore`). Any other scheme fsspec knows (``gcs://``,
-``abfs://``, ...) opens an `FsspecObjectStore`; ``fsspec+SCHEME://`` forces fsspec even for a
-built-in scheme (``fsspec+memory://`` is fsspec's in-memory filesystem).
+``s3://`` and ``s3a://`` (`S3ObjectStore`), ``az://``, ``azure://``, ``abfs://`` and ``abfss://``
+(`AzureObjectStore`, the ``azure`` extra), ``gs://`` and ``gcs://`` (`GcsObjectStore`, the
+``gcs`` extra). Any other scheme fsspec knows (``hdfs://``, ``sftp://``, ...) opens an
+`FsspecObjectStore`; ``fsspec+SCHEME://`` forces fsspec even for a built-in scheme
+(``fsspec+memory://`` is fsspec's in-memory filesystem, ``fsspec+gcs://`` is gcsfs).
 
 A factory is called as ``factory(url, **storage_options)`` and returns an `ObjectStore`.
 Third parties register one under the entry-point group ``s3stream.object_stores``
@@ -35,6 +37,12 @@ _registry: SchemeRegistry[ObjectStore] = SchemeRegistry(
         "memory": "s3stream.objectstore.memory:from_url",
         "s3": "s3stream.objectstore.s3:from_url",
         "s3a": "s3stream.objectstore.s3:from_url",
+        "gs": "s3stream.objectstore.gcs:from_url",
+        "gcs": "s3stream.objectstore.gcs:from_url",
+        "az": "s3stream.objectstore.azure:from_url",
+        "azure": "s3stream.objectstore.azure:from_url",
+        "abfs": "s3stream.objectstore.azure:from_url",
+        "abfss": "s3stream.objectstore.azure:from_url",
     },
 )
 

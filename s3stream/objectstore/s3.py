@@ -38,22 +38,31 @@ client on first use).
 from __future__ import annotations
 
 import random
-import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
-from .._registry import split_scheme
 from ..clock import Clock, SystemClock
 from ..errors import (
+    ContendedError,
     InvalidArgumentError,
     ObjectNotFoundError,
     S3StreamError,
     UnavailableError,
 )
-from ..validation import check_int, check_number
-from ._common import as_bytes, check_prefix, check_suffix_length
-from .base import ObjectInfo, ObjectStore, ObjectStoreCapabilities, check_key, check_range
+from ..validation import check_int
+from ._common import (
+    as_bytes,
+    check_endpoint,
+    check_location,
+    check_storage_options,
+    check_suffix_length,
+    delete_batches,
+    listed,
+    split_url,
+)
+from ._remote import RemoteObjectStore
+from .base import ObjectInfo, check_key
 from .requests import (
     DELETE_OBJECTS,
     GET_OBJECT,
@@ -61,13 +70,12 @@ from .requests import (
     HEAD_OBJECT,
     LIST_OBJECTS,
     PUT_OBJECT,
-    RequestMeter,
 )
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
-__all__ = ["S3ObjectStore", "from_url"]
+__all__ = ["S3ObjectStore", "from_url", "s3fs_options"]
 
 T = TypeVar("T")
 
@@ -141,7 +149,7 @@ _OPTION_ALIASES = {
 }
 
 
-class S3ObjectStore(ObjectStore):
+class S3ObjectStore(RemoteObjectStore["S3Client"]):
     """Objects under ``s3://bucket/prefix/``.
 
     Args:
@@ -163,6 +171,8 @@ class S3ObjectStore(ObjectStore):
         client: A ready boto3 S3 client to use instead of building one; it is not pickled.
     """
 
+    scheme = "s3"
+
     def __init__(
         self,
         bucket: str,
@@ -183,37 +193,17 @@ class S3ObjectStore(ObjectStore):
         rng: random.Random | None = None,
         client: S3Client | None = None,
     ) -> None:
-        if not isinstance(bucket, str) or not bucket or "/" in bucket:
-            raise InvalidArgumentError(
-                f"bucket must be a non-empty name without '/', got {bucket!r}"
-            )
-        if not isinstance(prefix, str):
-            raise InvalidArgumentError(f"prefix must be a str, got {prefix!r}")
-        stripped = prefix.strip("/")
-        if stripped:
-            try:
-                check_key(stripped)
-            except InvalidArgumentError as exc:
-                raise InvalidArgumentError(f"invalid prefix {prefix!r}: {exc}") from exc
+        #: Key prefix inside the bucket, empty or ending with ``/``.
+        self.prefix = check_location("bucket", bucket, prefix)
         check_int("max_pool_connections", max_pool_connections, minimum=1)
         check_int("max_attempts", max_attempts, minimum=1)
-        _check_positive_number("connect_timeout_s", connect_timeout_s)
-        _check_positive_number("read_timeout_s", read_timeout_s)
-        if endpoint_url is not None and (
-            not isinstance(endpoint_url, str)
-            or not endpoint_url.startswith(("http://", "https://"))
-            or len(endpoint_url) <= len("https://")
-        ):
-            raise InvalidArgumentError(
-                f"endpoint_url must be an http:// or https:// URL, got {endpoint_url!r}"
-            )
+        super().__init__(connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s)
+        check_endpoint("endpoint_url", endpoint_url)
         if addressing_style not in (None, "path", "virtual", "auto"):
             raise InvalidArgumentError(
                 f"addressing_style must be 'path', 'virtual' or 'auto', got {addressing_style!r}"
             )
         self.bucket = bucket
-        #: Key prefix inside the bucket, empty or ending with ``/``.
-        self.prefix = f"{stripped}/" if stripped else ""
         self.endpoint_url = endpoint_url
         self.region_name = region_name or ("us-east-1" if endpoint_url else None)
         self._credentials = (aws_access_key_id, aws_secret_access_key, aws_session_token)
@@ -221,19 +211,14 @@ class S3ObjectStore(ObjectStore):
         self._addressing_style = addressing_style or ("path" if endpoint_url else "auto")
         self._max_pool_connections = max_pool_connections
         self._max_attempts = max_attempts
-        self._connect_timeout_s = float(connect_timeout_s)
-        self._read_timeout_s = float(read_timeout_s)
         self._clock = clock if clock is not None else SystemClock()
         # Jitter only spreads retries; a fixed default seed keeps runs reproducible.
         self._rng = rng if rng is not None else random.Random(0)
-        self._lock = threading.Lock()
-        self._client: S3Client | None = client
+        self._client = client
         #: The bucket answered a HEAD once (a missing key is then just a missing key).
         self._bucket_seen = False
         #: Whether the bucket lists in key order (decided on the first `list`).
         self._ordered_listing: bool | None = None
-        #: Told of every request sent (`meter_requests`); not pickled.
-        self._meters: tuple[RequestMeter, ...] = ()
 
     @classmethod
     def from_url(cls, url: str, **storage_options: Any) -> S3ObjectStore:
@@ -243,24 +228,14 @@ class S3ObjectStore(ObjectStore):
         ``key``, ``secret``, ``token``, ``endpoint``, ``region``, ``profile`` and
         ``client_kwargs={"endpoint_url": ..., "region_name": ...}`` are accepted too.
         """
-        scheme, rest = split_scheme(url)
-        if scheme not in ("s3", "s3a"):
-            raise InvalidArgumentError(f"not an s3:// URL: {url!r}")
-        bucket, _, prefix = rest.partition("/")
-        if not bucket:
-            raise InvalidArgumentError(f"the URL {url!r} names no bucket")
-        return cls(bucket, prefix, **_normalize_options(storage_options))
+        _, bucket, prefix = split_url(url, ("s3", "s3a"), "an s3://", "bucket")
+        options = check_storage_options(cls, s3fs_options(storage_options), "s3://")
+        return cls(bucket, prefix, **options)
 
     # -- client ---------------------------------------------------------------------------------
 
     def _s3(self) -> S3Client:
-        client = self._client
-        if client is not None:
-            return client
-        with self._lock:
-            if self._client is None:
-                self._client = self._make_client()
-            return self._client
+        return self._connected()
 
     def _make_client(self) -> S3Client:
         try:
@@ -277,6 +252,23 @@ class S3ObjectStore(ObjectStore):
             s3={"addressing_style": self._addressing_style},  # type: ignore[arg-type]
             user_agent_extra="s3stream",
         )
+        if "request_checksum_calculation" in Config.OPTION_DEFAULTS:
+            # botocore >= 1.36 by default adds a CRC32 to every PutObject and validates the
+            # CRC of every whole-object GetObject in Python ("when_supported"). s3stream does
+            # not rely on them: its objects carry crc32c checks of their own, verified on every
+            # read (WAL records, data blocks with their index and footer, metadata log frames;
+            # the few small JSON markers fail to parse when damaged); and in transit a PUT
+            # without a checksum has its body's SHA-256 signed by SigV4 (instead of an unsigned
+            # aws-chunked body with a CRC32 trailer on HTTPS), which S3 verifies. Skipping them
+            # lifted 8 MiB GETs by 15-30% (bench/object_client_bench.py) and spares
+            # S3-compatible services that refuse aws-chunked uploads. Checksums an API requires
+            # (DeleteObjects') stay. botocore < 1.36 has neither setting nor those defaults.
+            config = config.merge(
+                Config(
+                    request_checksum_calculation="when_required",
+                    response_checksum_validation="when_required",
+                )
+            )
         try:
             # A private session: boto3's default session is not safe to share between threads.
             session = boto3.session.Session(
@@ -290,84 +282,32 @@ class S3ObjectStore(ObjectStore):
         except Exception as exc:
             raise S3StreamError(f"cannot create an S3 client for {self.describe()}: {exc}") from exc
 
-    @property
-    def attempt_timeout_s(self) -> float | None:
-        return self._connect_timeout_s + self._read_timeout_s
+    def _close_client(self, client: S3Client) -> None:
+        client.close()
 
-    def bound_attempts(self, seconds: float) -> None:
-        seconds = float(seconds)
-        if seconds <= 0:
-            raise InvalidArgumentError(f"seconds must be > 0, got {seconds!r}")
-        connect = min(self._connect_timeout_s, seconds / 2)
-        read = min(self._read_timeout_s, seconds - connect)
-        if (connect, read) == (self._connect_timeout_s, self._read_timeout_s):
-            return
-        with self._lock:
-            self._connect_timeout_s, self._read_timeout_s = connect, read
-            # Timeouts are fixed when the client is built: build the next one with these.
-            client, self._client = self._client, None
-        if client is not None:
-            client.close()
-
-    def close(self) -> None:
-        with self._lock:
-            client, self._client = self._client, None
-        if client is not None:
-            client.close()
-
-    def meter_requests(self, meter: RequestMeter) -> bool:
-        with self._lock:
-            self._meters = (*self._meters, meter)
-        return True
-
-    def _sent(self, request: str, outcome: object) -> None:
+    def _report(self, request: str, outcome: object) -> None:
         """Report one request and the tries botocore added to it (its answer or its error
         says how many; none unless `max_attempts` > 1)."""
-        meters = self._meters
-        if meters:
+        if self._meters:
             if isinstance(outcome, BaseException):
                 count = 1 + _error_details(outcome)[2]
             else:
                 count = 1 + _retry_attempts(outcome)
-            for meter in meters:
-                meter.request(request, count)
+            self._sent(request, count)
 
     def _send(self, request: str, fn: Callable[[], T]) -> T:
         """Send one request (`fn`, a boto3 call) and report it."""
         try:
             response = fn()
         except Exception as exc:
-            self._sent(request, exc)
+            self._report(request, exc)
             raise
-        self._sent(request, response)
+        self._report(request, response)
         return response
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_client"] = None
-        state["_meters"] = ()
-        del state["_lock"]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
 
     def describe(self) -> str:
         where = f" at {self.endpoint_url}" if self.endpoint_url else ""
         return f"s3://{self.bucket}/{self.prefix}{where}"
-
-    @property
-    def capabilities(self) -> ObjectStoreCapabilities:
-        # If-None-Match is decided by the server, for every process and machine alike. The
-        # backend has If-Match too, but no ObjectStore call uses it.
-        return ObjectStoreCapabilities(
-            scheme="s3",
-            atomic_create=True,
-            ranged_reads=True,
-            conditional_replace=False,
-            ordered_listing=True,
-        )
 
     # -- operations -----------------------------------------------------------------------------
 
@@ -399,24 +339,17 @@ class S3ObjectStore(ObjectStore):
                 # After a try botocore retried (a 5xx or timeout, only with max_attempts > 1),
                 # the object that exists may be our own: read it back.
                 return self._holds(key, blob) if retries > 0 else False
-            # A 409 ConditionalRequestConflict becomes UnavailableError: the retry layer
-            # above tries again, and then sees 200 or 412.
+            if code == "ConditionalRequestConflict" or status == 409:
+                # Contention, not an outage: the retry layer above tries again soon, and then
+                # sees 200 or 412.
+                raise ContendedError(
+                    f"cannot create {key!r} in {self.describe()}: a concurrent conditional "
+                    f"write of the key was in flight ({code or 'HTTP 409'}); retry"
+                ) from exc
             raise self._translate(exc, "create", key) from exc
 
-    def _holds(self, key: str, blob: bytes) -> bool:
-        """Whether `key` holds exactly `blob` (deciding whether an ambiguous create was ours)."""
-        try:
-            return self.get(key) == blob
-        except ObjectNotFoundError:
-            return False
-
-    def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+    def _get_range(self, key: str, start: int, end: int | None) -> bytes:
         full = self._full_key(key)
-        check_range(start, end)
-        if end == start:
-            if self.head(key) is None:
-                raise ObjectNotFoundError(f"no object {key!r} in {self.describe()}")
-            return b""
         if start == 0 and end is None:
             return self._get_object(key, full, None)
         last = "" if end is None else str(end - 1)
@@ -488,12 +421,10 @@ class S3ObjectStore(ObjectStore):
         self._bucket_seen = True
 
     def delete_many(self, keys: Iterable[str]) -> None:
-        # Validate every key before deleting any; drop duplicates (S3 reports them as errors).
-        fulls = list(dict.fromkeys(self._full_key(key) for key in keys))
+        batches = delete_batches(keys, DELETE_BATCH, self.prefix)
         client = self._s3()
         failures: list[tuple[str, str]] = []
-        for i in range(0, len(fulls), DELETE_BATCH):
-            batch = fulls[i : i + DELETE_BATCH]
+        for batch in batches:
             request = {"Objects": [{"Key": k} for k in batch], "Quiet": True}
             response = self._call(
                 "delete",
@@ -517,28 +448,16 @@ class S3ObjectStore(ObjectStore):
                 raise UnavailableError(message)
             raise S3StreamError(message)
 
-    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        check_prefix(prefix)
-        return self._list(prefix)
-
     def _list(self, prefix: str) -> Iterator[ObjectInfo]:
-        entries = self._list_pages(prefix)
-        if self._lists_in_key_order():
-            # UTF-8 byte order is code point order, which is key order: stream the pages.
-            last: str | None = None
-            for info in entries:
-                if last is not None and info.key <= last:
-                    raise S3StreamError(
-                        f"cannot list {self.describe()}: the service listed {info.key!r} after "
-                        f"{last!r}, out of key order, although AWS documents key order for "
-                        "general purpose buckets"
-                    )
-                last = info.key
-                yield info
-            return
-        # Directory buckets list in no documented order, and some S3-compatible services
-        # (SeaweedFS) directory by directory, so "a/b" comes before "a-c": collect and sort.
-        yield from sorted(entries, key=lambda info: info.key)
+        # AWS documents UTF-8 byte order, which is code point order, which is key order, for
+        # general purpose buckets; directory buckets list in no documented order, and some
+        # S3-compatible services (SeaweedFS) directory by directory ("a/b" before "a-c").
+        documented = (
+            "AWS documents key order for general purpose buckets"
+            if self._lists_in_key_order()
+            else None
+        )
+        yield from self._in_key_order(self._list_pages(prefix), documented)
 
     def _lists_in_key_order(self) -> bool:
         """Whether the bucket's listings come in key order: AWS documents it for general
@@ -566,18 +485,13 @@ class S3ObjectStore(ObjectStore):
                 except StopIteration:
                     break
                 except Exception as exc:
-                    self._sent(LIST_OBJECTS, exc)
+                    self._report(LIST_OBJECTS, exc)
                     raise
-                self._sent(LIST_OBJECTS, page)
+                self._report(LIST_OBJECTS, page)
                 for entry in page.get("Contents", []):
-                    key = entry["Key"][cut:]
-                    if not key.startswith(prefix):
-                        continue  # some services normalize the prefix ("a//" lists "a/")
-                    try:
-                        check_key(key)
-                    except InvalidArgumentError:
-                        continue  # e.g. "dir/" markers made by consoles: never our objects
-                    yield ObjectInfo(key, int(entry["Size"]))
+                    info = listed(entry["Key"], cut, prefix, int(entry["Size"]))
+                    if info is not None:
+                        yield info
         except Exception as exc:
             raise self._translate(exc, "list", None) from exc
 
@@ -602,7 +516,7 @@ class S3ObjectStore(ObjectStore):
             return exc
         from botocore import exceptions as bx
 
-        what = f"{action} {key!r} in {self.describe()}" if key else f"{action} {self.describe()}"
+        what = self._what(action, key)
         if isinstance(exc, bx.ClientError):
             code, status, retries = _error_details(exc)
             message = exc.response.get("Error", {}).get("Message", "")
@@ -650,7 +564,10 @@ def from_url(url: str, **storage_options: Any) -> S3ObjectStore:
     return S3ObjectStore.from_url(url, **storage_options)
 
 
-def _normalize_options(options: Mapping[str, Any]) -> dict[str, Any]:
+def s3fs_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """`storage_options` with the s3fs names (`_OPTION_ALIASES`, and ``client_kwargs``'s
+    ``endpoint_url`` and ``region_name``) as the keyword arguments of the S3 stores'
+    constructors; other names as they are."""
     out: dict[str, Any] = {}
     for name, value in options.items():
         if name == "client_kwargs":
@@ -664,21 +581,7 @@ def _normalize_options(options: Mapping[str, Any]) -> dict[str, Any]:
                 out[inner] = inner_value
             continue
         out[_OPTION_ALIASES.get(name, name)] = value
-    allowed = _constructor_options()
-    unknown = sorted(set(out) - allowed)
-    if unknown:
-        raise InvalidArgumentError(
-            f"unknown storage_options for s3://: {', '.join(unknown)} "
-            f"(known: {', '.join(sorted(allowed))})"
-        )
     return out
-
-
-def _constructor_options() -> frozenset[str]:
-    import inspect
-
-    params = inspect.signature(S3ObjectStore.__init__).parameters
-    return frozenset(p.name for p in params.values() if p.kind is p.KEYWORD_ONLY)
 
 
 def _no_bucket(bucket: str) -> str:
@@ -741,8 +644,3 @@ def _is_transient(exc: BaseException) -> bool:
             OSError,
         ),
     )
-
-
-def _check_positive_number(name: str, value: float) -> None:
-    if check_number(name, value) <= 0:  # finite, not a bool, and here not 0 either
-        raise InvalidArgumentError(f"{name} must be a number > 0, got {value!r}")

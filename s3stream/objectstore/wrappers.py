@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
 from ..clock import Clock
-from ..errors import InvalidArgumentError, ObjectNotFoundError, UnavailableError
+from ..errors import ContendedError, InvalidArgumentError, ObjectNotFoundError, UnavailableError
 from ._common import as_bytes
 from .base import ObjectInfo, ObjectStore, ObjectStoreCapabilities
 from .forwarding import ForwardingObjectStore
@@ -186,8 +186,16 @@ class RetryingObjectStore(ObjectStore):
     def _wait_or_give_up(
         self, op: str, key: str | None, exc: UnavailableError, failures: int, started: float
     ) -> None:
-        """Sleep before the next try, or raise if the budget is spent (called in `except`)."""
-        cap = min(self._max_delay_s, self._base_delay_s * (2 ** (failures - 1)))
+        """Sleep before the next try, or raise if the budget is spent (called in `except`).
+
+        A `ContendedError` (a racing conditional write, not an outage) waits a fresh random
+        time up to `base_delay_s` each time instead of backing off exponentially: writers of
+        a metadata log that all back off for seconds after a 409 would leave the log idle.
+        """
+        if isinstance(exc, ContendedError):
+            cap = self._base_delay_s
+        else:
+            cap = min(self._max_delay_s, self._base_delay_s * (2 ** (failures - 1)))
         with self._rng_lock:
             delay = self._rng.uniform(0.0, cap)
         elapsed = self._clock.monotonic() - started

@@ -10,6 +10,7 @@ the WAL is under repair or the upload backlog is full.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -30,6 +31,7 @@ from ..metrics.components import StorageInstruments
 from ..settings import ClientSettings
 from ..types import AppendResult, RecordBatch
 from ..wal.base import WalPosition, WriteAheadLog
+from ..wal.pipeline import PipelinedWal
 from .producers import ProducerTable
 from .status import PipelineStatus
 
@@ -120,6 +122,20 @@ class Appender:
         self._max_record_bytes = wal.capabilities.max_record_bytes
         self._completed = CompletedFutures()
         self._upload_threshold = settings.upload_threshold_bytes
+        #: Threads waiting (on `status.cond`) for `status.outstanding` to reach 0; the last
+        #: outstanding append notifies only when there are some, since the uploader sleeps on
+        #: that condition too and would be woken by every append for nothing.
+        self._quiet_waiters = 0
+        #: The WAL append of a synchronous call that drives its own commit (`append_and_wait`):
+        #: a WAL built on the pipeline core then leaves its writer thread asleep.
+        self._wal_append_driven: Callable[[bytes], Future[WalPosition]] = wal.append
+        if isinstance(wal, PipelinedWal):
+            pipelined = wal
+
+            def append_driven(record: bytes) -> Future[WalPosition]:
+                return pipelined.append(record, driven=True)
+
+            self._wal_append_driven = append_driven
 
     # ------------------------------------------------------------------ writers
 
@@ -179,7 +195,11 @@ class Appender:
                         f"{status.outstanding} appends were still waiting for the WAL at "
                         "the close deadline"
                     )
-                status.cond.wait(remaining)
+                self._quiet_waiters += 1
+                try:
+                    status.cond.wait(remaining)
+                finally:
+                    self._quiet_waiters -= 1
 
     def rewind_when_quiet(self, wait_s: float) -> bool:
         """Once every append in flight has completed, hand out offsets again from each
@@ -191,7 +211,11 @@ class Appender:
                 for w in self._writers.values():
                     w.next_offset = w.confirm_offset
                 return True
-            status.cond.wait(wait_s)
+            self._quiet_waiters += 1
+            try:
+                status.cond.wait(wait_s)
+            finally:
+                self._quiet_waiters -= 1
             return False
 
     # ------------------------------------------------------------------ appends
@@ -225,7 +249,7 @@ class Appender:
         may still become durable later: `UnavailableError` says so.
         """
         timeout = self._settings.call_timeout_ms / 1000 if timeout_s is None else timeout_s
-        r = self._append(w, batch, timeout, expected, ident)
+        r = self._append(w, batch, timeout, expected, ident, driven=timeout_s is None)
         if not isinstance(r, tuple):
             return r  # durable already (no clock read on this path)
         result, wal_future, call_deadline = r
@@ -255,12 +279,14 @@ class Appender:
         call_timeout: float | None = None,
         expected: int | None = None,
         ident: Ident | None = None,
+        driven: bool = False,
     ) -> AppendResult | _Pending:
         """Append under the lock; the result, or (its future, the WAL's future, the call's
-        deadline if a wait made it compute one). `call_timeout`: of a synchronous call. A
+        deadline if a wait made it compute one). `call_timeout`: of a synchronous call;
+        `driven`: the caller drives the WAL future it gets (`WriteAheadLog.drive`). A
         refused append is counted here, for both entry points."""
         try:
-            return self._append_counted(w, batch, call_timeout, expected, ident)
+            return self._append_counted(w, batch, call_timeout, expected, ident, driven)
         except BaseException as exc:
             self._ins.append_failed(exc)
             raise
@@ -272,6 +298,7 @@ class Appender:
         call_timeout: float | None,
         expected: int | None,
         ident: Ident | None,
+        driven: bool,
     ) -> AppendResult | _Pending:
         started = self._mono()
         ts = batch.base_timestamp
@@ -319,7 +346,7 @@ class Appender:
                         actual=w.next_offset,
                     )
                 if status.wal_error is None and not self._no_room():
-                    r = self._append_locked(w, batch, ts, payload, call_deadline, started)
+                    r = self._append_locked(w, batch, ts, payload, call_deadline, started, driven)
                     if ident is not None:
                         assert w.producers is not None
                         w.producers.record(*ident, r[0] if isinstance(r, tuple) else r, now_ms)
@@ -371,6 +398,7 @@ class Appender:
         payload: bytes,
         call_deadline: float | None,
         started: float,
+        driven: bool,
     ) -> AppendResult | _Pending:
         base = w.next_offset
         record = encode_batch(
@@ -385,7 +413,7 @@ class Appender:
             )
         status = self._status
         try:
-            wal_future = self._wal.append(record)
+            wal_future = self._wal_append_driven(record) if driven else self._wal.append(record)
         except WalFullError:
             # Refused at the call, like the next ones until an upload trims the WAL.
             with status.cond:
@@ -477,7 +505,7 @@ class Appender:
             status = self._status
             with status.cond:
                 status.outstanding -= 1
-                if status.outstanding == 0:
+                if status.outstanding == 0 and self._quiet_waiters:
                     status.cond.notify_all()
 
     def _wait_for_room(self, deadline: float) -> None:

@@ -9,22 +9,32 @@ from __future__ import annotations
 
 import itertools
 import re
+import struct
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import crc32c
+import zstandard
+
 from ..cache.log_cache import (
     BASE,
     COUNT,
+    KIND,
+    RECORD,
     SID,
+    SKIP,
     TS,
     CachedBatch,
     entry_block_record,
-    entry_size,
 )
+from ..format.batch import BATCH_HEADER
+from ..format.block import BlockInfo
 from ..format.objects import ObjectWriter
+from ..format.timestamps import time_range
 from ..metadata.model import ObjectKind
 from ..settings import ClientSettings
+from ..types import BatchKind
 from ..validation import check_node_id, is_node_id
 
 __all__ = [
@@ -120,6 +130,8 @@ def pack_objects(
     """Turn pending entries (WAL order, so each stream's in offset order) into objects."""
     by_stream: dict[int, list[CachedBatch]] = {}
     sizes: dict[int, int] = {}
+    # Streams with a record of _LARGE bytes or more: added batch by batch (below).
+    large: set[int] = set()
     for e in entries:
         sid = e[SID]
         lst = by_stream.get(sid)
@@ -127,7 +139,10 @@ def pack_objects(
             lst = by_stream[sid] = []
             sizes[sid] = 0
         lst.append(e)
-        sizes[sid] += entry_size(e)
+        size = len(e[RECORD]) - e[SKIP]
+        sizes[sid] += size
+        if size >= _LARGE:
+            large.add(sid)
 
     def writer() -> ObjectWriter:
         return ObjectWriter(
@@ -136,6 +151,13 @@ def pack_objects(
             zstd_level=settings.zstd_level,
         )
 
+    # Blocks are built whole from small uncompressed batches, where the writer's per-batch
+    # Python dominates (`_add_blocks`); large batches are few per block and go to the writer
+    # one by one, which keeps them as views (a block built here would be one more copy of
+    # every byte in memory until the object is finished); compressed blocks are the
+    # writer's to compress.
+    blocks = settings.block_compression == "none"
+    target = settings.block_target_bytes
     out: list[PackedObject] = []
     shared: ObjectWriter | None = None
     for sid in sorted(by_stream):
@@ -146,8 +168,10 @@ def pack_objects(
             if shared is None:
                 shared = writer()
             w = shared
-        for e in by_stream[sid]:
-            w.add(sid, e[BASE], e[COUNT], e[TS], entry_block_record(e))
+        if blocks and sid not in large:
+            _add_blocks(w, sid, by_stream[sid], target)
+        else:
+            _add_batches(w, sid, by_stream[sid])
         if own:
             ranges = w.ranges()
             key = keys.next_key(ObjectKind.STREAM)
@@ -159,3 +183,91 @@ def pack_objects(
         data = shared.finish()
         out.append(PackedObject(key, ObjectKind.STREAM_SET, data, ranges, shared.time_ranges()))
     return out
+
+
+def _add_batches(w: ObjectWriter, sid: int, entries: list[CachedBatch]) -> None:
+    """Add a stream's entries batch by batch, as views of their records."""
+    for e in entries:
+        w.add(sid, e[BASE], e[COUNT], e[TS], entry_block_record(e))
+
+
+_RAW = int(BatchKind.RAW)
+#: Where a batch record's header keeps its properties' length (format.batch.BATCH_HEADER).
+_U32 = struct.Struct("<I")
+_PROPS_LEN_AT = 32
+#: A stream with a batch record this large or larger is packed batch by batch (`pack_objects`).
+_LARGE = 4096
+
+
+def _add_blocks(w: ObjectWriter, sid: int, entries: list[CachedBatch], target: int) -> None:
+    """Add a stream's entries as whole blocks, cut where `ObjectWriter.add` would cut them
+    (the object is byte for byte the same: tests/test_write_path.py).
+
+    `ObjectWriter.add` checks and indexes every batch on its own (about 3 us of Python a
+    batch, on the uploader thread, which at 100-byte batches took the GIL from the appending
+    thread for as long as the appends themselves took); a block needs only its batches'
+    offsets and timestamps, which the entries carry (a RECORDS batch's time range is read
+    from its records, as `add` reads it), and one crc32c.
+    """
+    run: list[bytes] = []
+    run_size = 0
+    first: CachedBatch | None = None
+    base_max = t_lo = t_hi = 0
+    end = 0
+    decompressor: zstandard.ZstdDecompressor | None = None
+
+    def close() -> None:
+        nonlocal run, run_size, first
+        assert first is not None
+        data = run[0] if len(run) == 1 else b"".join(run)
+        block = BlockInfo(
+            stream_id=sid,
+            start_offset=first[BASE],
+            end_offset=end,
+            position=0,
+            stored_size=run_size,
+            raw_size=run_size,
+            batch_count=len(run),
+            first_timestamp=first[TS],
+            max_timestamp=base_max,
+            compressed=False,
+            crc=crc32c.crc32c(data),
+            time_range=(t_lo, t_hi),
+        )
+        w.add_block(block, data, location="upload")
+        run, run_size, first = [], 0, None
+
+    for e in entries:
+        record = e[RECORD]
+        skip = e[SKIP]
+        # Sliced (a copy of a small record), not viewed: a memoryview is an object the cyclic
+        # GC tracks, and hundreds of thousands alive at once during an upload made the
+        # appending thread pay for full collections.
+        rec = record[skip:]
+        size = len(rec)
+        if first is not None and run_size + size > target:
+            close()
+        ts = e[TS]
+        if e[KIND] == _RAW:
+            lo = hi = ts
+        else:
+            if decompressor is None:
+                decompressor = zstandard.ZstdDecompressor()
+            (props_len,) = _U32.unpack_from(record, skip + _PROPS_LEN_AT)
+            payload = memoryview(record)[skip + BATCH_HEADER.size + props_len :]
+            lo, hi = time_range(e[KIND], e[COUNT], ts, payload, decompressor=decompressor)
+        if first is None:
+            first = e
+            base_max, t_lo, t_hi = ts, lo, hi
+        else:
+            if ts > base_max:
+                base_max = ts
+            if lo < t_lo:
+                t_lo = lo
+            if hi > t_hi:
+                t_hi = hi
+        run.append(rec)
+        run_size += size
+        end = e[BASE] + e[COUNT]
+    if first is not None:
+        close()

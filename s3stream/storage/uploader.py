@@ -33,6 +33,12 @@ __all__ = ["Uploader"]
 _JOIN_GRACE_S = 2.0
 #: Wake-up of the WAL repair while appends are still completing (they notify, this bounds it).
 _REPAIR_WAIT_S = 1.0
+#: On a store slower than the writer, an upload is sized to take about this long (`_upload_size`),
+#: so that room comes back in steps of about this much time (64 MiB uploads to an 8 MB/s
+#: store, two in flight sharing it, held appends up to 16 s).
+_BACKLOG_UPLOAD_S = 1.0
+#: ... but no smaller than this (PUTs and metadata commits cost per object).
+_MIN_BACKLOG_UPLOAD = 1 << 20
 
 
 @dataclass(slots=True)
@@ -43,6 +49,8 @@ class _Upload:
     attempts: int = 0
     #: When the upload began (the clock's monotonic seconds).
     started: float = 0.0
+    #: Bytes of its objects counted against the pending budget (`LogCache.charge`).
+    charged: int = 0
 
 
 class Uploader:
@@ -79,6 +87,8 @@ class Uploader:
         #: One upload takes at most this much (objects of bounded size, several in flight):
         #: a backlog drains steadily instead of in ever larger uploads.
         self._max_upload = settings.upload_threshold_bytes
+        #: Bytes per second the latest upload got, PUTs started to commit (None: none yet).
+        self._upload_rate: float | None = None
         self._put_pool = ThreadPoolExecutor(
             max_workers=settings.upload_parallelism, thread_name_prefix="s3stream-put"
         )
@@ -187,7 +197,7 @@ class Uploader:
                     return  # fatal (the client stopped) or stopping
                 continue
             if start:
-                entries = self._cache.take_pending(self._max_upload)
+                entries = self._cache.take_pending(self._upload_size())
                 if entries:
                     inflight.append(self._start_upload(entries))
                 with status.cond:
@@ -205,6 +215,23 @@ class Uploader:
                 return
             if stop and not inflight and not self._cache.untaken_bytes:
                 return
+
+    def _upload_size(self) -> int:
+        """How much the next upload takes: `upload_threshold_bytes`, or what the store takes
+        in about `_BACKLOG_UPLOAD_S` when that is less: at the client's own limit on
+        background traffic (``background_bytes_per_s``) always, at the rate the last upload
+        got while the backlog holds appends back (half of ``max_pending_bytes`` or more).
+        Appends then get room back in small steps at the store's pace instead of waiting for
+        a whole large upload; a store that keeps up gets full-size objects."""
+        rate = self._upload_rate
+        if self._cache.pending_bytes < self._settings.max_pending_bytes // 2:
+            rate = None  # a store that keeps up: objects as large as configured
+        limit = self._settings.background_bytes_per_s
+        if limit and (rate is None or rate > limit):
+            rate = float(limit)
+        if rate is None:
+            return self._max_upload
+        return min(self._max_upload, max(_MIN_BACKLOG_UPLOAD, int(rate * _BACKLOG_UPLOAD_S)))
 
     def _repair_wal(self) -> None:
         """Bring a WAL that failed retryably back into service (uploader thread).
@@ -249,6 +276,9 @@ class Uploader:
         self._last_upload_mono = started = self._clock.monotonic()
         self._log.debug("upload start: %d batches", len(entries))
         up = _Upload(entries, pack_objects(entries, self._settings, self._keys), started=started)
+        # The objects are a copy of the entries until the commit: the pending budget counts it.
+        up.charged = sum(len(o.data) for o in up.objects)
+        self._cache.charge(up.charged)
         self._submit_puts(up)
         return up
 
@@ -278,6 +308,10 @@ class Uploader:
                 for f in up.puts:
                     f.result()
                 self._committer.commit(up.entries, up.objects, up.started, trim)
+                self._uncharge(up)
+                took = self._clock.monotonic() - up.started
+                if took > 0:
+                    self._upload_rate = sum(len(o.data) for o in up.objects) / took
                 with status.cond:
                     status.upload_error = None
                     status.cond.notify_all()
@@ -289,6 +323,7 @@ class Uploader:
                 with status.cond:
                     up.attempts += 1
                     status.on_upload_failed(exc)
+                self._uncharge(up)
                 raise
             except S3StreamError as exc:
                 up.attempts += 1
@@ -303,9 +338,15 @@ class Uploader:
                     ):
                         # Closing, or out of time: the data stays in the WAL for the next
                         # open to recover.
+                        self._uncharge(up)
                         raise
                     status.cond.wait(_backoff_s(up.attempts))
                 self._submit_puts(up)
+
+    def _uncharge(self, up: _Upload) -> None:
+        """The upload's objects are no longer held for it (committed, or given up)."""
+        self._cache.charge(-up.charged)
+        up.charged = 0
 
     def upload_sync(self, deadline: float | None = None, *, trim: bool = True) -> None:
         """Upload everything pending from the calling thread (recovery, WAL repair, and flush

@@ -25,9 +25,10 @@ Roles:
   ``pytest11`` entry point) that picks one per run.
 - `s3stream.testing.postgres`: `PostgresServer`, a throw-away PostgreSQL server on loopback
   from the machine's binaries.
-- `s3stream.testing.seaweedfs`: a launcher for a local SeaweedFS S3 server;
-  `s3stream.testing.s3_servers`: the interface it shares with moto's server, the fallback
-  (`start_s3_server` picks one).
+- Object-store servers on loopback, one interface (`s3stream.testing.store_servers`:
+  `LoopbackStoreServer`): `seaweedfs` (SeaweedFS's S3), `s3_servers` (moto's S3: in-process as
+  the fallback, `start_s3_server` picks one; in a process of its own with signatures checked,
+  `moto_process`), `gcs_server` (fake-gcs-server) and `azurite` (Azurite's blob service).
 
 This package imports nothing heavy itself: names are loaded from their submodule on first use,
 so `s3stream.testing.seaweedfs` and `FaultyObjectStore` work without pytest or Hypothesis. The

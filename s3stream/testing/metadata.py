@@ -309,13 +309,16 @@ class PostgresBackend(MetadataBackend):
 # -- helpers -----------------------------------------------------------------------------------
 
 
-def _create_many(
-    log: MetadataLogStore, writer: str, seqs: range, start: threading.Barrier | None
-) -> list[int]:
-    """Try to create each of `seqs` as `writer`; the seqs won."""
-    if start is not None:
-        start.wait(timeout=60)
-    return [seq for seq in seqs if log.create_entry(seq, entry_bytes(seq, writer))]
+def _create_many(log: MetadataLogStore, writer: str, seqs: range, start: Any) -> list[int]:
+    """Try to create each of `seqs` as `writer`, each begun together with the other writers
+    (`start`, a barrier, before every seq: without it one writer can run ahead and win every
+    entry without ever colliding); the seqs won."""
+    won = []
+    for seq in seqs:
+        start.wait(60)
+        if log.create_entry(seq, entry_bytes(seq, writer)):
+            won.append(seq)
+    return won
 
 
 def _race_in_child(recipe: Recipe, writer: str, seqs: range, start: Any, out: Any) -> None:
@@ -323,12 +326,57 @@ def _race_in_child(recipe: Recipe, writer: str, seqs: range, start: Any, out: An
     log = recipe()
     try:
         log.check_writable()
-        start.wait(60)
-        out.put((writer, [seq for seq in seqs if log.create_entry(seq, entry_bytes(seq, writer))]))
+        out.put((writer, _create_many(log, writer, seqs, start)))
     except BaseException as exc:
         out.put((writer, f"{type(exc).__name__}: {exc}"))
     finally:
         log.close()
+
+
+def race_in_processes(
+    target: Callable[..., None], args: list[tuple[Any, ...]], timeout_s: float
+) -> dict[Any, Any]:
+    """Run ``target(*a, start, out)`` for each ``a`` of `args`, each in a process of its own
+    (spawned), `start` a barrier they share, `out` a queue on which each puts one
+    ``(key, result)`` pair; the pairs, once every process gave one (within `timeout_s`)."""
+    ctx = multiprocessing.get_context("spawn")
+    start, out = ctx.Barrier(len(args)), ctx.Queue()
+    children = [ctx.Process(target=target, args=(*a, start, out)) for a in args]
+    for child in children:
+        child.start()
+    try:
+        return dict(out.get(timeout=timeout_s) for _ in children)
+    finally:
+        for child in children:
+            child.join(30)
+            if child.is_alive():  # pragma: no cover - a hung child
+                child.kill()
+
+
+def race_creates(managers: list[MetadataManager], commits: int, timeout_s: float = 120.0) -> None:
+    """Each manager, in a thread of its own, creates `commits` streams tagged with its writer
+    id and the round, all begun together; raises the first error a thread met (a race must
+    never be one)."""
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(managers))
+
+    def run(m: MetadataManager) -> None:
+        try:
+            start.wait(30)
+            for i in range(commits):
+                m.create_stream({"writer": m.writer_id, "i": str(i)})
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(m,)) for m in managers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout_s)
+    if errors:
+        raise errors[0]
+    stuck = [m.writer_id for m, t in zip(managers, threads, strict=True) if t.is_alive()]
+    assert not stuck, f"writers still committing after {timeout_s:g} s: {stuck}"
 
 
 def _checkpoint(seq: int, next_stream_id: int = 0) -> Checkpoint:
@@ -511,21 +559,9 @@ class MetadataStoreTests:
             pytest.skip(f"{type(backend).__name__} offers no recipe for other processes")
         backend.open_log().check_writable()
         seqs = range(1, self.race_seqs + 1)
-        ctx = multiprocessing.get_context("spawn")
-        start, out = ctx.Barrier(2), ctx.Queue()
-        children = [
-            ctx.Process(target=_race_in_child, args=(recipe, f"p{i}", seqs, start, out))
-            for i in range(2)
-        ]
-        for child in children:
-            child.start()
-        try:
-            results = dict(out.get(timeout=120) for _ in children)
-        finally:
-            for child in children:
-                child.join(30)
-                if child.is_alive():  # pragma: no cover - a hung child
-                    child.kill()
+        results = race_in_processes(
+            _race_in_child, [(recipe, f"p{i}", seqs) for i in range(2)], timeout_s=120
+        )
         for writer, won in results.items():
             assert isinstance(won, list), f"process {writer} failed: {won}"
         self._check_one_winner(backend, results, seqs)
@@ -564,23 +600,7 @@ class MetadataStoreTests:
             _manager(backend.open_log(), w, checkpoint_interval=16, clock=SystemClock())
             for w in "AB"
         ]
-        errors: list[BaseException] = []
-        start = threading.Barrier(2)
-
-        def run(m: MetadataManager) -> None:
-            try:
-                start.wait(30)
-                for i in range(self.manager_commits):
-                    m.create_stream({"writer": m.writer_id, "i": str(i)})
-            except BaseException as exc:
-                errors.append(exc)
-
-        threads = [threading.Thread(target=run, args=(m,)) for m in managers]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        assert errors == []
+        race_creates(managers, self.manager_commits)
         total = 2 * self.manager_commits
         assert backend.entry_seqs() == list(range(1, total + 1))
         fresh = _manager(backend.open_log(), "C")

@@ -23,13 +23,12 @@ import glob
 import os
 import pwd
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
-from types import TracebackType
+
+from ._server_process import ServerLifecycle, free_ports, stop_process, wait_until
 
 __all__ = ["PostgresServer", "PostgresUnavailable", "find_postgres_bin"]
 
@@ -69,14 +68,7 @@ def find_postgres_bin(preferred_major: int = 15) -> Path | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-class PostgresServer:
+class PostgresServer(ServerLifecycle):
     """A PostgreSQL server on ``127.0.0.1:<port>`` (see the module docstring).
 
     Args:
@@ -135,7 +127,7 @@ class PostgresServer:
                 "initdb",
             )  # fmt: skip
             for attempt in range(_START_TRIES):
-                self.port = _free_port()
+                self.port = free_ports(1)[0]
                 try:
                     self._pg_ctl_start()
                     break
@@ -166,21 +158,10 @@ class PostgresServer:
                      "-m", "fast", "-w", "-t", "30"],
                     "pg_ctl stop",
                 )  # fmt: skip
-            self._signal_until_gone(pid)
+            stop_process(pid, 30)  # if pg_ctl left it running
         self._dir = None
         if directory is not None:
             shutil.rmtree(directory, ignore_errors=True)
-
-    def __enter__(self) -> PostgresServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # -- what tests use --------------------------------------------------------------------------
 
@@ -265,15 +246,12 @@ class PostgresServer:
             "pg_ctl start",
             timeout_s=self._start_timeout_s + 30,
         )  # fmt: skip
-        deadline = time.monotonic() + self._start_timeout_s
-        while time.monotonic() < deadline:
-            with (
-                contextlib.suppress(OSError),
-                socket.create_connection(("127.0.0.1", self.port), timeout=1),
-            ):
-                return
-            time.sleep(0.05)
-        raise PostgresUnavailable(f"the server did not listen on port {self.port}")
+        wait_until(
+            lambda: socket.create_connection(("127.0.0.1", self.port), timeout=1).close(),
+            self._start_timeout_s,
+            what=f"the server did not listen on port {self.port}",
+            error=PostgresUnavailable,
+        )
 
     def _read_pid(self) -> int:
         text = (self.data_dir / "postmaster.pid").read_text()
@@ -290,32 +268,3 @@ class PostgresServer:
             )  # fmt: skip
         else:  # pragma: no cover - createdb ships with initdb everywhere we know
             self.create_database(_DATABASE)
-
-    @staticmethod
-    def _signal_until_gone(pid: int, timeout_s: float = 30) -> None:
-        """SIGTERM the postmaster if pg_ctl left it running, SIGKILL after `timeout_s`."""
-        for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
-            if not _alive(pid):
-                return
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-            deadline = time.monotonic() + wait_s
-            while time.monotonic() < deadline:
-                if not _alive(pid):
-                    return
-                time.sleep(0.05)
-
-
-def _alive(pid: int) -> bool:
-    """Whether `pid` runs (a zombie left unreaped by a container's init does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rpartition(")")[2].split()[:1] != ["Z"]

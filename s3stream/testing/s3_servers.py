@@ -20,36 +20,43 @@ credentials elsewhere (instance metadata included); the servers listen on 127.0.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import subprocess
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["SERVER_CHOICES", "LoopbackS3Server", "MotoS3Server", "start_s3_server"]
+from ._server_process import stop_process
+from .store_servers import LoopbackStoreServer
+
+__all__ = [
+    "SERVER_CHOICES",
+    "LoopbackS3Server",
+    "MotoProcessS3Server",
+    "MotoS3Server",
+    "start_s3_server",
+]
 
 #: What `start_s3_server` may be asked for: SeaweedFS, falling back to moto ("auto"), or one.
 SERVER_CHOICES = ("auto", "seaweedfs", "moto")
 
 
-class LoopbackS3Server:
-    """The interface tests use, whichever server runs (subclasses set the attributes)."""
+class LoopbackS3Server(LoopbackStoreServer):
+    """The interface tests use, whichever S3 server runs (subclasses set the attributes)."""
 
     #: Which server this is ("seaweedfs", "moto").
     kind: str = ""
+    scheme = "s3"
     #: Whether concurrent conditional creates of one key have exactly one winner here.
     atomic_conditional_create: bool = True
     #: Whether requests signed with wrong credentials are refused (403), as S3 does.
     checks_credentials: bool = True
-    #: The bucket created at start, and the credentials the server accepts.
-    bucket: str
+    #: The credentials the server accepts.
     access_key: str
     secret_key: str
-
-    @property
-    def endpoint_url(self) -> str:
-        """``http://127.0.0.1:<port>``."""
-        raise NotImplementedError
 
     def storage_options(self) -> dict[str, Any]:
         """Keyword arguments for `S3ObjectStore` / ``storage_options`` of an ``s3://`` URL."""
@@ -90,13 +97,16 @@ class LoopbackS3Server:
             client.create_bucket(Bucket=name)
         return name
 
-    def start(self) -> LoopbackS3Server:
-        """Start the server and create the bucket."""
-        raise NotImplementedError
+    def raw_get(self, key: str) -> bytes | None:
+        client = self.client()
+        try:
+            reply = client.get_object(Bucket=self.bucket, Key=key)
+        except client.exceptions.NoSuchKey:
+            return None
+        return bytes(reply["Body"].read())
 
-    def stop(self) -> None:
-        """Stop the server."""
-        raise NotImplementedError
+    def raw_put(self, key: str, data: bytes) -> None:
+        self.client().put_object(Bucket=self.bucket, Key=key, Body=data)
 
 
 class MotoS3Server(LoopbackS3Server):
@@ -114,13 +124,10 @@ class MotoS3Server(LoopbackS3Server):
         access_key: str = "s3stream-access",
         secret_key: str = "s3stream-secret-key",
     ) -> None:
-        if len(bucket) < 3:
-            raise ValueError(f"bucket names need at least 3 characters, got {bucket!r}")
         self.bucket = bucket
         self.access_key = access_key
         self.secret_key = secret_key
         self._server: Any = None
-        self._port: int | None = None
 
     def start(self) -> MotoS3Server:
         if self._server is not None:
@@ -149,22 +156,68 @@ class MotoS3Server(LoopbackS3Server):
         if server is not None:
             server.stop()
 
-    def __enter__(self) -> MotoS3Server:
-        return self.start()
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
+class MotoProcessS3Server(LoopbackS3Server):
+    """moto's S3 server in a child process (`moto_process`) that checks SigV4 signatures and
+    IAM permissions, as S3 does: requests signed with wrong credentials get 403. The
+    credentials are the IAM user's key the child created (known after `start`). Stopped by
+    closing its standard input, then by signal, so it never outlives the test process."""
+
+    kind = "moto"
+    checks_credentials = True
+
+    def __init__(self, *, bucket: str = "s3stream-test", start_timeout_s: float = 60.0) -> None:
+        self.bucket = bucket
+        self.access_key = ""
+        self.secret_key = ""
+        self._start_timeout_s = start_timeout_s
+        self._process: subprocess.Popen[str] | None = None
+
+    def start(self) -> MotoProcessS3Server:
+        if self._process is not None:
+            return self
+        process = subprocess.Popen(
+            [sys.executable, "-m", "s3stream.testing.moto_process", self.bucket],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, "AWS_EC2_METADATA_DISABLED": "true"},
+        )
+        self._process = process
+        assert process.stdout is not None
+        ready: dict[str, Any] = {}
+        reader = threading.Thread(
+            target=lambda: ready.update(json.loads(process.stdout.readline() or "{}")),  # type: ignore[union-attr]
+            daemon=True,
+        )
+        reader.start()
+        reader.join(self._start_timeout_s)
+        if "port" not in ready:
+            self.stop()
+            raise RuntimeError(f"moto's S3 server did not start within {self._start_timeout_s:g} s")
+        self._port = int(ready["port"])
+        self.access_key = str(ready["access_key"])
+        self.secret_key = str(ready["secret_key"])
+        return self
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        with contextlib.suppress(OSError):
+            if process.stdin is not None:
+                process.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=10)  # it exits when its standard input closes
+        stop_process(process, 10)
+        if process.stdout is not None:
+            process.stdout.close()
 
     @property
-    def port(self) -> int:
-        """The S3 port."""
-        if self._port is None:
-            raise RuntimeError("the server has not been started")
-        return self._port
-
-    @property
-    def endpoint_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    def pid(self) -> int | None:
+        """The server process's PID while it runs."""
+        return self._process.pid if self._process is not None else None
 
 
 _WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]

@@ -122,8 +122,17 @@ def seed_for(wal_uid: int) -> int:
     return int(crc32c.crc32c(struct.pack("<Q", wal_uid)))
 
 
+#: Records below this size are checksummed holding the GIL: for them, letting go of it costs
+#: more than the checksum (hardware crc32c runs at gigabytes per second) and, with a busy
+#: thread beside (an upload packing an object), the appender may wait milliseconds to get it
+#: back. Larger ones let other threads run meanwhile (crc32c's own default above 32 KiB).
+_CRC_KEEP_GIL_BELOW = 1 << 20
+
+
 def body_crc(data: bytes | memoryview, seed: int) -> int:
     """Checksum of a record's bytes as stored in its frame header."""
+    if len(data) < _CRC_KEEP_GIL_BELOW:
+        return int(crc32c.crc32c(data, seed, gil_release_mode=0))
     return int(crc32c.crc32c(data, seed))
 
 

@@ -1169,11 +1169,14 @@ def open_object_wal(
     rng: random.Random | None = None,
     must_exist: bool = False,
     accept_wal_loss: bool = False,
+    open_store: Callable[[str], ObjectStore] | None = None,
     **_other_kinds: Any,
 ) -> WriteAheadLog:
     """Factory of ``s3://bucket/prefix/wal`` and ``object+URL`` (any object-store URL, e.g.
     ``object+file:///var/wal``): an `ObjectWal` whose objects go under the URL. `must_exist`
-    and `accept_wal_loss` are its `must_exist` and `accept_loss`.
+    and `accept_wal_loss` are its `must_exist` and `accept_loss`. `open_store` opens the
+    store of the URL (given without its query) instead of `open_object_store` with
+    `storage_options` (the S3 WAL's choice of client, `open_s3_wal`); the WAL closes it.
 
     The query may override single fields of `object_settings`, by their names
     (``wal_batch_interval_ms=50``, ``max_unflushed_bytes=256MiB``, ``full_wait_ms=30s``; the
@@ -1188,7 +1191,11 @@ def open_object_wal(
     if scheme.startswith(OBJECT_WAL_PREFIX):
         store_url = store_url[len(OBJECT_WAL_PREFIX) :]
     settings = settings_from_query(ObjectWalSettings, query, base=object_settings, url=url)
-    store = open_object_store(store_url, storage_options)
+    store = (
+        open_object_store(store_url, storage_options)
+        if open_store is None
+        else open_store(store_url)
+    )
     try:
         return ObjectWal(
             store,

@@ -122,6 +122,12 @@ class PipelinedWal(WriteAheadLog):
 
     #: After a failure: True, `append` raises it; False, it returns a future failed with it.
     _raise_when_failed: ClassVar[bool] = True
+    #: Whether `drive` commits in the caller's thread (then a caller that says it will drive
+    #: its append does not wake the writer: `append(driven=True)`).
+    _drives: ClassVar[bool] = False
+    #: Whether settling a group notifies `_cond` (every waiter, the writer included). A medium
+    #: that notifies exactly the waiters an acknowledgement concerns turns it off.
+    _notify_on_ack: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -141,7 +147,8 @@ class PipelinedWal(WriteAheadLog):
         #: Frame checksum seed and session number of the frames written now.
         self._seed = 0
         self._session = 0
-        #: The writer is woken when the first record is pending, and when this many bytes are.
+        #: The writer is woken when the first record is pending (unless its caller commits it:
+        #: `append(driven=True)`), and when this many bytes are.
         self._wake_bytes = sys.maxsize
 
         self._lock = threading.Lock()
@@ -162,6 +169,11 @@ class PipelinedWal(WriteAheadLog):
         self._acked = -1
         #: Asks a writer that waits to fill batches to write what is pending now.
         self._flush_now = False
+        #: A record was appended without waking the writer (`append(driven=True)`) and its
+        #: caller has not called `drive` yet: the next append wakes the writer, so a driver
+        #: that never comes (an exception between the two calls) delays a record, never
+        #: strands it.
+        self._awaiting_driver = False
 
         self._ready = False
         self._closing = False
@@ -247,7 +259,15 @@ class PipelinedWal(WriteAheadLog):
 
     # ------------------------------------------------------------------ append
 
-    def append(self, data: bytes) -> Future[WalPosition]:
+    def append(self, data: bytes, *, driven: bool = False) -> Future[WalPosition]:
+        """Append one record (`WriteAheadLog.append`).
+
+        `driven`: the caller promises to call `drive` with the returned future next, so the
+        writer thread is not woken for it (only a WAL whose `drive` commits, `_drives`). A
+        synchronous appender then commits its own record without the writer ever running:
+        a wake-up it does not need costs a context switch and a fight for the GIL with the
+        committing thread, per append.
+        """
         if type(data) is not bytes or len(data) > self._max_record:
             raise record_error(data, self._max_record, self.describe())
         length = len(data)
@@ -282,7 +302,11 @@ class PipelinedWal(WriteAheadLog):
             pending = self._pending
             pending.append(Pending(pos, size, parts, fut))
             self._pending_bytes += size
-            if len(pending) == 1 or self._pending_bytes >= self._wake_bytes:
+            if driven and self._drives and not self._awaiting_driver:
+                self._awaiting_driver = True
+            elif (
+                len(pending) == 1 or self._pending_bytes >= self._wake_bytes
+            ) or self._awaiting_driver:
                 self._cond.notify_all()
         return fut
 
@@ -397,7 +421,7 @@ class PipelinedWal(WriteAheadLog):
             else:
                 self._ack_failure = error
             ready.append((group, error))
-        if ready:
+        if ready and self._notify_on_ack:
             self._cond.notify_all()
         return ready
 

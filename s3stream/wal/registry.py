@@ -11,27 +11,33 @@ settings in its query, overriding single fields of `FileWalSettings`::
 The names are the fields' (the first short names, ``capacity``, ``direct``, ``max_group`` and
 ``recovery_window``, are still accepted) and the values follow `s3stream.settings_parse`: sizes
 in bytes or ``KiB``/``MiB``/``GiB``/``TiB``, durations in milliseconds or ``ms``/``s``/``min``/
-``h`` (docs/configuration.md). A factory is called as ``factory(url, node_id=...,
-node_epoch=..., clock=..., on_full=..., file_settings=..., object_settings=...,
-storage_options=..., **options)`` and returns a `WriteAheadLog`; it uses the arguments its kind
-needs (and ignores the rest: a take-over adds ``take_over=True``). Third parties register one
-under the entry-point group ``s3stream.wals`` (``name = "package.module:factory"``) or at run
-time with `register_wal`. The registry is the one piece of process-wide state here, like
-fsspec's, by design.
+``h`` (docs/configuration.md). An ``s3://`` WAL URL may name its S3 client in its query,
+``?client=obstore`` (the default when obstore is installed: a small PUT, the WAL's latency,
+costs about half as much as through boto3) or ``?client=boto3`` (`S3_WAL_CLIENTS`).
+
+A factory is called as ``factory(url, node_id=..., node_epoch=..., clock=..., on_full=...,
+file_settings=..., object_settings=..., storage_options=..., **options)`` and returns a
+`WriteAheadLog`; it uses the arguments its kind needs (and ignores the rest: a take-over adds
+``take_over=True``). Third parties register one under the entry-point group ``s3stream.wals``
+(``name = "package.module:factory"``) or at run time with `register_wal`. The registry is the
+one piece of process-wide state here, like fsspec's, by design.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 from .._registry import SchemeRegistry, split_scheme
 from ..clock import Clock
 from ..errors import InvalidArgumentError
+from ..objectstore.base import ObjectStore
 from ..settings import FileWalSettings, ObjectWalSettings
 from ..settings_parse import parse_size, settings_from_query
+from ..validation import check_choice
 from .base import WriteAheadLog
 from .file import FileWal
 from .holder import WalHolderLock
@@ -40,7 +46,11 @@ from .memory import MemoryWal
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "S3_WAL_CLIENTS",
+    "default_s3_wal_client",
     "lock_file_wal",
+    "open_s3_wal",
+    "open_s3_wal_store",
     "open_wal",
     "parse_size",
     "register_wal",
@@ -56,13 +66,67 @@ _registry: SchemeRegistry[WriteAheadLog] = SchemeRegistry(
     {
         "file": "s3stream.wal.registry:open_file_wal",
         "memory": "s3stream.wal.registry:open_memory_wal",
-        "s3": "s3stream.wal.object:open_object_wal",
-        "s3a": "s3stream.wal.object:open_object_wal",
+        "s3": "s3stream.wal.registry:open_s3_wal",
+        "s3a": "s3stream.wal.registry:open_s3_wal",
     },
 )
 
 #: Scheme prefix that opens an object-store WAL on any object-store URL (``object+file://``).
 OBJECT_PREFIX = "object+"
+
+#: The S3 clients an S3 WAL may use: obstore (`ObstoreS3ObjectStore`) or boto3
+#: (`S3ObjectStore`).
+S3_WAL_CLIENTS = ("obstore", "boto3")
+
+
+def default_s3_wal_client() -> str:
+    """The S3 WAL's client when none is named: obstore when it is installed (the ``s3`` extra
+    brings it), else boto3."""
+    return "obstore" if importlib.util.find_spec("obstore") is not None else "boto3"
+
+
+def open_s3_wal_store(
+    url: str, storage_options: Mapping[str, Any] | None, client: str | None
+) -> ObjectStore:
+    """The store of an S3 WAL at `url` (``s3://bucket/prefix``) through `client` (one of
+    `S3_WAL_CLIENTS`, None for `default_s3_wal_client`)."""
+    chosen = check_choice(
+        "client", client if client is not None else default_s3_wal_client(), S3_WAL_CLIENTS
+    )
+    if chosen == "boto3":
+        from ..objectstore.registry import open_object_store
+
+        return open_object_store(url, storage_options)
+    from ..objectstore.s3_obstore import ObstoreS3ObjectStore
+
+    return ObstoreS3ObjectStore.from_url(url, **dict(storage_options or {}))
+
+
+def open_s3_wal(
+    url: str,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    s3_client: str | None = None,
+    **options: Any,
+) -> WriteAheadLog:
+    """Factory of ``s3://bucket/prefix/wal`` (and ``s3a://``): `open_object_wal` (which takes
+    `options`, the factory's other arguments) through the S3 client the query's ``client``
+    names (else `s3_client`, else `default_s3_wal_client`). The rest of the query overrides
+    single fields of ``object_settings``, as there."""
+    from .object import open_object_wal
+
+    store_url, _, query = url.partition("?")
+    pairs = parse_qsl(query, keep_blank_values=True)
+    clients = [value for name, value in pairs if name == "client"]
+    if len(clients) > 1:
+        raise InvalidArgumentError(f"the WAL URL {url!r} names its client more than once")
+    client = clients[0] if clients else s3_client
+    rest = urlencode([(name, value) for name, value in pairs if name != "client"])
+    return open_object_wal(
+        f"{store_url}?{rest}" if rest else store_url,
+        open_store=lambda store_url: open_s3_wal_store(store_url, storage_options, client),
+        **options,
+    )
 
 
 def open_wal(
@@ -121,6 +185,7 @@ def url_wal_factory(
     storage_options: Mapping[str, Any] | None = None,
     held: WalHolderLock | None = None,
     accept_wal_loss: bool = False,
+    s3_client: str | None = None,
 ) -> Callable[[str, int, Callable[[], None]], WriteAheadLog]:
     """The one way a client opens a WAL by URL, for its own node (`s3stream.open`) and for a
     node it takes over (`StreamClient.take_over`): a `WalFactory` ``(node_id, node_epoch,
@@ -132,7 +197,8 @@ def url_wal_factory(
     already (`lock_file_wal`); handed to the WAL the first time the factory opens that node's
     WAL. `must_exist` (a node whose streams are still open, so its WAL may hold acknowledged
     appends): a file WAL that is missing or empty, or an object WAL prefix without objects, is
-    damage, `CorruptionError`, unless `accept_wal_loss`.
+    damage, `CorruptionError`, unless `accept_wal_loss`. `s3_client`: the client of an
+    ``s3://`` WAL whose URL names none (`S3_WAL_CLIENTS`).
     """
     unused = [held] if held is not None else []
 
@@ -146,6 +212,8 @@ def url_wal_factory(
     ) -> WriteAheadLog:
         target = url if isinstance(url, str) else url(node_id)
         extra: dict[str, Any] = {"must_exist": must_exist, "accept_wal_loss": accept_wal_loss}
+        if s3_client is not None:
+            extra["s3_client"] = s3_client
         if take_over:
             extra["take_over"] = True
         elif unused and unused[0].node_id == node_id:
