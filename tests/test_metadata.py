@@ -1448,3 +1448,44 @@ def test_a_rolled_back_log_is_refused_by_a_client_that_saw_more(
     assert err.value.location == m.log.entry_key(seen)
     with pytest.raises(CorruptionError):
         m.create_stream({})
+
+
+def test_a_caller_left_out_of_a_full_group_leads_the_next_one(tmp_path: Path) -> None:
+    """A group takes at most 256 requests in queue order: a caller whose request was left for
+    the next group commits it (leading that group) instead of being told it failed while its
+    op is written later."""
+    from s3stream.metadata.manager import _MAX_GROUP, _Request
+
+    m = manager(MemoryObjectStore(), writer="w")
+    queued = [
+        _Request(lambda s, i=i: [RegisterNode(f"other{i}", 1)], m._clock.monotonic() + 60)
+        for i in range(_MAX_GROUP + 44)
+    ]
+    m._queue.extend(queued)  # as that many waiting callers would leave them
+    m.commit(lambda s: [RegisterNode("mine", 1)])
+    assert "mine" in m.state.nodes and not m._queue
+    assert all(r.done and r.error is None for r in queued)
+
+
+def test_a_commit_interrupted_while_queued_is_withdrawn(tmp_path: Path) -> None:
+    """Ctrl-C in a commit queued behind a leader: its request leaves the queue, so no later
+    group writes the ops of a call its caller saw fail."""
+    import signal
+
+    class Slow(MemoryObjectStore):
+        def put_if_absent(self, key: str, data: bytes) -> bool:
+            time.sleep(1.0)
+            return super().put_if_absent(key, data)
+
+    m = manager(Slow(), writer="w", clock=SystemClock())
+    leader = threading.Thread(target=lambda: m.commit(lambda s: [RegisterNode("leader", 1)]))
+    leader.start()
+    time.sleep(0.2)  # the leader is writing its entry
+    timer = threading.Timer(0.3, lambda: signal.raise_signal(signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        m.commit(lambda s: [RegisterNode("interrupted", 1)])
+    leader.join(10)
+    assert not m._queue
+    m.commit(lambda s: [RegisterNode("unrelated", 1)])
+    assert "interrupted" not in m.state.nodes and "unrelated" in m.state.nodes

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import s3stream
-from s3stream.clock import ManualClock
+from s3stream.clock import ManualClock, SystemClock
 from s3stream.errors import CorruptionError, InvalidArgumentError, UnavailableError
 from s3stream.metadata import MetadataManager
 from s3stream.metadata.codec import encode_checkpoint
@@ -416,3 +416,31 @@ def test_serialized_commit_refuses_a_rolled_back_log(postgres: Any, url: str) ->
     with pytest.raises(CorruptionError, match="rolled back"):
         m.create_stream({})
     m.log.close()
+
+
+def test_a_commit_waits_its_turn_past_lock_timeout_until_its_deadline(
+    postgres: Any, url: str
+) -> None:
+    """Another writer holding the log's commit lock longer than lock_timeout is contention,
+    not an outage: the serialized commit tries again until its own deadline, and lands when
+    the lock is free (it failed at the lock timeout before)."""
+    import threading
+
+    log = PostgresMetadataLog(f"{url}&statement_timeout=1s")
+    m = MetadataManager(log, clock=SystemClock(), writer_id="a", commit_timeout_s=30)
+    m.load()
+    m.create_stream({})
+    holder = psycopg.connect(postgres.url(), autocommit=False)
+    holder.execute(
+        "SELECT 1 FROM s3stream.namespaces WHERE namespace = %s FOR UPDATE", (log.namespace,)
+    )
+    release = threading.Timer(2.5, holder.rollback)
+    release.start()
+    started = time.monotonic()
+    try:
+        assert m.create_stream({}).stream_id == 1
+        assert time.monotonic() - started >= 2.0  # it waited for the lock, past lock_timeout
+    finally:
+        release.join()
+        holder.close()
+        log.close()

@@ -825,3 +825,33 @@ def test_a_throttled_store_makes_appends_wait_in_step_with_it(tmp_path: Path) ->
         assert max(waits) < 2.5, max(waits)
         assert most_pending <= settings.max_pending_bytes + 2 * 2 * MiB, most_pending
         client.abandon()  # no waiting for the backlog to drain at 2 MiB/s
+
+
+def test_an_append_interrupted_before_it_drives_its_record_is_committed_by_the_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A synchronous append leaves the file WAL's writer asleep and commits its record itself
+    (`drive`); interrupted (Ctrl-C) before it does, the writer is woken and commits the record
+    at once: it is not stranded until the next append, and close() does not wait for it."""
+    with s3stream.open(tmp_path / "store", wal=f"file://{tmp_path}/n.wal?capacity=4MiB") as c:
+        stream = c.create_stream()
+        real = FileWal.drive
+        armed = [True]
+
+        def interrupted(self: FileWal, future: Any) -> None:
+            if armed[0]:
+                armed[0] = False
+                raise KeyboardInterrupt("Ctrl-C between the append and its drive")
+            real(self, future)
+
+        monkeypatch.setattr(FileWal, "drive", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            stream.append(RecordBatch(b"interrupted"))
+        deadline = time.monotonic() + 10
+        while stream.confirm_offset < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert stream.confirm_offset == 1  # durable, with no other append to wake the writer
+        started = time.monotonic()
+    assert time.monotonic() - started < 5
+    with s3stream.open(tmp_path / "store", wal=f"file://{tmp_path}/n.wal?capacity=4MiB") as c:
+        assert [b.payload for b in c.read(stream.stream_id, 0).batches] == [b"interrupted"]

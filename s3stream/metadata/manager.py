@@ -20,6 +20,7 @@ writers still catching up (docs/metadata.md, "Concurrency protocol").
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import random
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 
 from ..clock import Clock
 from ..errors import (
+    ContendedError,
     CorruptionError,
     InvalidArgumentError,
     ObjectNotFoundError,
@@ -252,18 +254,29 @@ class MetadataManager:
             check_number("timeout_s", timeout_s)
         limit = self._commit_timeout_s if timeout_s is None else float(timeout_s)
         request = _Request(build, started + limit)
-        lead = False
         with self._queue_cond:
             self._queue.append(request)
-            # The leader completes every request it takes and hands over when done, so this
-            # wait ends; the leader's own work is bounded by the requests' deadlines and the
-            # store's timeouts.
-            while not request.done and self._leading:
-                self._queue_cond.wait()
-            if not request.done:
-                self._leading = lead = True
-        if lead:
-            self._lead()
+        try:
+            while True:
+                with self._queue_cond:
+                    # The leader completes every request it takes and hands over when done,
+                    # so this wait ends; its work is bounded by the requests' deadlines and
+                    # the store's timeouts.
+                    while not request.done and self._leading:
+                        self._queue_cond.wait()
+                    if request.done:
+                        break
+                    self._leading = True
+                # A group takes at most _MAX_GROUP requests, in queue order: this one may be
+                # left for the next group, which this caller then leads (or waits for).
+                self._lead()
+        except BaseException:
+            # Interrupted (Ctrl-C) while queued: withdraw, so that no later group writes the
+            # ops of a call its caller saw fail. Taken into a group already, it is decided
+            # there, like any call interrupted while its request is on the wire.
+            with self._queue_cond, contextlib.suppress(ValueError):
+                self._queue.remove(request)
+            raise
         if request.error is not None:
             self._ins.failed.observe(self._clock.monotonic() - started)
             raise request.error
@@ -507,6 +520,12 @@ class MetadataManager:
 
         try:
             won = self._log.commit_serialized(self.state.seq, compose)
+        except ContendedError:
+            if made:
+                raise
+            # The lock wait ran out (another writer held the lock beyond lock_timeout):
+            # nothing was written; try again, on the latest state, until the deadline.
+            return _STALE
         except UnavailableError as exc:
             if not made or made[0] is None:
                 raise

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import errors as pg_errors
 
-from ..errors import InvalidArgumentError, S3StreamError, UnavailableError
+from ..errors import ContendedError, InvalidArgumentError, S3StreamError, UnavailableError
 from .postgres_url import PostgresTarget
 
 __all__ = ["PostgresSession", "map_error"]
@@ -104,12 +104,16 @@ class PostgresSession:
             ) from exc
         conn.deadline_s = t.call_deadline_s
         ms = str(t.statement_timeout_ms)
+        # A lock wait ends a little before the statement would be cancelled, so that it is
+        # told apart (LockNotAvailable: contention, retried until the commit's deadline) from
+        # a statement that is slow (QueryCanceled: the server or the network).
+        lock_ms = str(max(1, t.statement_timeout_ms * 9 // 10))
         try:
             conn.execute(
                 "SELECT set_config('statement_timeout', %s, false), "
                 "set_config('lock_timeout', %s, false), "
                 "set_config('idle_in_transaction_session_timeout', %s, false)",
-                (ms, ms, ms),
+                (ms, lock_ms, ms),
             )
         except psycopg.Error as exc:
             conn.close()
@@ -137,6 +141,12 @@ def map_error(exc: psycopg.Error, target: PostgresTarget) -> S3StreamError:
             f"{where} refused: {text} (the role needs CREATE on the database for the first "
             f"writer, then SELECT, INSERT and UPDATE on schema {target.schema!r}'s tables; "
             "readers need SELECT only)"
+        )
+    if isinstance(exc, pg_errors.LockNotAvailable):
+        # Contention, not an outage: another writer held the log's commit lock that long.
+        return ContendedError(
+            f"{where}: another writer held the metadata log's commit lock for longer than "
+            f"lock_timeout ({target.statement_timeout_ms * 9 // 10} ms): {text}"
         )
     if isinstance(exc, pg_errors.QueryCanceled):
         return UnavailableError(

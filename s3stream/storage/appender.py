@@ -129,6 +129,8 @@ class Appender:
         #: The WAL append of a synchronous call that drives its own commit (`append_and_wait`):
         #: a WAL built on the pipeline core then leaves its writer thread asleep.
         self._wal_append_driven: Callable[[bytes], Future[WalPosition]] = wal.append
+        #: Wakes the WAL's writer for a driven append that will not be driven after all.
+        self._wal_wake: Callable[[], None] = _nothing
         if isinstance(wal, PipelinedWal):
             pipelined = wal
 
@@ -136,6 +138,7 @@ class Appender:
                 return pipelined.append(record, driven=True)
 
             self._wal_append_driven = append_driven
+            self._wal_wake = pipelined.wake
 
     # ------------------------------------------------------------------ writers
 
@@ -256,7 +259,13 @@ class Appender:
         if timeout_s is None and wal_future is not None:
             # The WAL may make the record durable in this thread (`WriteAheadLog.drive`); with
             # a timeout the wait must stay interruptible, so the WAL's own thread does it.
-            self._wal.drive(wal_future)
+            try:
+                self._wal.drive(wal_future)
+            except BaseException:
+                # Interrupted (Ctrl-C) before or while committing: the writer thread, which
+                # the driven append left asleep, must commit the record instead.
+                self._wal_wake()
+                raise
         try:
             # What `_append` spent waiting for room counts (it set the call's deadline then).
             return result.result(
@@ -427,17 +436,22 @@ class Appender:
         except S3StreamError as exc:
             status.on_wal_error(exc)
             raise
-        w.next_offset = base + batch.count
-        if wal_future.done():
-            # Every earlier WAL future is done and its callback has run (the WAL completes
-            # in order), so completing inline keeps LogCache inserts in WAL order.
-            return self._durable(wal_future, w, batch, base, ts, record, started)
-        result: Future[AppendResult] = Future()
-        with status.cond:
-            status.outstanding += 1
-        wal_future.add_done_callback(
-            lambda f: self._on_durable(f, w, batch, base, ts, record, result, started)
-        )
+        try:
+            w.next_offset = base + batch.count
+            if wal_future.done():
+                # Every earlier WAL future is done and its callback has run (the WAL completes
+                # in order), so completing inline keeps LogCache inserts in WAL order.
+                return self._durable(wal_future, w, batch, base, ts, record, started)
+            result: Future[AppendResult] = Future()
+            with status.cond:
+                status.outstanding += 1
+            wal_future.add_done_callback(
+                lambda f: self._on_durable(f, w, batch, base, ts, record, result, started)
+            )
+        except BaseException:
+            if driven:
+                self._wal_wake()  # this call will not drive the record it appended
+            raise
         return result, wal_future, call_deadline
 
     def _wait_for_wal(self, deadline: float) -> None:
@@ -547,3 +561,7 @@ def deadline_text(timeout_s: float | None, settings: ClientSettings) -> str:
     if timeout_s is None:
         return f"call_timeout_ms={settings.call_timeout_ms}"
     return f"{timeout_s} s"
+
+
+def _nothing() -> None:
+    """`Appender._wal_wake` of a WAL whose appends are never left to a driver."""

@@ -310,6 +310,14 @@ class PipelinedWal(WriteAheadLog):
                 self._cond.notify_all()
         return fut
 
+    def wake(self) -> None:
+        """The caller of a ``driven`` append will not drive it after all (it was interrupted
+        or failed between the two): wake the writer thread, which commits what is pending.
+        Safe from any thread at any time; a wake-up with nothing to do costs one look."""
+        with self._cond:
+            self._awaiting_driver = False
+            self._cond.notify_all()
+
     def _admit(self, size: int, in_callback: bool) -> int:
         """The slow path of `append` (lock held): check the state, wait for room. The position
         claimed, or -1 if the WAL failed."""
