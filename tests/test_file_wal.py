@@ -1013,14 +1013,8 @@ def test_a_wal_file_cut_short_under_its_writer_stops_it_with_an_error(wal_path: 
         FileWal(wal_path, node_epoch=2, settings=small())
 
 
-@pytest.mark.usefixtures("no_writer")
-def test_a_driven_append_whose_caller_never_drives_is_committed_by_the_next_append(
-    wal_path: Path,
-) -> None:
-    """`append(driven=True)` leaves the writer asleep (its caller commits, `drive`); should
-    that caller never come, the next append of anyone wakes the writer for both records."""
-    wal = FileWal(wal_path, settings=small())
-    recover_all(wal)
+def count_wakeups(wal: FileWal) -> list[int]:
+    """A one-item list counting the WAL's wake-ups of its threads (`notify_all` calls)."""
     woken = [0]
     real_notify = wal._cond.notify_all
 
@@ -1029,6 +1023,18 @@ def test_a_driven_append_whose_caller_never_drives_is_committed_by_the_next_appe
         real_notify()
 
     wal._cond.notify_all = counting  # type: ignore[method-assign]
+    return woken
+
+
+@pytest.mark.usefixtures("no_writer")
+def test_a_driven_append_whose_caller_never_drives_is_committed_by_the_next_append(
+    wal_path: Path,
+) -> None:
+    """`append(driven=True)` leaves the writer asleep (its caller commits, `drive`); should
+    that caller never come, the next append of anyone wakes the writer for both records."""
+    wal = FileWal(wal_path, settings=small())
+    recover_all(wal)
+    woken = count_wakeups(wal)
     first = wal.append(b"driven", driven=True)
     assert woken[0] == 0
     wal.drive(first)  # the caller commits it: nobody was woken
@@ -1058,14 +1064,7 @@ def test_a_synchronous_appender_commits_alone(wal_path: Path) -> None:
     recover_all(wal)
     committers: list[int] = []
     wal.observe_commits(lambda *_: committers.append(threading.get_ident()))
-    woken = [0]
-    real_notify = wal._cond.notify_all
-
-    def counting() -> None:
-        woken[0] += 1
-        real_notify()
-
-    wal._cond.notify_all = counting  # type: ignore[method-assign]
+    woken = count_wakeups(wal)
     for i in range(50):
         fut = wal.append(data_for(i, 1000), driven=True)
         wal.drive(fut)
