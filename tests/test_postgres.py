@@ -345,6 +345,7 @@ def test_the_cli_takes_metadata(tmp_path: Path, url: str) -> None:
 
 
 def test_the_spark_option_metadata() -> None:
+    pytest.importorskip("pyspark", reason="the Spark options module needs pyspark")
     from s3stream.spark.options import parse_options
 
     opts = parse_options({"path": "./x", "metadata": "postgresql://h/db"}, streaming=False)

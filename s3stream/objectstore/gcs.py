@@ -187,10 +187,23 @@ class GcsObjectStore(RemoteObjectStore[tuple[Any, Any]]):
             session = AuthorizedSession(  # type: ignore[no-untyped-call]
                 credentials, refresh_timeout=self._connect_timeout_s + self._read_timeout_s
             )
+            # One transport-level retry of a read whose pooled keep-alive connection the server
+            # had closed (a reset on reuse, as fake-gcs-server does after a 416): a stale
+            # socket, not a failed try. Timeouts and everything else are the retry layer's.
+            stale_socket = _stale_socket_retry(
+                total=1,
+                connect=1,
+                read=1,
+                status=0,
+                other=0,
+                allowed_methods=frozenset({"GET", "HEAD"}),
+                raise_on_status=False,
+                backoff_factor=0,
+            )
             adapter = requests.adapters.HTTPAdapter(
                 pool_connections=self._max_pool_connections,
                 pool_maxsize=self._max_pool_connections,
-                max_retries=0,
+                max_retries=stale_socket,
             )
             session.mount("https://", adapter)
             session.mount("http://", adapter)
@@ -607,3 +620,32 @@ def _is_transient(exc: BaseException) -> bool:
             TimeoutError,
         ),
     )
+
+
+def _stale_socket_retry(**options: Any) -> Any:
+    """urllib3's `Retry` with `options`, except that a timeout is never retried: one try per
+    call keeps every call within its deadline (the retry layer above decides about retrying).
+    urllib3 is imported only when a GCS client is built."""
+    from urllib3.exceptions import (
+        ConnectTimeoutError,
+        MaxRetryError,
+        NewConnectionError,
+        ReadTimeoutError,
+    )
+    from urllib3.util.retry import Retry
+
+    class StaleSocketRetry(Retry):
+        def increment(self, *args: Any, **kwargs: Any) -> Retry:  # type: ignore[override]
+            error = kwargs.get("error")
+            timed_out = isinstance(error, ReadTimeoutError) or (
+                isinstance(error, ConnectTimeoutError)
+                and not isinstance(error, NewConnectionError)  # a refusal, not a timeout
+            )
+            if timed_out:
+                # Spent, as urllib3 says when retries run out (requests maps it as usual).
+                url = args[1] if len(args) > 1 else kwargs.get("url")
+                pool: Any = kwargs.get("_pool")
+                raise MaxRetryError(pool, url, error) from error
+            return super().increment(*args, **kwargs)
+
+    return StaleSocketRetry(**options)
