@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 DEMO_DEFAULT := $(CURDIR)/demo-data
 DEMO_DIR ?= $(DEMO_DEFAULT)
 
-.PHONY: install install-lib demo test test-core test-long test-min lint bench clean
+.PHONY: install install-lib demo test test-core test-long test-min min-env min-suite lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,11 +24,14 @@ $(VENV)/.installed-lib: pyproject.toml | $(BIN)/python
 # where Node.js is missing.
 AZURITE_VERSION := 3.35.0
 
+# Azurite into a venv's own azurite/ (where s3stream.testing.azurite looks first), if npm is here.
+install_azurite = if command -v npm >/dev/null; then \
+	  npm install --no-audit --no-fund --silent --prefix $(1)/azurite azurite@$(AZURITE_VERSION); \
+	fi
+
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -e '.[dev]'
-	if command -v npm >/dev/null; then \
-	  npm install --no-audit --no-fund --silent --prefix $(VENV)/azurite azurite@$(AZURITE_VERSION); \
-	fi
+	$(call install_azurite,$(VENV))
 	touch $@
 
 $(VENV)/.installed-bench: pyproject.toml | $(BIN)/python
@@ -49,9 +52,16 @@ lint: install
 	$(BIN)/ruff check s3stream pyspark_s3stream tests bench examples
 	$(BIN)/mypy s3stream pyspark_s3stream
 
-test: lint
-	$(BIN)/python -m pytest -q -ra
-	$(MAKE) test-min
+# The suite, and `test-min` beside it (both wait on servers more than on the CPU): its output
+# follows the suite's; either failing fails the target.
+PYTEST_ARGS ?=
+test: lint min-env
+	@$(MAKE) --no-print-directory min-suite > $(VENV_MIN)/test-min.log 2>&1 & min=$$!; \
+	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS); suite=$$?; \
+	wait $$min; lowest=$$?; \
+	echo "== make test-min (the lowest declared versions), run beside the suite =="; \
+	cat $(VENV_MIN)/test-min.log; \
+	test $$suite -eq 0 -a $$lowest -eq 0
 
 # The core suite alone: no Spark.
 test-core: lint
@@ -72,11 +82,16 @@ MIN_SUITE ?= -m "not spark and not slow" tests/test_format.py tests/test_records
 	tests/test_azure.py tests/test_postgres.py tests/test_arrow.py tests/test_metrics.py \
 	tests/test_settings_parse.py tests/test_reader.py
 
-test-min:
+test-min: min-env min-suite
+
+min-env:
 	test -x $(VENV_MIN)/bin/uv || { $(PYTHON) -m venv $(VENV_MIN) && \
 	  $(VENV_MIN)/bin/python -m pip install -q uv; }
 	$(VENV_MIN)/bin/uv pip install -q --python $(VENV_MIN)/bin/python \
 	  --resolution lowest-direct -e '.[$(MIN_EXTRAS)]' $(MIN_TOOLS)
+	test -x $(VENV_MIN)/azurite/node_modules/.bin/azurite-blob || { $(call install_azurite,$(VENV_MIN)) }
+
+min-suite:
 	$(VENV_MIN)/bin/python -m pytest -q -ra $(MIN_SUITE)
 	! $(VENV_MIN)/bin/uv pip install -q --dry-run --python $(VENV_MIN)/bin/python \
 	  -e '.[s3]' 'boto3==1.34.162' 2>$(VENV_MIN)/refused.txt
