@@ -151,6 +151,43 @@ def s3_store(seaweedfs: Any) -> Iterator[Any]:
 
 
 # ==============================================================================================
+# A client whose uploads never land: data PUTs always fail, so its backlog fills to
+# max_pending_bytes (64 KiB) and appends wait for room, then raise BackpressureError.
+# ==============================================================================================
+
+
+@pytest.fixture
+def stuck_uploads_client(tmp_path: Any) -> Callable[[int], Any]:
+    """``make(backpressure_timeout_ms)``: a `StreamClient` on a local directory whose data
+    PUTs are all refused (the metadata and the memory WAL work), without client retries, and
+    its `FaultyObjectStore` (``healthy()`` heals it)."""
+    import random
+
+    import s3stream
+    from s3stream.objectstore.local import LocalObjectStore
+    from s3stream.settings import ClientSettings
+    from s3stream.testing.faults import FaultRule, FaultyObjectStore
+    from s3stream.wal.memory import MemoryWal
+
+    def make(backpressure_timeout_ms: int) -> Any:
+        faulty = FaultyObjectStore(
+            LocalObjectStore(tmp_path),
+            rng=random.Random(7),
+            rules=[FaultRule(error_rate=1.0, operations=frozenset({"put"}), key_prefix="data/")],
+        )
+        settings = ClientSettings(
+            upload_threshold_bytes=16 * 1024,
+            max_pending_bytes=64 * 1024,
+            backpressure_timeout_ms=backpressure_timeout_ms,
+            upload_interval_ms=0,
+        )
+        client = s3stream.StreamClient(faulty, MemoryWal(), settings=settings, retry=False)
+        return client, faulty
+
+    return make
+
+
+# ==============================================================================================
 # PostgreSQL: one throw-away server from the machine's binaries for the whole session (the
 # metadata log's PostgreSQL backend); tests that need it skip, saying why, where it cannot run.
 # ==============================================================================================

@@ -6,7 +6,9 @@ import asyncio
 import inspect
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -329,28 +331,14 @@ def test_a_cancelled_open_closes_what_it_opened() -> None:
     asyncio.run(main())
 
 
-def test_an_append_held_back_waits_in_a_thread_not_on_the_loop(tmp_path: Path) -> None:
+def test_an_append_held_back_waits_in_a_thread_not_on_the_loop(
+    stuck_uploads_client: Callable[[int], Any],
+) -> None:
     """Data PUTs fail, so the backlog fills to max_pending_bytes: an append then waits for
     room (up to backpressure_timeout_ms) in a thread, while the loop goes on ticking."""
-    import random
-
     from s3stream import BackpressureError
-    from s3stream.objectstore.local import LocalObjectStore
-    from s3stream.testing.faults import FaultRule, FaultyObjectStore
-    from s3stream.wal.memory import MemoryWal
 
-    faulty = FaultyObjectStore(
-        LocalObjectStore(tmp_path),
-        rng=random.Random(7),
-        rules=[FaultRule(error_rate=1.0, operations=frozenset({"put"}), key_prefix="data/")],
-    )
-    settings = ClientSettings(
-        upload_threshold_bytes=16 * 1024,
-        max_pending_bytes=64 * 1024,
-        backpressure_timeout_ms=1000,
-        upload_interval_ms=0,
-    )
-    sync = s3stream.StreamClient(faulty, MemoryWal(), settings=settings, retry=False)
+    sync, faulty = stuck_uploads_client(1000)
 
     async def main() -> None:
         client = aio.AsyncStreamClient(sync)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import random
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,7 +23,6 @@ from s3stream import (
     StreamOwnedError,
 )
 from s3stream.objectstore.local import LocalObjectStore
-from s3stream.testing.faults import FaultRule, FaultyObjectStore
 from s3stream.wal.memory import MemoryWal
 
 SMALL = ClientSettings(
@@ -402,21 +402,12 @@ def test_wal_records_recovered_after_crash(tmp_path: Path) -> None:
     client2.close()
 
 
-def test_backpressure_when_uploads_fail_then_nothing_lost(tmp_path: Path) -> None:
+def test_backpressure_when_uploads_fail_then_nothing_lost(
+    tmp_path: Path, stuck_uploads_client: Callable[[int], Any]
+) -> None:
     """Uploads fail (data PUTs rejected): appends block at max_pending_bytes, then raise
     BackpressureError; once the store heals, everything acknowledged is uploaded."""
-    faulty = FaultyObjectStore(
-        LocalObjectStore(tmp_path),
-        rng=random.Random(7),
-        rules=[FaultRule(error_rate=1.0, operations=frozenset({"put"}), key_prefix="data/")],
-    )
-    settings = ClientSettings(
-        upload_threshold_bytes=16 * 1024,
-        max_pending_bytes=64 * 1024,
-        backpressure_timeout_ms=300,
-        upload_interval_ms=0,
-    )
-    client = s3stream.StreamClient(faulty, MemoryWal(), settings=settings, retry=False)
+    client, faulty = stuck_uploads_client(300)
     s = client.create_stream()
     acked = []
     with pytest.raises(s3stream.BackpressureError):
