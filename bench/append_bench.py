@@ -42,6 +42,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _stats import pct
+
 REPO = Path(__file__).resolve().parents[1]
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -53,13 +55,6 @@ TARGETS = {
     "1024x8": {"ratio": 0.80, "p99_ratio": 1.5},
 }
 RAW_FILE_BYTES = 256 * MiB
-
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def summarize(lat: list[float], seconds: float, record_bytes: int) -> dict[str, Any]:

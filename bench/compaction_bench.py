@@ -64,6 +64,7 @@ from typing import Any
 from unittest import mock
 
 import crc32c
+from _stats import pct
 
 import s3stream
 from s3stream import ClientSettings, CompactionSettings, RecordBatch
@@ -303,11 +304,6 @@ def _append_latencies(
         if pause > 0:
             time.sleep(pause)
     return out
-
-
-def _pct(xs: list[float], p: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(len(xs) * p))]
 
 
 def _measure_while(
@@ -554,8 +550,8 @@ def bench_append(
     for name, xs in phases.items():
         out[name] = {
             "appends": len(xs),
-            "p50_ms": _pct(xs, 0.50),
-            "p99_ms": _pct(xs, 0.99),
+            "p50_ms": pct(xs, 0.50),
+            "p99_ms": pct(xs, 0.99),
             "max_ms": max(xs),
         }
     idle_p99 = out["idle"]["p99_ms"]

@@ -35,6 +35,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from _stats import pct
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -49,13 +51,6 @@ TARGETS = {
     "moderate_p99_vs_fdatasync_p99": 3.0,
     "recovery_1gib_s": 10.0,
 }
-
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 # -- raw device limit ---------------------------------------------------------------------------

@@ -44,6 +44,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from _stats import pct
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -152,12 +154,6 @@ def worker(
 # -- the parent --------------------------------------------------------------------------------
 
 
-def _pct(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
-
-
 def run(
     backend: str,
     writers: int,
@@ -217,8 +213,8 @@ def run(
         "per_writer": counts,
         "slowest_over_fastest": min(counts) / max(counts) if max(counts) else 0.0,
         "flush_ms": {
-            "p50": _pct(every, 0.50) * 1000,
-            "p99": _pct(every, 0.99) * 1000,
+            "p50": pct(every, 0.50) * 1000,
+            "p99": pct(every, 0.99) * 1000,
             "max": (every[-1] if every else float("nan")) * 1000,
         },
         "lost_races": sum(r["lost"] for r in results),

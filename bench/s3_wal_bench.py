@@ -47,6 +47,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from _stats import pct
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -138,21 +140,13 @@ def slow_puts(spans: list[tuple[float, float]], factor: float = 5.0) -> list[dic
     return out
 
 
-def pct(values: list[float], q: float) -> float:
-    """The q-quantile (0..1) of `values` in milliseconds (nearest rank)."""
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return 1000 * s[min(len(s) - 1, int(q * len(s)))]
-
-
 def lat_summary(values: list[float]) -> dict[str, float]:
     return {
         "n": len(values),
         "avg_ms": 1000 * statistics.fmean(values) if values else float("nan"),
-        "p50_ms": pct(values, 0.50),
-        "p99_ms": pct(values, 0.99),
-        "p999_ms": pct(values, 0.999),
+        "p50_ms": 1000 * pct(values, 0.50),
+        "p99_ms": 1000 * pct(values, 0.99),
+        "p999_ms": 1000 * pct(values, 0.999),
     }
 
 
