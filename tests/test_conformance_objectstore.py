@@ -128,6 +128,14 @@ class TestObjectStoreOnServers(ObjectStoreTests):
     def raw_put(self, store: ObjectStore, key: str, data: bytes) -> None:
         self.server.raw_put(f"{self.prefixes[id(store)]}/{key}", data)
 
+    def test_put_is_atomic_for_readers(self, tmp_path: Path) -> None:
+        if self.server.kind == "moto":
+            # moto is a model of S3's API, not a storage server: under a concurrent overwrite
+            # its GetObject answered 500 or an empty body (seen twice). S3 documents that a
+            # GET sees the old or the new object whole; SeaweedFS is checked for it here.
+            pytest.skip("moto's server overwrites an object non-atomically for readers")
+        super().test_put_is_atomic_for_readers(tmp_path)
+
     def reopen_store(self, store: ObjectStore) -> ObjectStore:
         prefix = self.prefixes[id(store)]
         again = self.open_at(prefix)
