@@ -55,6 +55,9 @@ TARGETS = {
     "1024x8": {"ratio": 0.80, "p99_ratio": 1.5},
 }
 RAW_FILE_BYTES = 256 * MiB
+#: The `api` of the first checkout with ``file_wal.zero_fill`` on (``--zero-fill``): the WAL
+#: ring written once at creation, so appends run as on any lap after a new ring's first.
+ZERO_FILLED = "zero-filled"
 
 
 def summarize(lat: list[float], seconds: float, record_bytes: int) -> dict[str, Any]:
@@ -144,12 +147,16 @@ def per_append(
     }
 
 
-def measure_api(store: Path, size: int, threads: int, seconds: float) -> dict[str, Any]:
+def measure_api(
+    store: Path, size: int, threads: int, seconds: float, settings: dict[str, Any] | None = None
+) -> dict[str, Any]:
     import s3stream
     from s3stream import RecordBatch
 
     batch = RecordBatch(os.urandom(size))
-    with s3stream.open(str(store)) as client:
+    opened = time.perf_counter()
+    with s3stream.open(str(store), settings=settings or {}) as client:
+        open_s = time.perf_counter() - opened
         streams = [client.create_stream() for _ in range(threads)]
 
         def op(i: int) -> None:
@@ -167,13 +174,17 @@ def measure_api(store: Path, size: int, threads: int, seconds: float) -> dict[st
         collections = sum(s["collections"] for s in gc.get_stats()) - collections
     out = summarize(lat, dt, size) | per_append(len(lat), cpu, ru0, ru1)
     out["gc_collections"] = collections
+    out["open_s"] = open_s
     out["s3stream"] = s3stream.__file__
     return out
 
 
 def child_main(spec: dict[str, Any]) -> None:
     if spec["kind"] == "api":
-        r = measure_api(Path(spec["store"]), spec["size"], spec["threads"], spec["seconds"])
+        r = measure_api(
+            Path(spec["store"]), spec["size"], spec["threads"], spec["seconds"],
+            spec.get("settings"),
+        )  # fmt: skip
     else:
         r = measure_raw(
             Path(spec["path"]), spec["size"], spec["threads"], spec["seconds"], spec["fresh"]
@@ -218,6 +229,7 @@ def run(
     seconds: float,
     fresh_raw: bool,
     cases: tuple[tuple[int, int], ...] = CASES,
+    zero_fill: bool = False,
 ) -> dict[str, Any]:
     directory.mkdir(parents=True, exist_ok=True)
     raw_file = directory / "raw.bin"
@@ -231,12 +243,16 @@ def run(
                 if fresh_raw:
                     kinds.append(("raw-fresh", None))
                 kinds += [(f"api:{name}", path) for name, path in impls.items()]
+                if zero_fill:
+                    kinds.append((f"api:{ZERO_FILLED}", impls[next(iter(impls))]))
                 shift = rnd % len(kinds)
                 for kind, pythonpath in kinds[shift:] + kinds[:shift]:
                     spec: dict[str, Any] = {"size": size, "threads": threads, "seconds": seconds}
                     if kind.startswith("api"):
                         store = directory / f"store-{rnd}-{size}-{threads}"
                         spec |= {"kind": "api", "store": str(store)}
+                        if kind == f"api:{ZERO_FILLED}":
+                            spec["settings"] = {"file_wal.zero_fill": True}
                         try:
                             r = in_child(spec, pythonpath)
                         finally:
@@ -256,7 +272,8 @@ def run(
                     )
     finally:
         raw_file.unlink(missing_ok=True)
-    return {"runs": runs, "summary": summarize_runs(runs, impls, rounds, cases)}
+    names = dict(impls) | ({ZERO_FILLED: None} if zero_fill else {})
+    return {"runs": runs, "summary": summarize_runs(runs, names, rounds, cases)}
 
 
 def summarize_runs(
@@ -382,6 +399,11 @@ def main() -> None:
     )
     p.add_argument("--no-fresh-raw", action="store_true", help="skip the raw-fresh loop")
     p.add_argument(
+        "--zero-fill",
+        action="store_true",
+        help=f"also measure the first checkout with file_wal.zero_fill (as {ZERO_FILLED!r})",
+    )
+    p.add_argument(
         "--case",
         action="append",
         default=[],
@@ -405,7 +427,10 @@ def main() -> None:
         cases = tuple((int(b), int(t)) for b, _, t in (c.partition("x") for c in args.case))
     started = datetime.datetime.now(datetime.UTC)
     try:
-        results = run(args.dir, impls, args.rounds, args.seconds, not args.no_fresh_raw, cases)
+        results = run(
+            args.dir, impls, args.rounds, args.seconds, not args.no_fresh_raw, cases,
+            args.zero_fill,
+        )  # fmt: skip
     finally:
         shutil.rmtree(args.dir, ignore_errors=True)
     results["environment"] = {
@@ -418,6 +443,8 @@ def main() -> None:
         "seconds_per_measurement": args.seconds,
         "impls": impls,
     }
+    if args.zero_fill:
+        impls[ZERO_FILLED] = impls[next(iter(impls))]
     print_table(results["summary"], impls)
     out = args.out or (
         REPO / "bench" / "results" / f"{started:%Y-%m-%d}-append" / f"append-{started:%H%M}.json"

@@ -276,6 +276,15 @@ class FileWalSettings:
     #: allows it (else buffered writes are used, equally durable). Off by default: measured
     #: slower for small records under concurrency (docs/file-wal.md).
     direct_io: bool = False
+    #: Write zeros over the whole ring when a new WAL file is created (a device, or an existing
+    #: WAL, is never filled). A preallocated block is *unwritten* until its first write, and the
+    #: ``fdatasync`` that follows that write must also persist the extent's conversion: on the
+    #: ring's first lap every sync costs a metadata write besides the data (measured 0.6-0.7x
+    #: of the later laps' rate, docs/file-wal.md). Filling makes the first lap run like the
+    #: later ones, at the price of writing the capacity once while the WAL is created (about a
+    #: second per GiB here). Off by default: the first hour and short-lived test stores pay for
+    #: it without using it.
+    zero_fill: bool = False
     #: Largest group commit written with one vectored write.
     max_group_bytes: int = 8 * MiB
     #: Longest an append waits for ring space before `WalFullError` (0: fail at once).

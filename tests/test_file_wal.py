@@ -139,6 +139,27 @@ class TestFileWalConformance(WalTests):
         return failing_writes(wal)
 
 
+class TestZeroFilledFileWalConformance(TestFileWalConformance):
+    """The same contract on a WAL whose ring was written with zeros at creation
+    (`FileWalSettings.zero_fill`): zeros where no frame is must read as the end of the log."""
+
+    def open_wal(self, medium: Path) -> FileWal:
+        return FileWal(medium, settings=small(4 * MiB, zero_fill=True))
+
+    def open_small_wal(self, medium: Path, capacity_bytes: int, full_wait_ms: int) -> FileWal:
+        return FileWal(
+            medium, settings=small(capacity_bytes, full_wait_ms=full_wait_ms, zero_fill=True)
+        )
+
+    def open_wal_as(self, medium: Path, node_epoch: int) -> FileWal:
+        return FileWal(
+            medium,
+            node_epoch=node_epoch,
+            settings=small(4 * MiB, zero_fill=True),
+            take_over=True,
+        )
+
+
 # -- round trips --------------------------------------------------------------------------------
 
 
@@ -877,6 +898,60 @@ def test_wal_of_another_node_is_refused(wal_path: Path) -> None:
     with pytest.raises(InvalidArgumentError, match="belongs to node 'node-a'"):
         FileWal(wal_path, node_id="node-b", settings=small())
     FileWal(wal_path, node_id="node-a", settings=small()).close()
+
+
+def first_hole(path: Path) -> int:
+    """File offset of the first hole at or after the ring's start (the file's size if none).
+    ext4 and XFS report preallocated blocks never written (unwritten extents) as holes."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.lseek(fd, DATA_START, os.SEEK_HOLE)
+    finally:
+        os.close(fd)
+
+
+def test_zero_fill_writes_every_block_of_a_new_ring_once(tmp_path: Path) -> None:
+    plain, filled = tmp_path / "plain.wal", tmp_path / "filled.wal"
+    FileWal(plain, settings=small(1 * MiB)).close()
+    if first_hole(plain) == plain.stat().st_size:
+        pytest.skip("this filesystem does not report preallocated, unwritten blocks as holes")
+    wal = FileWal(filled, settings=small(1 * MiB, zero_fill=True))
+    size = filled.stat().st_size
+    assert size == DATA_START + 1 * MiB
+    assert first_hole(filled) == size, "a block of the ring was left unwritten"
+    recover_all(wal)
+    acked = append_all(wal, [data_for(i, 3000) for i in range(20)])
+    wal.close()
+    # An existing WAL is never filled again: its records survive a reopen with the setting.
+    wal = FileWal(filled, settings=small(1 * MiB, zero_fill=True))
+    assert recover_all(wal) == acked
+    wal.close()
+    # By URL too.
+    url = f"file://{tmp_path / 'u.wal'}?capacity_bytes=64KiB&zero_fill=1"
+    by_url = open_wal(url, node_id="", clock=SystemClock())
+    assert isinstance(by_url, FileWal)
+    assert first_hole(by_url.path) == by_url.path.stat().st_size
+    by_url.close()
+
+
+def test_a_creation_that_crashed_while_zero_filling_is_redone(tmp_path: Path) -> None:
+    """A crash while the ring is being filled leaves a full-size file without a header:
+    the next opener formats it again instead of refusing it, but does not fill it (such a file
+    may also be a WAL whose header slots were damaged: its ring's bytes are left alone)."""
+    path = tmp_path / "crashed.wal"
+    settings = small(256 * KiB, zero_fill=True)
+    with open(path, "wb") as f:
+        f.truncate(DATA_START + settings.capacity_bytes)
+        f.seek(DATA_START + 1000)
+        f.write(b"bytes of an earlier ring")
+    wal = FileWal(path, settings=settings)
+    assert FileWal.read_raw(path, DATA_START + 1000, 24) == b"bytes of an earlier ring"
+    recover_all(wal)
+    acked = append_all(wal, [b"after the redo"])
+    wal.close()
+    wal = FileWal(path, settings=settings)
+    assert recover_all(wal) == acked
+    wal.close()
 
 
 def test_settings_validation() -> None:

@@ -494,6 +494,16 @@ class FileWal(PipelinedWal):
                     raise os_error(
                         f"cannot preallocate {capacity} bytes for WAL", path, exc
                     ) from exc
+            # Only a file this call created, or found empty: a full-size file whose header
+            # slots read as zeros may be a damaged WAL whose ring still holds records.
+            if self._settings.zero_fill and (created or size == 0):
+                try:
+                    _zero_fill(fd, DATA_START, capacity)
+                except OSError as exc:
+                    self._undo_create(created)
+                    raise os_error(
+                        f"cannot write zeros over the {capacity}-byte ring of WAL", path, exc
+                    ) from exc
         header = HeaderSlot(
             generation=1,
             capacity=capacity,
@@ -1089,6 +1099,21 @@ def _pwrite_all(fd: int, parts: Sequence[bytes | memoryview], offset: int) -> No
             else:
                 views[i] = views[i][written:]
                 written = 0
+
+
+#: Bytes of zeros written per call by `_zero_fill`.
+_FILL_CHUNK = 8 << 20
+
+
+def _zero_fill(fd: int, offset: int, length: int) -> None:
+    """Write zeros over ``[offset, offset + length)`` and make them durable, so every block
+    of the range is a written one (`FileWalSettings.zero_fill`)."""
+    chunk = memoryview(bytes(min(_FILL_CHUNK, length)))
+    end = offset + length
+    while offset < end:
+        _pwrite_all(fd, [chunk[: min(len(chunk), end - offset)]], offset)
+        offset += min(len(chunk), end - offset)
+    os.fdatasync(fd)
 
 
 def _close_mmap(buf: mmap.mmap) -> None:
