@@ -16,8 +16,12 @@ entries alike) or per GET/HEAD/LIST, slept on the real clock: an S3-like profile
 store, so the two profiles differ in latency only.
 
 Per run it prints commits/s over all writers, the slowest writer's commits ÷ the fastest's
-(1.0 = fair), flush latency p50/p99/max over all flushes, lost races, and errors; the JSON goes
-to bench/results/metadata.json (or --out). WALs are in memory: only the flush path is measured.
+(1.0 = fair), flush latency p50/p99/max over all flushes, lost races, and errors; then where
+the time went: CPU per commit of the writer processes and of the PostgreSQL server (the one the
+bench started), how busy the machine was, and for PostgreSQL the commit's steps as its clients
+timed them (the wait for the lock and the read of the missed entries, the build with the lock
+held, the INSERT and COMMIT). The JSON goes to bench/results/metadata.json (or --out). WALs are
+in memory: only the flush path is measured.
 
     .venv/bin/python bench/metadata_bench.py [--seconds 10] [--writers 1,2,4,8,16]
         [--backends store,postgres] [--postgres-url URL] [--put-latency-ms MS]
@@ -26,8 +30,10 @@ to bench/results/metadata.json (or --out). WALs are in memory: only the flush pa
 ``--seaweedfs`` puts the store on a SeaweedFS S3 server on loopback (a fresh prefix per row)
 instead of a local directory; with ``--put-latency-ms`` it is the S3-like profile.
 
-``--creates`` measures `client.create_stream` instead (issue 19): streams/s from 1 and 8
-threads of one client on a local directory store, the embedded default.
+``--creates`` measures stream creation instead (issue 19): streams/s of one client on a local
+directory store, the embedded default: `client.create_stream` from 1 and 8 threads, the
+manager's `create_stream(open_for=...)` alone, and `client.create_streams` in batches of 100
+and 1,000 (from 1 thread).
 """
 
 from __future__ import annotations
@@ -133,6 +139,8 @@ def worker(
     latencies: list[float] = []
     errors: dict[str, int] = {}
     payload = os.urandom(200)
+    times_before = _commit_times(client)
+    cpu_before = time.process_time()
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
@@ -146,9 +154,21 @@ def worker(
     conflicts = int(family.total()) if family is not None else 0
     result = {"node": node, "flushes": latencies, "errors": errors, "lost": conflicts}
     result["commit_failures"] = CommitFailures.count
+    result["cpu_s"] = time.process_time() - cpu_before
+    times = _commit_times(client)
+    if times is not None and times_before is not None:
+        result["commit_times"] = {k: v - times_before[k] for k, v in times.items()}
     print(json.dumps(result))
     sys.stdout.flush()
     client.close()
+
+
+def _commit_times(client: Any) -> dict[str, float] | None:
+    """The PostgreSQL log's totals of where its serialized commits spent their time."""
+    import dataclasses
+
+    times = getattr(client._meta.log, "commit_times", None)
+    return None if times is None else dataclasses.asdict(times)
 
 
 # -- the parent --------------------------------------------------------------------------------
@@ -161,6 +181,7 @@ def run(
     metadata: str | None,
     latency_ms: tuple[float, float] = (0.0, 0.0),
     s3: Any = None,
+    server_pid: int | None = None,
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="s3stream-metabench-") as tmp:
         store = str(Path(tmp) / "store")
@@ -181,10 +202,19 @@ def run(
                     _expect_ready(proc)
             for proc in procs[1:]:
                 _expect_ready(proc)
+            server_cpu, machine = _server_cpu_s(server_pid), _machine_cpu_s()
+            wal = _wal_syncs(metadata if server_pid else None)
             for proc in procs:
                 assert proc.stdin is not None
                 proc.stdin.write(f"GO {seconds}\n")
                 proc.stdin.flush()
+            # Sampled at the end of the run, before the writers close (a backend that exited
+            # and is not reaped yet would not be counted).
+            time.sleep(seconds)
+            server_cpu = _server_cpu_s(server_pid) - server_cpu
+            wal_now = _wal_syncs(metadata if server_pid else None)
+            wal = (wal_now[0] - wal[0], wal_now[1] - wal[1])
+            busy, idle = (b - a for a, b in zip(machine, _machine_cpu_s(), strict=True))
             results = []
             for proc in procs:
                 assert proc.stdout is not None
@@ -201,6 +231,22 @@ def run(
     for r in results:
         for k, v in r["errors"].items():
             errors[k] = errors.get(k, 0) + v
+    commits = max(1, sum(counts))
+    cpu = {
+        "writers_ms_per_commit": 1000 * sum(r["cpu_s"] for r in results) / commits,
+        "server_ms_per_commit": 1000 * server_cpu / commits if server_pid else None,
+        "machine_busy": busy / (busy + idle) if busy + idle else 0.0,
+        # The server's WAL flushes (pg_stat_wal, track_wal_io_timing on): per commit, and
+        # the mean time of one, which every serialized commit waits for with the lock held.
+        "wal_syncs_per_commit": wal[0] / commits if server_pid else None,
+        "wal_sync_ms": wal[1] / wal[0] if server_pid and wal[0] else None,
+    }
+    timed = [r["commit_times"] for r in results if "commit_times" in r]
+    lock: dict[str, float] = {}
+    if timed:
+        n = max(1, sum(t["commits"] for t in timed))
+        lock = {k: 1000 * sum(t[k] for t in timed) / n for k in ("lock_s", "compose_s", "write_s")}
+        lock["missed_entries"] = sum(t["entries"] for t in timed) / n
     return {
         "backend": backend,
         "object_store": "seaweedfs" if s3 is not None else "local directory",
@@ -220,7 +266,53 @@ def run(
         "lost_races": sum(r["lost"] for r in results),
         "commit_failures": sum(r["commit_failures"] for r in results),
         "errors": errors,
+        "cpu": cpu,
+        "commit_ms": lock,
     }
+
+
+def _server_cpu_s(pid: int | None) -> float:
+    """CPU seconds of a local PostgreSQL server: the postmaster, its live children and the
+    children it reaped (cutime, cstime); 0 without one."""
+    if pid is None:
+        return 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def fields(p: int | str) -> list[str]:
+        with open(f"/proc/{p}/stat") as f:
+            return f.read().rpartition(")")[2].split()
+
+    top = fields(pid)
+    total = sum(int(x) for x in top[11:15])  # utime stime cutime cstime
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                f = fields(p)
+            except OSError:
+                continue
+            if int(f[1]) == pid:
+                total += int(f[11]) + int(f[12])
+    return total / tick
+
+
+def _wal_syncs(url: str | None) -> tuple[float, float]:
+    """The server's WAL syncs so far and their total time in ms (0, 0 without a server the
+    bench started, which turned track_wal_io_timing on)."""
+    if url is None:
+        return 0.0, 0.0
+    import psycopg
+
+    with psycopg.connect(url.partition("?")[0], autocommit=True) as conn:
+        row = conn.execute("SELECT wal_sync, wal_sync_time FROM pg_stat_wal").fetchone()
+    return (float(row[0]), float(row[1])) if row else (0.0, 0.0)
+
+
+def _machine_cpu_s() -> tuple[float, float]:
+    """Busy and idle CPU seconds of the machine so far (/proc/stat)."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    idle = ticks[3] + ticks[4]
+    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK"), idle / os.sysconf("SC_CLK_TCK")
 
 
 def _expect_ready(proc: subprocess.Popen[str]) -> None:
@@ -265,6 +357,11 @@ def main() -> None:
     server: PostgresServer | None = None
     if "postgres" in backends and a.postgres_url is None:
         server = PostgresServer(fsync=True).start()
+        import psycopg
+
+        with psycopg.connect(server.url(), autocommit=True) as conn:  # for _wal_syncs
+            conn.execute("ALTER SYSTEM SET track_wal_io_timing = on")
+            conn.execute("SELECT pg_reload_conf()")
     s3: Any = None
     if a.seaweedfs:
         from s3stream.testing.seaweedfs import SeaweedS3Server
@@ -281,7 +378,8 @@ def main() -> None:
                     metadata = f"{base}{sep}namespace=bench-{uuid.uuid4().hex[:8]}"
                     if a.pg_optimistic:
                         metadata += "&optimistic"
-                row = run(backend, n, a.seconds, metadata, latency, s3)
+                pid = server.pid if server is not None and backend == "postgres" else None
+                row = run(backend, n, a.seconds, metadata, latency, s3, pid)
                 rows.append(row)
                 f = row["flush_ms"]
                 print(
@@ -293,6 +391,7 @@ def main() -> None:
                     f"{row['commit_failures']}, flush errors {row['errors'] or 0}",
                     flush=True,
                 )
+                _print_costs(row)
     finally:
         if server is not None:
             server.stop()
@@ -304,21 +403,42 @@ def main() -> None:
     print(f"saved {out}")
 
 
+def _print_costs(row: dict[str, Any]) -> None:
+    """Where a row's time went: CPU per commit (writers, server), and the PostgreSQL log's
+    commit steps per commit as its clients timed them."""
+    c, t = row["cpu"], row["commit_ms"]
+    line = f"{'':8} cpu per commit: writers {c['writers_ms_per_commit']:.2f} ms"
+    if c["server_ms_per_commit"] is not None:
+        line += f", server {c['server_ms_per_commit']:.2f} ms"
+    line += f", machine {100 * c['machine_busy']:.0f}% busy"
+    if c.get("wal_sync_ms") is not None:
+        line += f", WAL syncs {c['wal_syncs_per_commit']:.2f}/commit of {c['wal_sync_ms']:.2f} ms"
+    if t:
+        line += (
+            f"; per commit: lock wait+read {t['lock_s']:.2f} ms, build {t['compose_s']:.2f} ms "
+            f"({t['missed_entries']:.1f} missed entries), insert+commit {t['write_s']:.2f} ms"
+        )
+    print(line, flush=True)
+
+
 def creates(seconds: float, out: Path) -> None:
-    """`client.create_stream` per second from 1 and 8 threads of one client (issue 19)."""
+    """Streams created per second by one client (issue 19): `create_stream` from 1 and 8
+    threads, through the client and through the manager alone; `create_streams` in batches."""
     rows = [
         _create_rate(threads, seconds, via) for via in ("client", "manager") for threads in (1, 8)
     ]
+    rows += [_create_rate(1, seconds, "batch", batch) for batch in (100, 1000)]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"cpus": os.cpu_count(), "rows": rows}, indent=2) + "\n")
     print(f"saved {out}")
 
 
-def _create_rate(threads: int, seconds: float, via: str) -> dict[str, Any]:
-    """Streams/s `via` ``client.create_stream`` (a create and an open, two commits, under
-    the client's lock) or ``manager``: `MetadataManager.create_stream(open_for=...)`, the
-    same two ops in one commit and without the client's lock, so that concurrent creates
-    fold into one entry (what the client would get by using it)."""
+def _create_rate(threads: int, seconds: float, via: str, batch: int = 1) -> dict[str, Any]:
+    """Streams/s `via` ``client``: ``client.create_stream`` (one entry per create, concurrent
+    creates folded; before issue 19's change it committed a create and an open, two entries,
+    under the client's lock); ``manager``: `MetadataManager.create_stream(open_for=...)`,
+    the metadata commit alone, without the client's bookkeeping; ``batch``:
+    ``client.create_streams`` of `batch` streams a call."""
     import threading
 
     import s3stream
@@ -332,32 +452,41 @@ def _create_rate(threads: int, seconds: float, via: str) -> dict[str, Any]:
         def loop(i: int) -> None:
             start.wait()
             meta = client._meta
+            tags = [{"t": str(i)}] * batch
             while time.monotonic() < deadline[0]:
                 if via == "client":
                     client.create_stream({"t": str(i)})
+                elif via == "batch":
+                    client.create_streams(tags)
                 else:
                     meta.create_stream({"t": str(i)}, open_for="local")
-                counts[i] += 1
+                counts[i] += batch
 
         pool = [threading.Thread(target=loop, args=(i,)) for i in range(threads)]
         for t in pool:
             t.start()
-        deadline[0] = time.monotonic() + seconds
+        started = time.monotonic()
+        deadline[0] = started + seconds
         start.wait()
         for t in pool:
             t.join()
+        # A call started before the deadline ends after it: rates are over the time taken.
+        elapsed = time.monotonic() - started
         # Log entries written: how many creates each entry folded.
         entries = client._meta.seq
         client.close()
     row = {
         "via": via,
         "threads": threads,
-        "streams_per_s": sum(counts) / seconds,
+        "batch": batch,
+        "streams_per_s": sum(counts) / elapsed,
         "streams": sum(counts),
         "log_entries": entries,
     }
     print(
-        f"create_stream via {via}, {threads} threads: {row['streams_per_s']:8.1f} streams/s {row}"
+        f"create via {via}, {threads} threads, batch {batch}: "
+        f"{row['streams_per_s']:8.1f} streams/s {row}",
+        flush=True,
     )
     return row
 

@@ -472,6 +472,12 @@ class AsyncStreamClient:
         """Create a new, empty stream owned by this client (`StreamClient.create_stream`)."""
         return self._wrap(await self._threads.call(self._client.create_stream, tags))
 
+    async def create_streams(self, tags: Sequence[Mapping[str, str] | None]) -> list[AsyncStream]:
+        """Create ``len(tags)`` new streams at once, in that order
+        (`StreamClient.create_streams`)."""
+        streams = await self._threads.call(self._client.create_streams, tags)
+        return [self._wrap(s) for s in streams]
+
     async def open_stream(self, stream_id: int, *, force: bool = False) -> AsyncStream:
         """Open an existing stream for appending and reading (`StreamClient.open_stream`)."""
         return self._wrap(

@@ -6,7 +6,8 @@ import contextlib
 import logging
 import random
 import threading
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,14 +23,24 @@ from .compaction import (
     WriterOptions,
 )
 from .errors import (
+    FencedError,
     InvalidArgumentError,
     S3StreamError,
     StreamClosedError,
     UnavailableError,
 )
 from .failover import TakeOverReport, call_wal_factory, has_open_streams, take_over_node
-from .metadata import CloseStream, MetadataLogStore, MetadataManager, MetadataState, StreamMeta
+from .metadata import (
+    CloseStream,
+    DeleteStream,
+    MetadataLogStore,
+    MetadataManager,
+    MetadataState,
+    Op,
+    StreamMeta,
+)
 from .metadata.binding import bind_log
+from .metadata.manager import MAX_CREATES_PER_ENTRY
 from .metadata.registry import check_metadata_url, open_metadata_log
 from .metrics.components import MetadataInstruments, StorageInstruments, WalInstruments
 from .metrics.cost import CostReport, PriceTable
@@ -61,13 +72,17 @@ from .validation import (
 )
 from .wal.base import WriteAheadLog
 
-__all__ = ["ClientMetrics", "StreamClient", "WalFactory"]
+__all__ = ["MAX_CREATE_BATCH", "ClientMetrics", "StreamClient", "WalFactory"]
 
 log = logging.getLogger(__name__)
 
 #: Builds the client's WAL once the node epoch is known:
 #: ``factory(node_id, node_epoch, on_full)``; `on_full` asks for an upload to free WAL space.
 WalFactory = Callable[[str, int, Callable[[], None]], WriteAheadLog]
+
+#: Most streams one `StreamClient.create_streams` call creates (it commits one metadata entry
+#: per `s3stream.metadata.manager.MAX_CREATES_PER_ENTRY` of them).
+MAX_CREATE_BATCH = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,12 +118,31 @@ class ClientMetrics:
         return self.ledger.cost(window_s)
 
 
-def _check_new_tags(tags: object) -> dict[str, str]:
+def _check_new_tags(tags: object, name: str = "tags") -> dict[str, str]:
     """Tags of a new stream: str to str, and a retention policy in them must parse (else the
     compactor would meet the bad value later, in the background)."""
-    checked = check_str_map("tags", tags, allow_none=True)
-    RetentionPolicy.from_tags(checked)
+    checked = check_str_map(name, tags, allow_none=True)
+    try:
+        RetentionPolicy.from_tags(checked)
+    except InvalidArgumentError as exc:
+        if name == "tags":
+            raise
+        raise InvalidArgumentError(f"{name}: {exc}") from exc
     return checked
+
+
+def _check_batch_tags(tags: object) -> list[dict[str, str]]:
+    """`create_streams`' argument: a sequence (not a str, nor one mapping) of 1 to
+    `MAX_CREATE_BATCH` tags of new streams (mappings or None), each checked."""
+    if isinstance(tags, str | bytes | bytearray | Mapping) or not isinstance(tags, Sequence):
+        raise InvalidArgumentError(
+            "tags must be a sequence (e.g. a list) holding each new stream's tags (a mapping "
+            f"of str to str, or None), not a {type(tags).__name__}"
+        )
+    check_int("the number of streams (len(tags))", len(tags), minimum=1, maximum=MAX_CREATE_BATCH)
+    # By index, as far as len() says: a sequence whose iteration yields more than its len()
+    # cannot make more streams than were checked (nor run forever).
+    return [_check_new_tags(tags[i], f"tags[{i}]") for i in range(len(tags))]
 
 
 def _check_wal_arg(wal: object) -> None:
@@ -194,6 +228,11 @@ class StreamClient(Closeable):
         self._lock = threading.RLock()
         self._streams: dict[int, Stream] = {}
         self._closed = False
+        self._abandoned = False
+        #: Calls of `create_streams` (and `create_stream`) committing without the lock: close()
+        #: waits for them (on `_creates_done`) before it lists the streams to release.
+        self._creating = 0
+        self._creates_done = threading.Condition(self._lock)
         #: Set once close() (or abandon()) has finished; `_close_error` is what it raised.
         self._close_done = threading.Event()
         self._close_error: BaseException | None = None
@@ -397,12 +436,125 @@ class StreamClient(Closeable):
         """Create a new, empty stream owned by this client.
 
         `tags` map str to str; ``retention.ms`` / ``retention.bytes`` must be integers.
+        The stream is created and opened in one metadata entry, and creates of concurrent
+        threads fold into one entry (group commit); `create_streams` makes many at once.
         """
-        tags = _check_new_tags(tags)
+        return self._create([_check_new_tags(tags)])[0]
+
+    def create_streams(self, tags: Sequence[Mapping[str, str] | None]) -> list[Stream]:
+        """Create ``len(tags)`` new, empty streams owned by this client, one per item of
+        `tags` (that stream's tags, or None for none), and return them in that order; their
+        ids ascend (consecutive within each entry of 1,024: other writers may take ids between
+        entries). ``create_streams([None] * 100)`` makes 100 untagged streams,
+        ``create_streams([{"topic": "t", "partition": str(p)} for p in range(64)])`` 64
+        partitions.
+
+        One metadata entry per `MAX_CREATES_PER_ENTRY` (1,024) streams: all or none, as one
+        `create_stream` is. A batch of several entries that fails part-way deletes the
+        streams of the entries already written (best effort) before raising. From 1 to
+        `MAX_CREATE_BATCH` (100,000) streams per call; tags as for `create_stream`.
+        """
+        return self._create(_check_batch_tags(tags))
+
+    def _create(self, tags: list[dict[str, str]]) -> list[Stream]:
+        """Create and open streams with `tags` (checked), committing without the client's lock
+        (so concurrent creates fold into one entry), then attach them under it."""
         with self._lock:
             self._check_open()
-            meta = self._meta.create_stream(tags)
-            return self._attach(self._meta.open_stream(meta.stream_id, self._node_id))
+            self._creating += 1
+        created: list[StreamMeta] = []
+        try:
+            for i in range(0, len(tags), MAX_CREATES_PER_ENTRY):
+                if i and self._closed:
+                    raise StreamClosedError("the client was closed while streams were created")
+                if self._abandoned:
+                    # Like a crash: an abandoned client writes nothing more (no undo either).
+                    created = []
+                    raise StreamClosedError("the client was abandoned while streams were created")
+                chunk = tags[i : i + MAX_CREATES_PER_ENTRY]
+                created += self._meta.create_streams(chunk, open_for=self._node_id)
+        except BaseException:
+            if created and not self._abandoned:
+                self._undo_creates(created)
+            with self._lock:
+                self._creating -= 1
+                self._creates_done.notify_all()
+            raise
+        with self._lock:
+            self._creating -= 1
+            self._creates_done.notify_all()
+            if self._owner.closed_how is None:
+                # Not listed by close() yet (it waits for this call): attached now, its
+                # streams are released by close() as every other one of this client's.
+                return [self._attach_created(meta) for meta in created]
+        # close() gave up waiting for this call (its deadline passed) and has listed the
+        # streams to release without these; or the client was abandoned.
+        released = not self._abandoned and self._release_late(created)
+        ids = [m.stream_id for m in created]
+        raise StreamClosedError(
+            f"the client was closed while streams {ids} were created"
+            + ("; they were released" if released else f"; they stay open on {self._node_id!r}")
+        )
+
+    def _attach_created(self, meta: StreamMeta) -> Stream:
+        existing = self._streams.get(meta.stream_id)
+        if existing is not None and not existing.closed:
+            # Opened by `open_stream` between the commit and now (its id guessed): that
+            # handle, of the newer epoch, is the stream's.
+            return existing
+        now = self._meta.state.streams.get(meta.stream_id)
+        if (
+            now is None
+            or now.state is not StreamState.OPEN
+            or now.epoch != meta.epoch
+            or now.owner != self._node_id
+        ):
+            # Opened (and closed, or deleted) by another call between the commit and now: a
+            # handle of the create's epoch would take appends that the next upload is fenced
+            # from. The stream exists; `open_stream` gives a handle of the current epoch.
+            raise FencedError(
+                f"stream {meta.stream_id} was opened by another call before its create "
+                f"returned (it is now at epoch {now.epoch if now else '-'}, "
+                f"{now.state.name.lower() if now else 'deleted'}); open it with open_stream"
+            )
+        return self._attach(meta)
+
+    def _undo_creates(self, created: list[StreamMeta]) -> None:
+        """Delete streams of a batch that failed part-way (one entry), best effort; if that
+        fails too they stay this client's (attached: close() releases them)."""
+
+        def build(state: MetadataState) -> list[Op]:
+            ops: list[Op] = []
+            for m in created:
+                s = state.streams.get(m.stream_id)
+                if s is not None and s.state is StreamState.OPEN and s.epoch == m.epoch:
+                    ops.append(DeleteStream(m.stream_id, m.epoch))
+            return ops
+
+        try:
+            self._meta.commit(build)
+        except Exception as exc:
+            ids = [m.stream_id for m in created]
+            self._log.warning(
+                "could not delete streams %s of a create_streams call that failed: %s; they "
+                "stay open on this node",
+                ids,
+                exc,
+            )
+            with self._lock:
+                if self._owner.closed_how is None:
+                    for meta in created:
+                        # Attached so that close() releases them; one another call opened
+                        # meanwhile is that call's (this one is failing anyway).
+                        with contextlib.suppress(FencedError):
+                            self._attach_created(meta)
+
+    def _release_late(self, created: list[StreamMeta]) -> bool:
+        """Close streams created after close() listed this client's (best effort)."""
+        with contextlib.suppress(Exception):
+            self._release_streams([(m.stream_id, m.epoch) for m in created])
+            return True
+        return False
 
     def open_stream(self, stream_id: int, *, force: bool = False) -> Stream:
         """Open an existing stream for appending and reading.
@@ -591,6 +743,13 @@ class StreamClient(Closeable):
             again = self._closed
             self._closed = True
             if not again:
+                if self._creating:
+                    # Creates in flight attach their streams first, so that they are released
+                    # with the others (within this call's deadline).
+                    limit = self._settings.call_timeout_ms / 1000 if timeout is None else timeout
+                    started = time.monotonic()
+                    self._creates_done.wait_for(lambda: self._creating == 0, limit)
+                    timeout = max(0.0, limit - (time.monotonic() - started))
                 owned = [(sid, s.epoch) for sid, s in self._streams.items() if not s.closed]
                 self._owner.closed_how = "closed (client closed)"
         if again:
@@ -650,6 +809,7 @@ class StreamClient(Closeable):
             if self._closed:
                 return
             self._closed = True
+            self._abandoned = True
             self._owner.closed_how = "closed (client abandoned)"
         try:
             self._storage.abandon()

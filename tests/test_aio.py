@@ -49,6 +49,22 @@ def test_open_takes_the_arguments_of_the_sync_open() -> None:
     assert s3stream.aio is aio  # the facade's attribute, imported on first use
 
 
+def test_create_streams_in_one_call(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with await open_dir(tmp_path) as client:
+            seq = client.sync.metadata.seq
+            streams = await client.create_streams([{"p": "0"}, None, {"p": "2"}])
+            assert client.sync.metadata.seq == seq + 1  # one metadata entry
+            assert [s.stream_id for s in streams] == [0, 1, 2]
+            assert [dict(s.tags) for s in streams] == [{"p": "0"}, {}, {"p": "2"}]
+            assert all(isinstance(s, aio.AsyncStream) for s in streams)
+            assert (await streams[1].append(RecordBatch(b"x"))).base_offset == 0
+            with pytest.raises(InvalidArgumentError):
+                await client.create_streams([])
+
+    asyncio.run(main())
+
+
 def test_append_fetch_tail_and_close(tmp_path: Path) -> None:
     async def main() -> None:
         async with await open_dir(tmp_path) as client:

@@ -248,6 +248,250 @@ def test_closed_stream_and_client(tmp_path: Path) -> None:
     client.close()  # idempotent
 
 
+def hold_first_entry(
+    client: s3stream.StreamClient, monkeypatch: pytest.MonkeyPatch, until: Callable[[], bool]
+) -> threading.Event:
+    """Make the client's next metadata entry wait, before it is written, until `until()` is
+    true (at most 10 s); the event is set once it waits."""
+    log = client.metadata.log
+    create = log.create_entry
+    waiting = threading.Event()
+    first = [True]
+
+    def held(seq: int, data: bytes) -> bool:
+        if first[0]:
+            first[0] = False
+            waiting.set()
+            deadline = time.monotonic() + 10
+            while not until() and time.monotonic() < deadline:
+                time.sleep(0.001)
+        return create(seq, data)
+
+    monkeypatch.setattr(log, "create_entry", held)
+    return waiting
+
+
+def test_create_streams_one_entry_ids_in_order_usable(tmp_path: Path) -> None:
+    from s3stream.metadata import CreateStream, OpenStream
+
+    with open_local(tmp_path, node_id="n1") as client:
+        first = client.create_stream({"topic": "t"})
+        seq = client.metadata.seq
+        streams = client.create_streams([{"p": str(i)} for i in range(5)] + [None])
+        # One entry: each stream created and opened, in the order given, ids consecutive.
+        assert client.metadata.seq == seq + 1
+        ops = client.metadata.log.read_entry(seq + 1)[0].ops
+        assert [type(op) for op in ops] == [CreateStream, OpenStream] * 6
+        ids = [s.stream_id for s in streams]
+        assert ids == list(range(first.stream_id + 1, first.stream_id + 7))
+        assert [op.stream_id for op in ops[::2]] == ids
+        assert [dict(s.tags) for s in streams] == [{"p": str(i)} for i in range(5)] + [{}]
+        for s in streams:
+            assert s.epoch == 1
+            s.append(RecordBatch(b"in %d" % s.stream_id))
+        assert client.open_stream(ids[2]) is streams[2]  # the client's own handle
+        infos = client.list_streams()
+        assert [i.stream_id for i in infos] == [first.stream_id, *ids]
+    with open_local(tmp_path, node_id="n2") as other:
+        # Released by close(): another node opens them without a take-over.
+        for sid in ids:
+            got = other.open_stream(sid).fetch(0).batches
+            assert [b.payload for b in got] == [b"in %d" % sid]
+
+
+def test_create_streams_splits_big_batches_into_entries(tmp_path: Path) -> None:
+    from s3stream.metadata.manager import MAX_CREATES_PER_ENTRY
+
+    with open_local(tmp_path) as client:
+        seq = client.metadata.seq
+        streams = client.create_streams([{"n": str(i)} for i in range(MAX_CREATES_PER_ENTRY + 3)])
+        assert client.metadata.seq == seq + 2
+        sizes = [len(client.metadata.log.read_entry(q)[0].ops) for q in (seq + 1, seq + 2)]
+        assert sizes == [2 * MAX_CREATES_PER_ENTRY, 6]
+        assert [s.stream_id for s in streams] == list(range(MAX_CREATES_PER_ENTRY + 3))
+        assert streams[-1].tags == {"n": str(MAX_CREATES_PER_ENTRY + 2)}
+
+
+def test_create_streams_refuses_bad_input(tmp_path: Path) -> None:
+    from s3stream.client import MAX_CREATE_BATCH
+
+    with open_local(tmp_path) as client:
+        seq = client.metadata.seq
+        bad: list[tuple[Any, str]] = [
+            ([], "number of streams"),
+            ((), "number of streams"),
+            ({"topic": "t"}, "sequence"),  # one mapping: a likely slip for [tags]
+            ("topic", "sequence"),
+            (b"topic", "sequence"),
+            (3, "sequence"),
+            (None, "sequence"),
+            ({None}, "sequence"),  # a set has no order
+            ([{"a": "1"}, {"a": 1}], r"tags\[1\]"),
+            ([None, "x"], r"tags\[1\]"),
+            ([{"retention.ms": "soon"}], r"tags\[0\].*retention"),
+            ([None] * (MAX_CREATE_BATCH + 1), "number of streams"),
+        ]
+        for tags, message in bad:
+            with pytest.raises(InvalidArgumentError, match=message):
+                client.create_streams(tags)
+        # Nothing was written, no id was used.
+        assert client.metadata.seq == seq and client.list_streams() == []
+        assert client.create_streams([None])[0].stream_id == 0
+    with pytest.raises(StreamClosedError):
+        client.create_streams([None])
+
+
+def test_create_streams_whose_commit_fails_creates_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from s3stream.errors import UnavailableError
+
+    with open_local(tmp_path) as client:
+        log = client.metadata.log
+        create = log.create_entry
+        fail_at: list[int] = []
+
+        def failing(seq: int, data: bytes) -> bool:
+            if seq in fail_at:
+                fail_at.remove(seq)  # once per listing
+                raise UnavailableError(f"injected: entry {seq} not written")
+            return create(seq, data)
+
+        monkeypatch.setattr(log, "create_entry", failing)
+        seq = client.metadata.seq
+        fail_at += [seq + 1, seq + 1]
+        with pytest.raises(UnavailableError, match="injected"):
+            client.create_streams([{"p": "0"}, {"p": "1"}])
+        with pytest.raises(UnavailableError, match="injected"):
+            client.create_stream()
+        assert client.metadata.seq == seq and client.list_streams() == []
+        assert client.metadata.state.next_stream_id == 0 and not client._streams
+        # A batch of two entries whose second fails: the first one's streams are deleted.
+        monkeypatch.setattr(s3stream.client, "MAX_CREATES_PER_ENTRY", 2)
+        fail_at[:] = [seq + 2]
+        with pytest.raises(UnavailableError, match="injected"):
+            client.create_streams([None] * 3)
+        assert client.list_streams() == [] and not client._streams
+        # Entry seq+1 created 0 and 1; seq+2, after the failed one, deleted them.
+        assert client.metadata.seq == seq + 2
+        undo = client.metadata.log.read_entry(seq + 2)[0].ops
+        assert [(type(op).__name__, op.stream_id) for op in undo] == [  # type: ignore[union-attr]
+            ("DeleteStream", 0),
+            ("DeleteStream", 1),
+        ]
+        assert [s.stream_id for s in client.create_streams([None] * 3)] == [2, 3, 4]
+
+
+def test_concurrent_create_stream_calls_fold_into_one_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Creates of several threads do not queue on the client's lock: while one entry is
+    being written, the others' creates queue in the metadata manager and go out as ONE
+    entry, each stream created and opened."""
+    with open_local(tmp_path) as client:
+        meta = client.metadata
+        seq = meta.seq
+        waiting = hold_first_entry(client, monkeypatch, lambda: len(meta._queue) >= 7)
+        made: list[s3stream.Stream] = []
+        lock = threading.Lock()
+
+        def create(i: int) -> None:
+            s = client.create_stream({"i": str(i)})
+            with lock:
+                made.append(s)
+
+        pool = [threading.Thread(target=create, args=(0,))]
+        pool[0].start()
+        assert waiting.wait(10)
+        pool += [threading.Thread(target=create, args=(i,)) for i in range(1, 8)]
+        for t in pool[1:]:
+            t.start()
+        for t in pool:
+            t.join(30)
+        assert meta.seq == seq + 2
+        assert len(meta.log.read_entry(seq + 2)[0].ops) == 14
+        assert sorted(s.stream_id for s in made) == list(range(8))
+        assert sorted(s.tags["i"] for s in made) == [str(i) for i in range(8)]
+        for s in made:
+            assert s.append(RecordBatch(b"x")).base_offset == 0
+
+
+def test_a_create_whose_stream_another_call_reopened_meanwhile_refuses_its_stale_handle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between a create's commit and its return (no client lock held), another call of the
+    same client opens the new stream (epoch 2) and closes it: the create must not hand back
+    a handle of epoch 1, whose appends would be acknowledged and then fenced at upload."""
+    client = s3stream.open(str(tmp_path / "store"), wal="memory://")
+    try:
+        real = client.metadata.create_streams
+
+        def racing(tags: object, *, open_for: str | None = None) -> object:
+            metas = real(tags, open_for=open_for)  # type: ignore[arg-type]
+            client.open_stream(metas[0].stream_id).close()
+            return metas
+
+        monkeypatch.setattr(client.metadata, "create_streams", racing)
+        with pytest.raises(FencedError, match="opened by another call"):
+            client.create_stream()
+        monkeypatch.undo()
+        again = client.open_stream(0)
+        assert again.epoch == 3
+        again.append(RecordBatch(b"kept"))
+        client.flush()
+    finally:
+        client.close()
+
+
+def test_close_racing_a_create_releases_its_stream(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A create in flight when close() starts is waited for: its stream is attached, then
+    released with the others (another node opens it without a take-over)."""
+    client = open_local(tmp_path, node_id="n1")
+    waiting = hold_first_entry(client, monkeypatch, lambda: client.closed)
+    got: list[Any] = []
+    creator = threading.Thread(target=lambda: got.append(client.create_streams([None, None])))
+    creator.start()
+    assert waiting.wait(10)
+    client.close()
+    creator.join(10)
+    streams = got[0]
+    assert [s.stream_id for s in streams] == [0, 1]
+    with pytest.raises(StreamClosedError):
+        streams[0].append(RecordBatch(b"late"))
+    with open_local(tmp_path, node_id="n2") as other:
+        assert [i.state for i in other.list_streams()] == [s3stream.StreamState.CLOSED] * 2
+        other.open_stream(1)  # not owned by n1
+
+
+def test_close_whose_deadline_passes_during_a_create_leaves_nothing_owned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """close() waits for a create in flight only until its deadline: the create, ending
+    later, raises `StreamClosedError` and releases the streams it made itself."""
+    client = open_local(tmp_path, node_id="n1")
+    waiting = hold_first_entry(client, monkeypatch, client._close_done.is_set)
+    got: list[Any] = []
+
+    def create() -> None:
+        try:
+            got.append(client.create_streams([None, None]))
+        except StreamClosedError as exc:
+            got.append(exc)
+
+    creator = threading.Thread(target=create)
+    creator.start()
+    assert waiting.wait(10)
+    started = time.monotonic()
+    client.close(timeout_s=0.2)
+    assert time.monotonic() - started < 5
+    creator.join(10)
+    assert isinstance(got[0], StreamClosedError) and "released" in str(got[0])
+    with open_local(tmp_path, node_id="n2") as other:
+        assert [i.state for i in other.list_streams()] == [s3stream.StreamState.CLOSED] * 2
+
+
 @pytest.mark.parametrize(
     "make",
     [

@@ -679,11 +679,11 @@ def test_load_reads_checkpoint_then_only_later_entries_and_never_lists(
     reader = CountingStore(store)
     fresh = manager(reader, writer="w2", checkpoint_interval=10)
     assert same_state(fresh.state, m.state)
-    assert reader.calls == [
-        ("get", "meta/checkpoint"),
-        ("get", m.log.checkpoint_key(30)),
-        *[("get", m.log.entry_key(s)) for s in range(31, 37)],
-    ]
+    assert reader.calls[:2] == [("get", "meta/checkpoint"), ("get", m.log.checkpoint_key(30))]
+    # Entries 31-35 one GET each, then the missing 36; past the first two the log reads runs
+    # in parallel (MetadataLog.read_entries), so 37 and 38 were asked for with 35 and 36.
+    entry_gets = reader.calls[2:]
+    assert sorted(entry_gets) == [("get", m.log.entry_key(s)) for s in range(31, 39)]
     # A refresh with nothing new costs one GET, and one HEAD that checks the newest entry
     # applied is still there (a rolled-back log); commits use no LIST either.
     reader.calls.clear()
@@ -1061,6 +1061,82 @@ def test_create_stream_open_for_is_one_entry_and_creates_fold(backend: MetadataB
     assert [(st.stream_id, st.owner, st.epoch) for st in m.list_streams()] == [
         (i, "n1", 1) for i in range(6)
     ]
+
+
+def test_create_streams_is_one_entry_in_order(backend: MetadataBackend) -> None:
+    from s3stream.metadata.manager import MAX_CREATES_PER_ENTRY
+
+    m = manager(backend)
+    made = m.create_streams([{"p": "0"}, {}, {"p": "2"}], open_for="n1")
+    assert [(s.stream_id, s.tags, s.owner, s.epoch) for s in made] == [
+        (0, {"p": "0"}, "n1", 1),
+        (1, {}, "n1", 1),
+        (2, {"p": "2"}, "n1", 1),
+    ]
+    entry = m.log.read_entry(1)[0]
+    assert m.seq == 1 and [type(op) for op in entry.ops] == [CreateStream, OpenStream] * 3
+    closed = m.create_streams(({"q": "x"}, {"q": "y"}))
+    assert [(s.stream_id, s.state, s.epoch) for s in closed] == [
+        (3, StreamState.CLOSED, 0),
+        (4, StreamState.CLOSED, 0),
+    ]
+    assert m.seq == 2 and [type(op) for op in m.log.read_entry(2)[0].ops] == [CreateStream] * 2
+    bad: list[Any] = [
+        [],
+        {"p": "0"},
+        "abc",
+        3,
+        [{"a": 1}],
+        [None],
+        [{}] * (MAX_CREATES_PER_ENTRY + 1),
+    ]
+    for tags in bad:
+        with pytest.raises(InvalidArgumentError):
+            m.create_streams(tags)
+    with pytest.raises(InvalidArgumentError, match="open_for"):
+        m.create_streams([{}], open_for="")
+    assert m.seq == 2 and m.state.next_stream_id == 5  # nothing written by the bad calls
+    assert same_state(manager(backend, writer="r").state, m.state)
+
+
+def test_group_commit_bounds_the_weight_of_an_entry() -> None:
+    """Requests saying they build many ops (a batch of creates) fold only up to
+    _MAX_GROUP_WEIGHT per entry: the rest go in the next entry, in queue order."""
+    from s3stream.metadata.manager import _MAX_GROUP_WEIGHT, _Request
+
+    m = manager(MemoryObjectStore(), writer="w")
+    deadline = m._clock.monotonic() + 60
+    heavy = _MAX_GROUP_WEIGHT // 2 + 1
+    queued = [
+        _Request(fixed(RegisterNode("a", 1)), deadline, weight=heavy),
+        _Request(fixed(RegisterNode("b", 1)), deadline, weight=heavy),
+        _Request(fixed(RegisterNode("c", 1)), deadline),
+    ]
+    m._queue.extend(queued)  # as waiting callers would leave them
+    m.commit(fixed(RegisterNode("mine", 1)))
+    assert all(r.done and r.error is None for r in queued) and not m._queue
+    nodes = [[op.node_id for op in m.log.read_entry(seq)[0].ops] for seq in (1, 2)]
+    assert m.seq == 2 and nodes == [["a"], ["b", "c", "mine"]]
+
+
+def test_published_state_is_what_replay_computes(backend: MetadataBackend) -> None:
+    """The leader publishes the state it staged, not the entry replayed: an op that reads
+    the entry's timestamp (compaction's deletion mark) must stage the entry's own, even if
+    the clock moves while the group builds."""
+    clock = ManualClock(start_ms=1_000)
+    m = manager(backend, clock=clock)
+    a = open_new(m)
+    upload(m, "s1", {a: 3})
+    upload(m, "s2", {a: 2})
+
+    def compact(state: MetadataState) -> list[Op]:
+        clock.advance(7)  # time passes while the build runs
+        return [CompactObjects((obj("c1", (a, 0, 5)),), ("s1", "s2"))]
+
+    entry, state = m.commit(compact)
+    assert state.objects["s1"].marked_deleted_ms == entry.ts_ms
+    assert m.log.read_entry(entry.seq)[0] == entry
+    assert same_state(manager(backend, writer="r").state, m.state)
 
 
 def test_group_commit_a_failing_build_fails_only_its_caller(backend: MetadataBackend) -> None:

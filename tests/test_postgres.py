@@ -18,7 +18,12 @@ import pytest
 
 import s3stream
 from s3stream.clock import ManualClock, SystemClock
-from s3stream.errors import CorruptionError, InvalidArgumentError, UnavailableError
+from s3stream.errors import (
+    CorruptionError,
+    InvalidArgumentError,
+    S3StreamError,
+    UnavailableError,
+)
 from s3stream.metadata import MetadataManager
 from s3stream.metadata.codec import encode_checkpoint
 from s3stream.metadata.log import MetadataLog
@@ -445,3 +450,68 @@ def test_a_commit_waits_its_turn_past_lock_timeout_until_its_deadline(
         release.join()
         holder.close()
         log.close()
+
+
+def test_the_read_after_the_lock_sees_the_previous_holders_entry(url: str) -> None:
+    """The lock and the read of missed entries go in one message: the read must still see
+    the entry the previous holder committed while this commit waited for the lock (it runs
+    on a snapshot taken after the grant), so the commit builds on it and wins at once."""
+    import threading
+
+    from s3stream.metadata.codec import encode_entry
+    from s3stream.metadata.model import LogEntry
+
+    registry = MetricsRegistry()
+    log = PostgresMetadataLog(url)
+    m = MetadataManager(
+        log, clock=ManualClock(), writer_id="w", instruments=MetadataInstruments(registry)
+    )
+    m.load()
+    assert m.create_stream({}).stream_id == 0 and m.seq == 1
+    holder = PostgresMetadataLog(url)
+    granted = threading.Event()
+
+    def slow(entries: list[Any]) -> tuple[int, bytes]:
+        assert [e.seq for e, _ in entries] == [1]
+        granted.set()
+        time.sleep(1.0)  # the other commit queues for the lock meanwhile
+        return 2, encode_entry(LogEntry(seq=2, ops=(), writer="holder", ts_ms=0))
+
+    thread = threading.Thread(target=lambda: holder.commit_serialized(1, slow))
+    thread.start()
+    try:
+        assert granted.wait(10)
+        assert m.create_stream({}).stream_id == 1
+    finally:
+        thread.join()
+    assert m.seq == 3
+    family = registry.family(catalog.METADATA_CONFLICTS.name)
+    assert family is None or family.total() == 0
+    times = log.commit_times
+    assert times.commits == 2 and times.lock_s >= 0.5  # it waited its turn
+    for each in (log, holder):
+        each.close()
+
+
+def test_a_failed_commit_leaves_no_transaction_open(url: str) -> None:
+    """A commit that fails with the lock held (its build raised, or its insert was refused)
+    rolls back: the lock is released and the session's connection is usable at once."""
+    log = PostgresMetadataLog(f"{url}&statement_timeout=2s")
+    m = _manager(log, "w")
+    m.create_stream({})
+
+    def boom(entries: list[Any]) -> tuple[int, bytes]:
+        raise RuntimeError("build failed")
+
+    with pytest.raises(RuntimeError, match="build failed"):
+        log.commit_serialized(1, boom)
+    # seq 0 breaks the table's CHECK (seq > 0): the INSERT fails inside the transaction.
+    with pytest.raises(S3StreamError, match="refused a statement"):
+        log.commit_serialized(1, lambda entries: (0, b"x"))
+    other = PostgresMetadataLog(f"{url}&statement_timeout=2s")
+    started = time.monotonic()
+    assert _manager(other, "o").create_stream({}).stream_id == 1  # the lock is free
+    assert time.monotonic() - started < 1.5
+    assert m.create_stream({}).stream_id == 2  # the same session goes on
+    for each in (log, other):
+        each.close()

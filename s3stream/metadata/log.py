@@ -24,6 +24,9 @@ node epochs would restart and reuse the data keys of the other's.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
 from ..errors import CorruptionError, InvalidArgumentError, ObjectNotFoundError
 from ..objectstore.base import ObjectStore, check_key
 from .base import MetadataLogStore
@@ -38,6 +41,9 @@ from .marker import check_not_bound_elsewhere
 from .model import Checkpoint, LogEntry
 
 __all__ = ["MetadataLog"]
+
+#: Most entries `MetadataLog.read_entries` asks for at once (and threads it reads them with).
+_MAX_READ_AHEAD = 8
 
 
 class MetadataLog(MetadataLogStore):
@@ -107,6 +113,36 @@ class MetadataLog(MetadataLogStore):
                 f"metadata object {key!r} holds entry {entry.seq}, not {seq}", location=key
             )
         return entry, data
+
+    def read_entries(self, first: int) -> Iterator[tuple[LogEntry, bytes]]:
+        """Entries `first`, `first` + 1, ... up to the first one missing, in order.
+
+        The first two one by one (a writer that lost the race for an entry usually finds one
+        new entry: one GET for it and one for the missing next, as before), then in runs read
+        in parallel that double while every entry of the last run was there (2, 4, up to
+        `_MAX_READ_AHEAD`): a writer held up while others committed finds many entries, and
+        reading those one round trip each was what its catch-up was made of on a store with
+        tens of milliseconds per GET. Entries past a missing one are read for nothing, at
+        most a run's worth.
+        """
+        seq = first
+        for _ in range(2):
+            try:
+                yield self.read_entry(seq)
+            except ObjectNotFoundError:
+                return
+            seq += 1
+        width = 2
+        while True:
+            with ThreadPoolExecutor(width, "s3stream-metadata-read") as pool:
+                run = [pool.submit(self.read_entry, s) for s in range(seq, seq + width)]
+            for future in run:
+                try:
+                    yield future.result()
+                except ObjectNotFoundError:
+                    return
+            seq += width
+            width = min(2 * width, _MAX_READ_AHEAD)
 
     def create_entry(self, seq: int, payload: bytes) -> bool:
         """Write entry `seq` unless it exists; True if this call created it.

@@ -12,10 +12,14 @@ Group commit: concurrent `commit` calls of one manager queue up; one caller (the
 every queued request, runs each one's build in turn on the state the ones before it staged, and
 writes ONE entry with all their ops. A build that raises fails only its own caller; each op is
 still checked by the invariants on exactly the state it follows, and replay applies the entry
-op by op as well. Lost races are retried until the commit's deadline (never a count), with an
-age-ordered jitter: the writer that has lost most retries first, and a writer that just won
-while others were committing pauses briefly before its next try, so it does not starve the
-writers still catching up (docs/metadata.md, "Concurrency protocol").
+op by op as well. Each caller's ops go through the codec (encoded and decoded) before they are
+staged, so the state the leader publishes after a win is the staged one: what any replay of
+the entry's bytes computes, without applying every op a second time.
+
+Lost races are retried until the commit's deadline (never a count), with an age-ordered
+jitter: the writer that has lost most retries first, and a writer that just won while others
+were committing pauses briefly before its next try, so it does not starve the writers still
+catching up (docs/metadata.md, "Concurrency protocol").
 """
 
 from __future__ import annotations
@@ -72,6 +76,11 @@ Build = Callable[[MetadataState], Sequence[Op]]
 
 #: Most commit requests folded into one entry (bounds an entry's size; the rest go next).
 _MAX_GROUP = 256
+#: Most weight (ops a request says it will build, 1 unless it says) folded into one entry; a
+#: request heavier than this alone still makes an entry of its own.
+_MAX_GROUP_WEIGHT = 4096
+#: Most streams `create_streams` puts into one entry (two ops each with `open_for`).
+MAX_CREATES_PER_ENTRY = 1024
 #: How long after a lost race, or after replaying another writer's entry, this writer assumes
 #: others are committing too (and so pauses courteously after a win).
 _CONTENTION_MEMORY_S = 1.0
@@ -104,6 +113,8 @@ class _Request:
     done: bool = False
     #: Ops built on the latest attempt (empty: a no-op, or `error` is set).
     ops: tuple[Op, ...] = field(default=())
+    #: How many ops the build will make, about (bounds a group's size; see _MAX_GROUP_WEIGHT).
+    weight: int = 1
 
 
 class MetadataManager:
@@ -249,11 +260,17 @@ class MetadataManager:
         if the deadline passed or the store is unreachable (then the entry may or may not have
         been written: `refresh` tells).
         """
-        started = self._clock.monotonic()
         if timeout_s is not None:
             check_number("timeout_s", timeout_s)
+        return self._commit(build, timeout_s)
+
+    def _commit(
+        self, build: Build, timeout_s: float | None = None, weight: int = 1
+    ) -> tuple[LogEntry, MetadataState]:
+        """`commit`, for a build that makes about `weight` ops (groups stay bounded)."""
+        started = self._clock.monotonic()
         limit = self._commit_timeout_s if timeout_s is None else float(timeout_s)
-        request = _Request(build, started + limit)
+        request = _Request(build, started + limit, weight=weight)
         with self._queue_cond:
             self._queue.append(request)
         try:
@@ -299,21 +316,40 @@ class MetadataManager:
         """Create a stream (closed, epoch 0) with the next free id; with `open_for`, open it
         for that node (epoch 1) in the same entry: one commit instead of two, and concurrent
         calls fold into one entry (group commit)."""
-        tag_dict = check_str_map("tags", tags)
+        return self.create_streams([tags], open_for=open_for)[0]
+
+    def create_streams(
+        self, tags: Sequence[Mapping[str, str]], *, open_for: str | None = None
+    ) -> list[StreamMeta]:
+        """Create one stream per item of `tags` (its tags), with consecutive ids in that
+        order, in ONE entry: all or none; with `open_for`, each is also opened for that node
+        (epoch 1) in the same entry. At most `MAX_CREATES_PER_ENTRY` streams."""
+        if isinstance(tags, str | bytes | Mapping) or not isinstance(tags, Sequence):
+            raise InvalidArgumentError(
+                f"tags must be a sequence of tag mappings, one per stream, not "
+                f"{type(tags).__name__}"
+            )
+        check_int("number of streams", len(tags), minimum=1, maximum=MAX_CREATES_PER_ENTRY)
+        tag_dicts = [check_str_map(f"tags[{i}]", t) for i, t in enumerate(tags)]
         if open_for is not None:
             check_text("open_for", open_for, allow_empty=False)
         created_ms = self._clock.now_ms()
-        chosen: list[int] = []
+        first: list[int] = []
 
         def build(state: MetadataState) -> list[Op]:
             sid = state.next_stream_id
-            chosen[:] = [sid]
-            if open_for is None:
-                return [CreateStream(sid, tag_dict, created_ms)]
-            return [CreateStream(sid, tag_dict, created_ms), OpenStream(sid, 1, open_for)]
+            first[:] = [sid]
+            ops: list[Op] = []
+            for i, tag_dict in enumerate(tag_dicts):
+                ops.append(CreateStream(sid + i, tag_dict, created_ms))
+                if open_for is not None:
+                    ops.append(OpenStream(sid + i, 1, open_for))
+            return ops
 
-        _, state = self.commit(build)
-        return state.get_stream(chosen[0])
+        weight = len(tag_dicts) * (1 if open_for is None else 2)
+        _, state = self._commit(build, weight=weight)
+        streams = state.streams
+        return [streams[first[0] + i] for i in range(len(tag_dicts))]
 
     def open_stream(self, stream_id: int, node_id: str, *, force: bool = False) -> StreamMeta:
         """Open the stream for `node_id` with the next epoch, fencing every older owner.
@@ -444,10 +480,15 @@ class MetadataManager:
         None if nothing was."""
         live: list[_Request] = []
         losses = 0
+        weight = 0
         while True:
             self._pause(losses)
             with self._queue_cond:
                 while self._queue and len(batch) < _MAX_GROUP:
+                    heavier = weight + self._queue[0].weight
+                    if batch and heavier > _MAX_GROUP_WEIGHT:
+                        break  # the rest go in the next group
+                    weight = heavier
                     batch.append(self._queue.popleft())
                     live.append(batch[-1])
             if self._rolled_back is not None:
@@ -547,35 +588,40 @@ class MetadataManager:
         """The group's entry after `base`, its bytes and the state after it; None if no
         request has ops (each then has its no-op result or its error); `_STALE` if a build
         failed on a view a catch-up found stale (only unless `fresh`)."""
-        staged = self._build_group(live, base, fresh=fresh)
+        # One timestamp for the staging and the entry: an op that reads it (compaction's
+        # deletion mark) stages exactly what replaying the entry computes.
+        ts_ms = self._clock.now_ms()
+        staged = self._build_group(live, base, ts_ms, fresh=fresh)
         if staged is None:
             return _STALE
         ops = tuple(op for r in live for op in r.ops)
-        ts_ms = self._clock.now_ms()
         if not ops:
             noop = LogEntry(seq=base.seq, ops=(), writer=self._writer_id, ts_ms=ts_ms)
             for r in live:
                 if r.error is None:
                     r.result = (noop, base)
             return None
-        payload = encode_entry(
-            LogEntry(seq=base.seq + 1, ops=ops, writer=self._writer_id, ts_ms=ts_ms)
+        entry = LogEntry(seq=base.seq + 1, ops=ops, writer=self._writer_id, ts_ms=ts_ms)
+        payload = encode_entry(entry)
+        # The state after the entry is the staged one at the entry's seq, not `base` with the
+        # entry's bytes decoded and applied again: every op staged is what decoded from its
+        # request's own encoding (`_build_group`), the ops in the entry's order, each checked
+        # on the state staged before it, at the entry's timestamp; so this is exactly what
+        # `apply` computes from the bytes, which every replay does. (Applying an entry of no
+        # ops only moves the seq on.)
+        after = staged.apply(
+            LogEntry(seq=base.seq + 1, ops=(), writer=self._writer_id, ts_ms=ts_ms)
         )
-        # Apply what decodes from the bytes, not the ops as built: the state then is exactly
-        # what any replay of this entry will compute. (Each op was checked on the state
-        # staged before it; this applies them in the same order again.)
-        entry = validate_entry(payload)
-        return entry, payload, base.apply(entry)
+        return entry, payload, after
 
     def _build_group(
-        self, live: list[_Request], base: MetadataState, *, fresh: bool
+        self, live: list[_Request], base: MetadataState, ts_ms: int, *, fresh: bool
     ) -> MetadataState | None:
-        """Run each request's build on `base` with the ops of those before it staged, setting
-        its ops (or its error: that request alone drops out). None if a build failed on a view
-        that a catch-up then found stale (the caller builds the group again); with `fresh`
-        (the view is known to be the latest) a failure is final at once."""
+        """Run each request's build on `base` with the ops of those before it staged at
+        `ts_ms`, setting its ops (or its error: that request alone drops out). None if a build
+        failed on a view that a catch-up then found stale (the caller builds the group again);
+        with `fresh` (the view is known to be the latest) a failure is final at once."""
         staged = base
-        ts_ms = self._clock.now_ms()
         for r in live:
             r.ops, r.error = (), None
             try:

@@ -23,12 +23,20 @@ fences writers on its own (a writer that does not take the lock just loses the r
 lock is for fairness and throughput only: no attempt is wasted. ``serialize_commits=False``
 keeps the optimistic protocol. No lock is taken in this process.
 
+The log's serial rate is 1 / (time the lock is held), so a serialized commit is two round
+trips, each one simple-query message of several statements (parameters bound on the client):
+``BEGIN; SELECT ... FOR UPDATE; SELECT`` the missed entries, then, after the build,
+``INSERT ...; COMMIT``. The lock is held for the build, one round trip and the commit's WAL
+flush (``synchronous_commit`` is the server's: a commit acknowledged survives a crash of
+PostgreSQL). `commit_times` says where the time went, as the client saw it.
+
 Writes use a checkpoint write's own connection, so a large checkpoint never holds up commits.
 psycopg (3.3 or later) is imported here only: ``pip install 's3stream[postgres]'``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -42,7 +50,13 @@ except ImportError as exc:  # pragma: no cover - only without the postgres extra
         "the PostgreSQL metadata store needs psycopg: pip install 's3stream[postgres]'"
     ) from exc
 
-from ..errors import CorruptionError, InvalidArgumentError, ObjectNotFoundError
+from ..clock import Clock, SystemClock
+from ..errors import (
+    CorruptionError,
+    InvalidArgumentError,
+    ObjectNotFoundError,
+    UnavailableError,
+)
 from ..settings import ClientSettings
 from .base import Compose, ExternalMetadataLog
 from .codec import decode_checkpoint, decode_entry, encode_checkpoint
@@ -51,7 +65,7 @@ from .postgres_schema import check_version, create_tables, table
 from .postgres_session import Connection, PostgresSession
 from .postgres_url import PostgresTarget, parse_postgres_url
 
-__all__ = ["PostgresMetadataLog", "from_url"]
+__all__ = ["CommitTimes", "PostgresMetadataLog", "from_url"]
 
 if tuple(int(p) for p in psycopg.__version__.split(".")[:2]) < (3, 3):  # pragma: no cover
     raise ImportError(
@@ -64,6 +78,32 @@ _READ_BATCH = 256
 _MISSING_TABLES = (pg_errors.UndefinedTable, pg_errors.InvalidSchemaName)
 
 
+@dataclasses.dataclass
+class CommitTimes:
+    """Where this log's serialized commits spent their time, seen from the client: totals
+    since it was opened (`PostgresMetadataLog.commit_times`; bench/metadata_bench.py prints
+    them per commit). The lock is held from its grant on the server until the COMMIT there:
+    `compose_s` and `write_s`, plus the trip of the lock's answer to the client."""
+
+    #: Serialized commits finished (won, lost or with nothing to write).
+    commits: int = 0
+    #: BEGIN, the lock and the read of the missed entries: the wait in the lock's queue too.
+    lock_s: float = 0.0
+    #: The caller's build on the missed entries (`compose`), the lock held.
+    compose_s: float = 0.0
+    #: The INSERT and the COMMIT, one round trip (the server's WAL flush included).
+    write_s: float = 0.0
+    #: Missed entries handed to `compose`.
+    entries: int = 0
+
+    def add(self, started: float, granted: float, built: float, done: float, n: int) -> None:
+        self.commits += 1
+        self.lock_s += granted - started
+        self.compose_s += built - granted
+        self.write_s += done - built
+        self.entries += n
+
+
 class PostgresMetadataLog(ExternalMetadataLog):
     """The log of one namespace in a PostgreSQL database (see the module docstring).
 
@@ -72,7 +112,8 @@ class PostgresMetadataLog(ExternalMetadataLog):
     the URL may override, and `namespace` is also the `prefix` of the data in the object store
     (the client's metadata prefix, whatever the URL names the log). Nothing is connected or
     created until first used; tables are created by the first write (`check_writable`), never
-    by a reader, which sees a database without them as an empty log.
+    by a reader, which sees a database without them as an empty log. `clock` times the steps
+    of serialized commits (`commit_times`).
     """
 
     def __init__(
@@ -82,6 +123,7 @@ class PostgresMetadataLog(ExternalMetadataLog):
         namespace: str = "meta",
         timeout_ms: int = 30_000,
         serialize_commits: bool = True,
+        clock: Clock | None = None,
     ) -> None:
         if not isinstance(serialize_commits, bool):
             raise InvalidArgumentError(
@@ -96,6 +138,9 @@ class PostgresMetadataLog(ExternalMetadataLog):
         self._side = PostgresSession(self._target)
         self._writable = False
         self._version_checked = False
+        self._times = CommitTimes()
+        #: Times the steps of serialized commits (`commit_times`).
+        self._clock = clock if clock is not None else SystemClock()
         s = self._target.schema
         entries, checkpoints = table(s, "log_entries"), table(s, "checkpoints")
         pointers, namespaces = table(s, "checkpoint_pointers"), table(s, "namespaces")
@@ -110,13 +155,29 @@ class PostgresMetadataLog(ExternalMetadataLog):
             "INSERT INTO {} (namespace, seq, payload) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING"
         ).format(entries)
         self._q_has = q("SELECT 1 FROM {} WHERE namespace = %s AND seq = %s").format(entries)
-        # Two statements, not one: under READ COMMITTED a statement reads the snapshot taken
-        # when it began, i.e. before its wait for the lock, which would miss the entry the
-        # previous holder committed; the read after the lock takes a snapshot that has it.
-        self._q_lock = q("SELECT 1 FROM {} WHERE namespace = %s FOR UPDATE").format(namespaces)
-        self._q_since = q(
-            "SELECT seq, payload FROM {} WHERE namespace = %s AND seq >= %s ORDER BY seq"
-        ).format(entries)
+        # A serialized commit's two messages, parameters bound on the client (psycopg's
+        # ClientCursor) so that each goes as one simple query of several statements. The lock
+        # and the read are two statements, not one: under READ COMMITTED a statement reads the
+        # snapshot taken when it began, i.e. before its wait for the lock, which would miss
+        # the entry the previous holder committed; the read after the lock takes a snapshot
+        # that has it.
+        # (Rendered once: names are quoted the same on any connection.)
+        self._q_lock_and_read = (
+            q(
+                "BEGIN; SELECT 1 FROM {} WHERE namespace = %s FOR UPDATE; "
+                "SELECT seq, payload FROM {} WHERE namespace = %s AND seq >= %s ORDER BY seq"
+            )
+            .format(namespaces, entries)
+            .as_string()
+        )
+        self._q_create_and_commit = (
+            q(
+                "INSERT INTO {} (namespace, seq, payload) VALUES (%s, %s, %s) "
+                "ON CONFLICT DO NOTHING; COMMIT"
+            )
+            .format(entries)
+            .as_string()
+        )
         self._q_seqs = q("SELECT seq FROM {} WHERE namespace = %s")
         self._t_entries, self._t_checkpoints = entries, checkpoints
         self._q_pointer = q("SELECT seq FROM {} WHERE namespace = %s").format(pointers)
@@ -210,6 +271,11 @@ class PostgresMetadataLog(ExternalMetadataLog):
     def serializes_commits(self) -> bool:
         return self._serialize
 
+    @property
+    def commit_times(self) -> CommitTimes:
+        """Totals of where serialized commits spent their time (a copy)."""
+        return dataclasses.replace(self._times)
+
     def commit_serialized(self, after: int, compose: Compose) -> bool:
         if not self._serialize:
             raise NotImplementedError("this log was opened with serialize_commits=False")
@@ -220,23 +286,39 @@ class PostgresMetadataLog(ExternalMetadataLog):
             self._ns_row = True
 
         def commit(conn: Connection) -> bool:
-            with conn.transaction():
-                first = max(after, 1)
-                ns = self.namespace
-                if not conn.execute(self._q_lock, (ns,)).fetchall():
-                    raise InvalidArgumentError(  # pragma: no cover - rows are never deleted
-                        f"namespace {ns!r} has no row to lock"
-                    )
-                entries: list[tuple[LogEntry, bytes]] = []
-                for row_seq, payload in conn.execute(self._q_since, (ns, first)):
-                    if row_seq != first + len(entries):
-                        break  # a hole: readers stop at the first missing entry
-                    entries.append(self._decode_entry(row_seq, bytes(payload)))
-                made = compose(entries)
-                if made is None:
-                    return False
-                seq, payload = made
-                return conn.execute(self._q_create, (self.namespace, seq, payload)).rowcount == 1
+            ns, first = self.namespace, max(after, 1)
+            cur = psycopg.ClientCursor(conn)
+            started = self._clock.monotonic()
+            # Round trip 1: BEGIN, the lock, and the entries missed, in one simple-query
+            # message (the server runs its statements in turn, each on a snapshot of its own,
+            # so the read sees everything committed before the lock was granted).
+            cur.execute(self._q_lock_and_read, (ns, ns, first))
+            cur.nextset()
+            if not cur.fetchall():
+                raise InvalidArgumentError(  # pragma: no cover - rows are never deleted
+                    f"namespace {ns!r} has no row to lock"
+                )
+            cur.nextset()
+            entries: list[tuple[LogEntry, bytes]] = []
+            for row_seq, payload in cur.fetchall():
+                if row_seq != first + len(entries):
+                    break  # a hole: readers stop at the first missing entry
+                entries.append(self._decode_entry(row_seq, bytes(payload)))
+            granted = self._clock.monotonic()
+            made = compose(entries)
+            built = self._clock.monotonic()
+            # Round trip 2: the INSERT and the COMMIT (which releases the lock), one message.
+            created = False
+            if made is None:
+                cur.execute("COMMIT")
+            else:
+                cur.execute(self._q_create_and_commit, (ns, made[0], made[1]))
+                created = cur.rowcount == 1
+                cur.nextset()
+            if cur.statusmessage != "COMMIT":  # pragma: no cover - an error raised before
+                raise UnavailableError(f"the commit ended with {cur.statusmessage!r}")
+            self._times.add(started, granted, built, self._clock.monotonic(), len(entries))
+            return created
 
         return self._main.run(commit)
 

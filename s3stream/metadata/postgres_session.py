@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg import pq
 
 from ..errors import ContendedError, InvalidArgumentError, S3StreamError, UnavailableError
 from .postgres_url import PostgresTarget
@@ -72,9 +73,13 @@ class PostgresSession:
             try:
                 return call(conn)
             except psycopg.Error as exc:
+                self._end_transaction(conn)
                 if isinstance(exc, psycopg.OperationalError) or conn.broken or conn.closed:
                     self._drop()
                 raise map_error(exc, self._target) from exc
+            except BaseException:
+                self._end_transaction(conn)
+                raise
 
     def close(self) -> None:
         """Close the connection. Idempotent."""
@@ -119,6 +124,17 @@ class PostgresSession:
             conn.close()
             raise map_error(exc, t) from exc
         return conn
+
+    def _end_transaction(self, conn: _DeadlineConnection) -> None:
+        """After a failed call: roll back the transaction it left open (a call may send BEGIN
+        and COMMIT itself), or drop the connection if that fails; the lock a transaction
+        holds is released either way."""
+        if conn.closed or conn.info.transaction_status == pq.TransactionStatus.IDLE:
+            return
+        try:
+            conn.rollback()
+        except Exception:  # the connection is in no state to reuse: the next call reconnects
+            self._drop()
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None

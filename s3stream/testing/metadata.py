@@ -23,6 +23,7 @@ too (tests/test_metadata.py), so every test of the manager runs on each backend.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import multiprocessing
 import threading
@@ -481,6 +482,26 @@ class MetadataStoreTests:
         assert [e.seq for e, _ in log.read_entries(1)] == [1, 2, 3]
         assert [e.seq for e, _ in log.read_entries(5)] == [5, 6]
         assert list(log.read_entries(4)) == []
+
+    def test_entry_read_entries_stop_at_any_hole_or_damage(self, backend: MetadataBackend) -> None:
+        # A backend may read ahead (in runs, in parallel): wherever the first missing or
+        # damaged entry falls in a run, exactly the entries before it come back, in order (a
+        # damaged one then raises CorruptionError).
+        log = backend.open_log()
+        for seq in range(1, 25):
+            log.create_entry(seq, entry_bytes(seq, "w"))
+        for at in (2, 3, 4, 5, 6, 9, 12, 13, 20):
+            for damaged in (False, True):
+                if damaged:
+                    backend.put_entry(at, b"not an entry")
+                else:
+                    backend.delete_entries([at])
+                got: list[int] = []
+                with pytest.raises(CorruptionError) if damaged else contextlib.nullcontext():
+                    for entry, _ in backend.open_log().read_entries(1):
+                        got.append(entry.seq)
+                assert got == list(range(1, at)), f"{damaged=} at {at}: read {got}"
+                backend.put_entry(at, entry_bytes(at, "w"))
 
     def test_entry_read_entries_many(self, backend: MetadataBackend) -> None:
         log = backend.open_log()
