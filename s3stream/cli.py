@@ -340,10 +340,10 @@ def _demo(args: argparse.Namespace) -> int:
         with open_client(
             url, storage_options=options or None, settings=settings, metadata=metadata
         ) as client:
-            streams = [
-                client.create_stream(tags={"topic": "demo", "partition": str(i)})
-                for i in range(n_streams)
-            ]
+            streams = []
+            for i in range(n_streams):
+                args.check_interrupt()
+                streams.append(client.create_stream(tags={"topic": "demo", "partition": str(i)}))
             window: list[Future[AppendResult]] = []
             for seq in range(n_batches):
                 args.check_interrupt()
@@ -369,6 +369,7 @@ def _demo(args: argparse.Namespace) -> int:
             t1 = time.perf_counter()
             with _watching(bar, _store_traffic(client), total):
                 client.close()
+        args.check_interrupt()
         t_close = time.perf_counter() - t1
         m = client.metrics
         _say(
@@ -385,6 +386,7 @@ def _demo(args: argparse.Namespace) -> int:
                 stream = reader.open_stream(sid)
                 offset = stream.start_offset
                 while offset < stream.confirm_offset:
+                    args.check_interrupt()
                     res = stream.fetch(offset, max_bytes=4 << 20)
                     for b in res.batches:
                         seq = int(b.properties["seq"])
@@ -1256,14 +1258,31 @@ def _silence_stdout() -> None:
         pass  # no file descriptor (captured in-process): nothing will be flushed to a pipe
 
 
-def _interrupts() -> Callable[[], None]:
-    """Catch Ctrl-C for the whole command: the first one raises `KeyboardInterrupt` where the
-    main thread is, and is remembered, because a `KeyboardInterrupt` raised inside a future's
-    completion callback is swallowed by `concurrent.futures` (it logs it). The returned
-    function raises it again; long loops call it."""
+#: Commands whose loops call `check_interrupt` often enough that a first Ctrl-C only asks them
+#: to stop there (see `_interrupts`).
+_POLLING_COMMANDS = frozenset({"demo"})
+
+
+def _interrupts(*, deferred: bool) -> Callable[[], None]:
+    """Catch Ctrl-C for the whole command. The returned function raises `KeyboardInterrupt`
+    once there was one; long loops call it.
+
+    `deferred` (a command that calls it often, `_POLLING_COMMANDS`): the first Ctrl-C is only
+    remembered, and the command stops at its next check, from its own code. Raised wherever
+    the main thread is, a `KeyboardInterrupt` can land inside the library's or
+    `concurrent.futures`' bookkeeping (between taking a lock and the code that releases it,
+    between counting an append in flight and registering what uncounts it) and leave it
+    inconsistent, and the close that follows then waits forever: the demo hung so about one
+    time in ten on a loaded machine. A second Ctrl-C raises at once. Otherwise the first one
+    raises where the main thread is, and is remembered too, because a `KeyboardInterrupt`
+    raised inside a future's completion callback is swallowed by `concurrent.futures` (it
+    logs it)."""
     interrupted = threading.Event()
 
     def on_sigint(signum: int, frame: object) -> None:
+        if deferred and not interrupted.is_set():
+            interrupted.set()
+            return
         interrupted.set()
         raise KeyboardInterrupt
 
@@ -1284,7 +1303,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # keeps Python's default, which raises KeyboardInterrupt there too).
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGINT) if in_main else None
-    args.check_interrupt = _interrupts() if in_main else (lambda: None)
+    args.check_interrupt = (
+        _interrupts(deferred=args.command in _POLLING_COMMANDS) if in_main else (lambda: None)
+    )
     try:
         return _run(args, command)
     finally:
@@ -1297,6 +1318,8 @@ def _run(args: argparse.Namespace, command: str) -> int:
         if hasattr(args, "url"):
             args.url = _store_url(args)
         status = int(args.fn(args))
+        # A Ctrl-C a polling command had no check left to see: still an interrupted run.
+        args.check_interrupt()
         # A closed pipe shows here at the latest, while it can still be handled quietly.
         sys.stdout.flush()
     except KeyboardInterrupt:
