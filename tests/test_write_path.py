@@ -729,11 +729,19 @@ def test_appends_leave_nothing_for_the_cyclic_gc_to_walk() -> None:
         assert len(gc.get_objects()) - before < 100
 
 
-def test_uploads_pack_blocks_as_the_object_writer_would() -> None:
+@pytest.mark.parametrize(
+    ("records", "large", "split"),
+    [(True, True, 20_000), (False, True, 20_000), (False, False, 20_000), (False, True, 10**9)],
+    ids=str,
+)
+def test_uploads_pack_blocks_as_the_object_writer_would(
+    records: bool, large: bool, split: int
+) -> None:
     """Uploads without compression build the blocks of small batches whole (`_add_blocks`),
     not batch by batch: the objects are byte for byte those `ObjectWriter.add` makes, RECORDS
     batches (whose time ranges are in their records) included, and so are those of a stream
-    with large batches (added one by one)."""
+    with large batches (added one by one). Without RECORDS batches the blocks are cut from
+    running sums (`_raw_blocks`) and handed to the writer as blocks: the same bytes again."""
     from s3stream.cache.log_cache import LogCache
     from s3stream.format.batch import WAL_PREFIX, encode_batch
     from s3stream.format.objects import ObjectWriter, decode_block, read_index
@@ -741,14 +749,14 @@ def test_uploads_pack_blocks_as_the_object_writer_would() -> None:
     from s3stream.records import Record, records_batch
     from s3stream.storage.packing import KeyFactory, pack_objects
 
-    settings = ClientSettings(block_target_bytes=4096, stream_split_bytes=20_000)
+    settings = ClientSettings(block_target_bytes=4096, stream_split_bytes=split)
     cache = LogCache(0)
     offsets = [0, 0, 0]
     for i in range(300):
         sid = i % 3 if i % 7 else 2
         # Streams 0 and 1: small batches (blocks built whole); 2 has large ones too.
-        size = (37 * i) % 1500 + 1 + (6000 if sid == 2 and i % 5 == 0 else 0)
-        if i % 31 == 5:
+        size = (37 * i) % 1500 + 1 + (6000 if large and sid == 2 and i % 5 == 0 else 0)
+        if records and i % 31 == 5:
             batch = records_batch([Record(value=b"v" * size, timestamp=1000 + i)])
         else:
             batch = RecordBatch(bytes([i % 251]) * size, base_timestamp=500 - i)
@@ -771,13 +779,14 @@ def test_uploads_pack_blocks_as_the_object_writer_would() -> None:
     own, shared = [], ObjectWriter(block_target_bytes=4096)
     for sid in sorted(by_stream):
         size = sum(len(e[6]) - e[7] for e in by_stream[sid])
-        w = ObjectWriter(block_target_bytes=4096) if size >= 20_000 else shared
+        w = ObjectWriter(block_target_bytes=4096) if size >= split else shared
         for e in by_stream[sid]:
             w.add(sid, e[1], e[2], e[3], memoryview(e[6])[e[7] :])
         if w is not shared:
             own.append(w.finish())
     want = own if shared.is_empty() else [*own, shared.finish()]
-    assert len(want) >= 2  # stream objects and a stream-set object
+    # Stream objects and a stream-set object, or all in one.
+    assert len(want) >= (2 if split == 20_000 else 1)
     assert [o.data for o in got] == want
     for o in got:
         store.put(o.key, o.data)
@@ -855,3 +864,54 @@ def test_an_append_interrupted_before_it_drives_its_record_is_committed_by_the_w
     assert time.monotonic() - started < 5
     with s3stream.open(tmp_path / "store", wal=f"file://{tmp_path}/n.wal?capacity=4MiB") as c:
         assert [b.payload for b in c.read(stream.stream_id, 0).batches] == [b"interrupted"]
+
+
+def test_log_cache_takes_uploads_grouped_by_stream_and_evicts_whole_runs() -> None:
+    """`LogCache.take` hands an upload's entries in WAL order and grouped by stream (slices of
+    its per-stream lists, not a pass per entry), also when a limit cuts the upload inside a
+    stream's entries; `mark_uploaded` of the groups unpins them, and eviction drops whole
+    runs at once and cuts the last one entry by entry, keeping the newest readable."""
+    from s3stream.cache.log_cache import ENTRY_OVERHEAD_BYTES, SID, LogCache
+    from s3stream.format.batch import WAL_PREFIX, encode_batch
+
+    record_bytes = 0
+    cache = LogCache(0)
+    offsets = [0] * 5
+    for i in range(200):
+        sid = (i * 7) % 5 if i % 3 else 4  # interleaved, stream 4 more often
+        payload = bytes([i % 251]) * (10 + i % 17)
+        record = encode_batch(
+            sid, offsets[sid], 1, 0, i, None, payload, prefix=WAL_PREFIX.pack(1, 1)
+        )  # fmt: skip
+        cache.put(sid, offsets[sid], 1, i, 0, {}, payload, record, WAL_PREFIX.size, i, 1)
+        offsets[sid] += 1
+        record_bytes += len(record)
+    uploads = []
+    for limit in (900, 2500, None):
+        taken = cache.take(limit)
+        assert taken.entries
+        want: dict[int, list[Any]] = {}
+        for e in taken.entries:
+            want.setdefault(e[SID], []).append(e)
+        assert taken.groups == want
+        uploads.append(taken)
+    assert not cache.take().entries and cache.untaken_bytes == 0
+    assert sum(len(t.entries) for t in uploads) == 200
+    # Pending until uploaded; everything goes once the eviction budget (0) is applied.
+    assert cache.pending_bytes == record_bytes + 200 * ENTRY_OVERHEAD_BYTES
+    for taken in uploads[:2]:
+        cache.mark_uploaded(taken)
+    left = uploads[2].entries
+    assert cache.pending_bytes == sum(len(e[6]) + ENTRY_OVERHEAD_BYTES for e in left)
+    assert cache.cached_bytes == cache.pending_bytes  # uploaded runs evicted whole
+    assert cache.oldest_unfinished_seq() == left[0][10]
+    # A budget that keeps part of a run: the oldest entries go first, the newest stay.
+    cache._max_uploaded = 1000
+    cache.mark_uploaded(uploads[2])
+    assert 0 < cache.cached_bytes <= 1000 and cache.pending_bytes == 0
+    assert cache.oldest_unfinished_seq() is None
+    for sid in range(5):
+        first = cache.first_offset(sid)
+        if first is not None:
+            batches, complete = cache.read(sid, first, offsets[sid], 1 << 20)
+            assert complete and [b.base_offset for b in batches] == list(range(first, offsets[sid]))

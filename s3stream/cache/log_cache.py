@@ -20,10 +20,11 @@ import bisect
 import struct
 import threading
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from operator import itemgetter
 from types import MappingProxyType
-from typing import Any, Final
+from typing import Final
 
 from ..format.batch import BATCH_HEADER
 from ..types import BatchKind, FetchedBatch
@@ -32,6 +33,7 @@ __all__ = [
     "ENTRY_OVERHEAD_BYTES",
     "CachedBatch",
     "LogCache",
+    "Taken",
     "entry_batch",
     "entry_block_record",
     "entry_memory",
@@ -59,12 +61,15 @@ SEQ: Final = 10
 #: Bytes of Python objects one entry costs besides its record's data (64-bit CPython 3.11):
 #: the 11-tuple with its GC header (144), the record's bytes header (33, rounded up by the
 #: allocator), four ints of its own (base offset, timestamp, WAL position, seq: 4 x 32) and
-#: about six list slots (the stream's offsets and entries, the pending list or the eviction
+#: about six list slots (the stream's entries, the pending list or the eviction
 #: queue, a memory WAL's positions and records: 6 x 8), rounded up. tests/test_write_path.py
 #: measures it with tracemalloc and fails if entries cost more.
 ENTRY_OVERHEAD_BYTES: Final = 384
 
 _KINDS = {int(k): k for k in BatchKind}
+_record_of = itemgetter(RECORD)
+_base_of = itemgetter(BASE)
+_seq_of = itemgetter(SEQ)
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 #: Where a batch record's header keeps its properties' length (format.batch.BATCH_HEADER).
 _PROPS_LEN = struct.Struct("<I")
@@ -114,22 +119,52 @@ def entry_memory(e: CachedBatch) -> int:
     return len(e[RECORD]) + ENTRY_OVERHEAD_BYTES
 
 
+def _memory_of(entries: list[CachedBatch]) -> int:
+    """`entry_memory` of all `entries` (summed in C: no Python per entry)."""
+    return sum(map(len, map(_record_of, entries))) + len(entries) * ENTRY_OVERHEAD_BYTES
+
+
 @dataclass(slots=True)
 class _StreamTail:
-    # Parallel lists; `head` skips evicted entries so eviction is O(1) amortised;
-    # entries [head, uploaded) are uploaded, [uploaded, len) pending.
+    # Entries in offset order (one list, not parallel lists of offsets and entries: an append
+    # to 10,000 streams round robin touches as few cache lines per stream as it can);
+    # `head` skips evicted entries so eviction is O(1) amortised;
+    # entries [head, uploaded) are uploaded, [uploaded, taken) taken by uploads in flight,
+    # [taken, len) pending and not yet taken.
     stream_id: int
-    offsets: list[int] = field(default_factory=list)
     entries: list[CachedBatch] = field(default_factory=list)
     head: int = 0
     uploaded: int = 0
+    taken: int = 0
 
     def compact(self) -> None:
         if self.head > 1024 and self.head * 2 > len(self.entries):
-            del self.offsets[: self.head]
             del self.entries[: self.head]
             self.uploaded -= self.head
+            self.taken -= self.head
             self.head = 0
+
+
+class Taken:
+    """Entries taken by one upload (`LogCache.take`): in WAL order, and grouped by stream.
+
+    The groups are slices of the cache's own per-stream lists, so an upload of entries of
+    10,000 streams is grouped with work per stream, not per entry (packing, the commit and
+    `mark_uploaded` all read the groups)."""
+
+    __slots__ = ("entries", "groups")
+
+    def __init__(self, entries: list[CachedBatch], groups: dict[int, list[CachedBatch]]) -> None:
+        #: Every entry taken, in WAL order (so each stream's in offset order).
+        self.entries = entries
+        #: Per stream (in no particular order), its entries taken, in offset order.
+        self.groups = groups
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __bool__(self) -> bool:
+        return bool(self.entries)
 
 
 class LogCache:
@@ -150,11 +185,17 @@ class LogCache:
         self._uploaded_bytes = 0
         self._pending_bytes = 0
         # Uploaded entries in upload order, for eviction, as runs of one stream's entries
-        # from its head on: [the stream's tail, entries left in the run]. One item per
-        # stream per upload, not per entry: eviction and uploads touch each entry once.
-        self._evict_queue: deque[list[Any]] = deque()
-        # Not-yet-uploaded entries in WAL order; the uploader takes them as snapshots.
+        # from its head on: the stream's tail, entries left in the run, their memory, in
+        # three parallel queues (no object per run for the garbage collector to walk). One
+        # run per stream per upload, not per entry: a run evicted whole costs O(1).
+        self._evict_tails: deque[_StreamTail] = deque()
+        self._evict_left: deque[int] = deque()
+        self._evict_memory: deque[int] = deque()
+        # Not-yet-taken entries in WAL order; the uploader takes them as snapshots.
         self._pending: list[CachedBatch] = []
+        # Streams with entries not yet taken (`_StreamTail.taken` < len): `take` groups an
+        # upload's entries by stream from these, with work per stream, not per entry.
+        self._untaken: dict[int, _StreamTail] = {}
         #: Record bytes of `_pending`: acknowledged, not yet taken by an upload.
         self._untaken_bytes = 0
         self._last_seq = 0
@@ -225,8 +266,10 @@ class LogCache:
             tail = self._streams.get(stream_id)
             if tail is None:
                 tail = self._streams[stream_id] = _StreamTail(stream_id)
-            tail.offsets.append(base_offset)
-            tail.entries.append(e)
+            entries = tail.entries
+            if tail.taken == len(entries):
+                self._untaken[stream_id] = tail  # its first entry not yet taken
+            entries.append(e)
             self._pending.append(e)
             self._pending_bytes += size + ENTRY_OVERHEAD_BYTES
             self._untaken_bytes += size - record_skip
@@ -246,14 +289,26 @@ class LogCache:
         return self._untaken_bytes
 
     def take_pending(self, max_bytes: int | None = None) -> list[CachedBatch]:
-        """Hand the oldest pending entries (in WAL order), about `max_bytes` of records
-        (at least one; all without a limit), to the uploader; they stay pinned until
-        `mark_uploaded`."""
+        """`take`, in WAL order only."""
+        return self.take(max_bytes).entries
+
+    def take(self, max_bytes: int | None = None) -> Taken:
+        """Hand the oldest pending entries (in WAL order, and grouped by stream), about
+        `max_bytes` of records (at least one; all without a limit), to the uploader; they
+        stay pinned until `mark_uploaded`."""
         with self._lock:
+            untaken = self._untaken
             if max_bytes is None or self._untaken_bytes <= max_bytes:
                 taken, self._pending = self._pending, []
                 self._untaken_bytes = 0
-                return taken
+                groups: dict[int, list[CachedBatch]] = {}
+                for sid, tail in untaken.items():
+                    entries = tail.entries
+                    if tail.taken < len(entries):
+                        groups[sid] = entries[tail.taken :]
+                        tail.taken = len(entries)
+                untaken.clear()
+                return Taken(taken, groups)
             total = n = 0
             for e in self._pending:
                 size = len(e[RECORD]) - e[SKIP]
@@ -264,22 +319,34 @@ class LogCache:
             taken = self._pending[:n]
             del self._pending[:n]
             self._untaken_bytes -= total
-            return taken
+            # Each stream's entries taken are those up to the last seq taken (seqs grow in
+            # WAL order, and so in each stream's list).
+            cut = taken[-1][SEQ]
+            groups = {}
+            for sid, tail in list(untaken.items()):
+                entries = tail.entries
+                t = tail.taken
+                j = bisect.bisect_right(entries, cut, t, len(entries), key=_seq_of)
+                if j > t:
+                    groups[sid] = entries[t:j]
+                    tail.taken = j
+                    if j == len(entries):
+                        del untaken[sid]
+            return Taken(taken, groups)
 
-    def mark_uploaded(self, entries: list[CachedBatch]) -> None:
-        """Entries from `take_pending` are now in object storage: unpin and maybe evict."""
+    def mark_uploaded(self, taken: Taken, excluded: Collection[int] = ()) -> None:
+        """Entries from `take` are now in object storage, except those of the streams in
+        `excluded` (the caller discards those): unpin and maybe evict."""
         with self._lock:
-            self._finish_all_locked(entries)
-            by_stream: dict[int, list[CachedBatch]] = {}
-            for e in entries:
-                lst = by_stream.get(e[SID])
-                if lst is None:
-                    by_stream[e[SID]] = [e]
-                else:
-                    lst.append(e)
+            if excluded:
+                self._finish_all_locked([e for e in taken.entries if e[SID] not in excluded])
+            else:
+                self._finish_all_locked(taken.entries)
             streams = self._streams
             moved = 0
-            for sid, lst in by_stream.items():
+            for sid, lst in taken.groups.items():
+                if sid in excluded:
+                    continue
                 tail = streams.get(sid)
                 if tail is None:
                     continue  # discarded meanwhile
@@ -301,8 +368,13 @@ class LogCache:
                         continue
                     lst = cached[u : u + k]
                 tail.uploaded = u + k
-                moved += sum([len(e[RECORD]) for e in lst]) + k * ENTRY_OVERHEAD_BYTES
-                self._evict_queue.append([tail, k])
+                if tail.taken < u + k:
+                    tail.taken = u + k  # defensive: what is uploaded was taken
+                memory = _memory_of(lst)
+                moved += memory
+                self._evict_tails.append(tail)
+                self._evict_left.append(k)
+                self._evict_memory.append(memory)
             self._pending_bytes -= moved
             self._uploaded_bytes += moved
             self._evict_locked()
@@ -328,6 +400,7 @@ class LogCache:
         """Forget a stream (destroyed or fenced); returns its pending entries."""
         with self._lock:
             tail = self._streams.pop(stream_id, None)
+            self._untaken.pop(stream_id, None)
             if tail is None:
                 return []
             dropped = tail.entries[tail.uploaded :]
@@ -341,7 +414,16 @@ class LogCache:
             if uploaded:
                 # Rare (a stream destroyed or fenced): its records go now, not when eviction
                 # would have reached them.
-                self._evict_queue = deque(r for r in self._evict_queue if r[0] is not tail)
+                runs = [
+                    run
+                    for run in zip(
+                        self._evict_tails, self._evict_left, self._evict_memory, strict=True
+                    )
+                    if run[0] is not tail
+                ]
+                self._evict_tails = deque(run[0] for run in runs)
+                self._evict_left = deque(run[1] for run in runs)
+                self._evict_memory = deque(run[2] for run in runs)
             return dropped
 
     def first_offset(self, stream_id: int) -> int | None:
@@ -350,7 +432,7 @@ class LogCache:
             tail = self._streams.get(stream_id)
             if tail is None or tail.head >= len(tail.entries):
                 return None
-            return tail.offsets[tail.head]
+            return tail.entries[tail.head][BASE]
 
     def read(
         self, stream_id: int, start: int, end: int, max_bytes: int
@@ -363,10 +445,10 @@ class LogCache:
         found: list[CachedBatch] = []
         with self._lock:
             tail = self._streams.get(stream_id)
-            if tail is None or tail.head >= len(tail.entries) or tail.offsets[tail.head] > start:
+            entries = tail.entries if tail is not None else []
+            if tail is None or tail.head >= len(entries) or entries[tail.head][BASE] > start:
                 return [], False
-            i = bisect.bisect_right(tail.offsets, start, lo=tail.head) - 1
-            entries = tail.entries
+            i = bisect.bisect_right(entries, start, lo=tail.head, key=_base_of) - 1
             n = len(entries)
             total = 0
             while i < n:
@@ -382,18 +464,30 @@ class LogCache:
         return [entry_batch(e) for e in found], True
 
     def _evict_locked(self) -> None:
-        q = self._evict_queue
+        tails, lefts, memories = self._evict_tails, self._evict_left, self._evict_memory
         streams = self._streams
-        while self._uploaded_bytes > self._max_uploaded and q:
-            run = q[0]
-            tail: _StreamTail = run[0]
-            left: int = run[1]
+        while self._uploaded_bytes > self._max_uploaded and tails:
+            tail = tails[0]
+            left = lefts[0]
             if streams.get(tail.stream_id) is not tail:
-                q.popleft()  # discarded: its entries were uncounted then
+                # Discarded: its entries were uncounted then.
+                tails.popleft()
+                lefts.popleft()
+                memories.popleft()
                 continue
             # Runs are queued in upload order, each stream's in offset order, so a run's
             # entries are its stream's oldest cached ones: from `head` on.
             over = self._uploaded_bytes - self._max_uploaded
+            memory = memories[0]
+            if memory <= over:
+                # The whole run goes: no Python per entry.
+                tail.head += left
+                self._uploaded_bytes -= memory
+                tails.popleft()
+                lefts.popleft()
+                memories.popleft()
+                tail.compact()
+                continue
             entries = tail.entries
             h = tail.head
             freed = k = 0
@@ -403,7 +497,10 @@ class LogCache:
             tail.head = h + k
             self._uploaded_bytes -= freed
             if k == left:
-                q.popleft()
+                tails.popleft()
+                lefts.popleft()
+                memories.popleft()
             else:
-                run[1] = left - k
+                lefts[0] = left - k
+                memories[0] = memory - freed
             tail.compact()

@@ -76,12 +76,16 @@ class StreamRange(msgspec.Struct, frozen=True, array_like=True):
     max_timestamp: int | None = None
 
 
-class ObjectMeta(msgspec.Struct, frozen=True, kw_only=True):
+class ObjectMeta(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """A data object in the store; `key` is its identity.
 
     `ranges` has at most one range per stream, sorted by stream id. `marked_deleted_ms` is set
     when compaction replaced the object: it is no longer read, but stays in the metadata (and
     in the store) until purged, because readers holding an older snapshot may still read it.
+
+    Not tracked by the cyclic garbage collector (``gc=False``): it holds only scalars and
+    a tuple of `StreamRange`, so it cannot be part of a cycle, and a client of many streams
+    keeps many (each full collection walked them all).
     """
 
     key: Key
@@ -107,12 +111,16 @@ class ObjectMeta(msgspec.Struct, frozen=True, kw_only=True):
         return self.marked_deleted_ms is None
 
 
-class StreamMeta(msgspec.Struct, frozen=True, kw_only=True):
+class StreamMeta(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Committed metadata of one stream.
 
     `end_offset` is what is committed to object storage; records ``[start_offset,
     end_offset)`` are readable from objects. `epoch` grows by one at every open and fences
     every older owner. `tags` must not be mutated (the struct is shared by snapshots).
+
+    Not tracked by the cyclic garbage collector (``gc=False``): its fields are scalars and a
+    dict of str to str, which cannot lead back to it, and an upload of 10,000 streams makes
+    10,000 new ones (the collector walked every one of them in each full collection).
     """
 
     stream_id: NonNeg

@@ -58,7 +58,8 @@ class _Shared:
         self.ends = ends
         self.objects = objects
         # Guards the check-then-append, so two branches built from one snapshot (a commit
-        # attempt and a refresh) never both extend the lists in place.
+        # attempt and a refresh) never both extend the lists in place. (A lock is not a
+        # container: the cyclic collector does not walk it.)
         self.lock = threading.Lock()
 
 
@@ -82,6 +83,16 @@ class _StreamIndex:
 
     def appended(self, start: int, end: int, obj: ObjectMeta) -> _StreamIndex:
         shared, n = self._shared, self._n
+        # `objects` is appended to last (below): when it holds entry n, so do the others.
+        if (
+            len(shared.objects) > n
+            and shared.objects[n] is obj
+            and shared.starts[n] == start
+            and shared.ends[n] == end
+        ):
+            # Another branch appended this very piece already (the lists only ever grow):
+            # share it instead of copying the prefix.
+            return _StreamIndex(shared, n + 1)
         with shared.lock:
             if len(shared.ends) == n:
                 shared.starts.append(start)
@@ -360,16 +371,20 @@ class _Txn:
                 raise InvalidArgumentError(f"unknown metadata op {op!r}")
 
     def _commit(self, op: CommitObjects) -> None:
-        plan = invariants.check_commit(self, op)
+        # The streams as checked (this op changes none before its check ends): no second
+        # lookup of each of an upload's streams.
+        plan, checked = invariants.check_commit_streams(self, op)
+        objects = self._objects
         for obj in op.objects:
-            self._objects[obj.key] = obj
+            objects[obj.key] = obj
+        indexes = self._index
+        streams = self._streams
         for stream_id, pieces in plan.items():
-            index = self._index.get(stream_id, _EMPTY_INDEX)
+            index = indexes.get(stream_id, _EMPTY_INDEX)
             for rng, obj in pieces:
                 index = index.appended(rng.start_offset, rng.end_offset, obj)
-            self._index[stream_id] = index
-            stream = self._streams[stream_id]
-            self._streams[stream_id] = _replace(stream, end_offset=pieces[-1][0].end_offset)
+            indexes[stream_id] = index
+            streams[stream_id] = _replace(checked[stream_id], end_offset=pieces[-1][0].end_offset)
 
     def _compact(self, op: CompactObjects) -> None:
         plan = invariants.check_compact(self, op)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .._futures import CompletedFutures
 from ..cache.log_cache import LogCache
@@ -56,12 +56,29 @@ class WriterState:
     producers: ProducerTable | None = None
     #: Set when the client stops taking appends: waiting readers return.
     stopped: bool = False
-    tail: threading.Condition = field(default_factory=threading.Condition)
+    #: The condition tailers wait on, made on first use (`tail`): a client of 10,000 streams
+    #: nobody tails keeps no condition per stream (eight objects under the cyclic garbage
+    #: collector's eye each, which every full collection walks).
+    _tail: threading.Condition | None = None
+
+    @property
+    def tail(self) -> threading.Condition:
+        """The stream's condition (and lock) for its tailers and producer table."""
+        cond = self._tail
+        if cond is None:
+            with _TAIL_MADE:
+                cond = self._tail
+                if cond is None:
+                    cond = self._tail = threading.Condition()
+        return cond
 
     def wake_tailers(self) -> None:
         """Wake readers waiting for new data (after an append, or when appends stop)."""
-        with self.tail:
-            self.tail.notify_all()
+        cond = self._tail
+        if cond is None:
+            return  # nobody ever waited: there is no one to wake
+        with cond:
+            cond.notify_all()
 
     def wait_for_data(self, offset: int, timeout_s: float, clock: Clock) -> bool:
         """Wait up to `timeout_s` until `confirm_offset` passes `offset` or appends stop;
@@ -82,8 +99,22 @@ class WriterState:
         return self.confirm_offset > offset
 
 
+#: WAL record prefixes by epoch, one bytes object shared by every stream at that epoch (an
+#: append to 10,000 streams round robin then reads one hot object, not one per stream).
+_PREFIXES: dict[int, bytes] = {}
+
+
+#: Makes `WriterState._tail` once per stream however many threads ask at once.
+_TAIL_MADE = threading.Lock()
+
+
 def _stream_epoch_prefix(epoch: int) -> bytes:
-    return WAL_PREFIX.pack(WAL_RECORD_VERSION, epoch)
+    prefix = _PREFIXES.get(epoch)
+    if prefix is None:
+        prefix = WAL_PREFIX.pack(WAL_RECORD_VERSION, epoch)
+        if len(_PREFIXES) < 1024:  # epochs are small numbers; bounded all the same
+            _PREFIXES[epoch] = prefix
+    return prefix
 
 
 #: (the caller's future, the WAL's future to drive: None for a duplicate of an append in

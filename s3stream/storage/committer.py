@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ..cache.log_cache import BASE, COUNT, EPOCH, SID, WALPOS, CachedBatch, LogCache
+from ..cache.log_cache import BASE, COUNT, EPOCH, WALPOS, CachedBatch, LogCache, Taken
 from ..clock import Clock
 from ..errors import CorruptionError, FencedError, S3StreamError
 from ..metadata import (
@@ -64,23 +64,21 @@ class Committer:
 
     def commit(
         self,
-        entries: list[CachedBatch],
+        entries: Taken,
         objects: Sequence[PackedObject],
         started: float,
         trim: bool,
     ) -> None:
         """Commit `objects` (holding `entries`, the upload that began at `started`), then
         trim the WAL below them if `trim`. Raises what the metadata commit raises."""
-        first: dict[int, CachedBatch] = {}
-        for e in entries:
-            first.setdefault(e[SID], e)
+        groups = entries.groups
+        first = {sid: lst[0] for sid, lst in groups.items()}
         fenced: set[int] = set()
         build = self._builder(first, objects, fenced)
         _, state = self._meta.commit(build)
-        live = [e for e in entries if e[SID] not in fenced]
-        self._cache.mark_uploaded(live)
+        self._cache.mark_uploaded(entries, fenced)
         for sid in sorted(fenced):
-            self._drop_fenced(sid, entries, state)
+            self._drop_fenced(sid, groups[sid], state)
         dead = [o.key for o in objects if all(r[0] in fenced for r in o.ranges)]
         if dead:
             self._store.delete_many(dead)
@@ -90,7 +88,7 @@ class Committer:
         )
         try:
             if trim:
-                self._wal.trim(entries[-1][WALPOS])
+                self._wal.trim(entries.entries[-1][WALPOS])
         except S3StreamError as exc:
             # Harmless for correctness: recovery drops what is committed.
             self._log.warning("WAL trim failed: %s", exc)
@@ -146,10 +144,10 @@ class Committer:
 
         return build
 
-    def _drop_fenced(self, sid: int, entries: list[CachedBatch], state: MetadataState) -> None:
+    def _drop_fenced(self, sid: int, mine: list[CachedBatch], state: MetadataState) -> None:
         """Another client took stream `sid` over: drop what this client acknowledged of it
-        and has not uploaded, stop its appends, and remember the loss for flush/close."""
-        mine = [e for e in entries if e[SID] == sid]
+        (`mine`: its entries of this upload) and has not uploaded, stop its appends, and
+        remember the loss for flush/close."""
         lo = mine[0][BASE]
         confirmed = self._appender.confirm_offset(sid)
         hi = confirmed if confirmed is not None else mine[-1][BASE] + mine[-1][COUNT]

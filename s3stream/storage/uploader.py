@@ -14,7 +14,7 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from ..cache.log_cache import CachedBatch, LogCache
+from ..cache.log_cache import LogCache, Taken
 from ..clock import Clock
 from ..errors import FencedError, S3StreamError, StreamClosedError
 from ..metrics.components import StorageInstruments
@@ -24,7 +24,7 @@ from ..throttle import Priority, PriorityRateLimiter
 from ..wal.base import WriteAheadLog
 from .appender import Appender
 from .committer import Committer
-from .packing import KeyFactory, PackedObject, pack_objects
+from .packing import KeyFactory, PackedObject, pack_groups
 from .status import PipelineStatus
 
 __all__ = ["Uploader"]
@@ -43,7 +43,7 @@ _MIN_BACKLOG_UPLOAD = 1 << 20
 
 @dataclass(slots=True)
 class _Upload:
-    entries: list[CachedBatch]
+    entries: Taken
     objects: list[PackedObject]
     puts: list[Future[None]] = field(default_factory=list)
     attempts: int = 0
@@ -197,7 +197,7 @@ class Uploader:
                     return  # fatal (the client stopped) or stopping
                 continue
             if start:
-                entries = self._cache.take_pending(self._upload_size())
+                entries = self._cache.take(self._upload_size())
                 if entries:
                     inflight.append(self._start_upload(entries))
                 with status.cond:
@@ -272,10 +272,11 @@ class Uploader:
 
     # ------------------------------------------------------------------ one upload
 
-    def _start_upload(self, entries: list[CachedBatch]) -> _Upload:
+    def _start_upload(self, entries: Taken) -> _Upload:
         self._last_upload_mono = started = self._clock.monotonic()
         self._log.debug("upload start: %d batches", len(entries))
-        up = _Upload(entries, pack_objects(entries, self._settings, self._keys), started=started)
+        objects = pack_groups(entries.groups, self._settings, self._keys)
+        up = _Upload(entries, objects, started=started)
         # The objects are a copy of the entries until the commit: the pending budget counts it.
         up.charged = sum(len(o.data) for o in up.objects)
         self._cache.charge(up.charged)
@@ -352,7 +353,7 @@ class Uploader:
         """Upload everything pending from the calling thread (recovery, WAL repair, and flush
         without a thread); uploads made for a WAL about to be reset trim nothing."""
         while True:
-            entries = self._cache.take_pending(self._max_upload)
+            entries = self._cache.take(self._max_upload)
             if not entries:
                 return
             self._finish_upload(self._start_upload(entries), deadline, trim=trim)
