@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .._futures import CompletedFutures
 from ..cache.log_cache import LogCache
@@ -60,13 +60,15 @@ class WriterState:
     #: nobody tails keeps no condition per stream (eight objects under the cyclic garbage
     #: collector's eye each, which every full collection walks).
     _tail: threading.Condition | None = None
+    #: The client's lock that makes `_tail` once however many threads ask at once.
+    made_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def tail(self) -> threading.Condition:
         """The stream's condition (and lock) for its tailers and producer table."""
         cond = self._tail
         if cond is None:
-            with _TAIL_MADE:
+            with self.made_lock:
                 cond = self._tail
                 if cond is None:
                     cond = self._tail = threading.Condition()
@@ -97,24 +99,6 @@ class WriterState:
             finally:
                 self.tailers -= 1
         return self.confirm_offset > offset
-
-
-#: WAL record prefixes by epoch, one bytes object shared by every stream at that epoch (an
-#: append to 10,000 streams round robin then reads one hot object, not one per stream).
-_PREFIXES: dict[int, bytes] = {}
-
-
-#: Makes `WriterState._tail` once per stream however many threads ask at once.
-_TAIL_MADE = threading.Lock()
-
-
-def _stream_epoch_prefix(epoch: int) -> bytes:
-    prefix = _PREFIXES.get(epoch)
-    if prefix is None:
-        prefix = WAL_PREFIX.pack(WAL_RECORD_VERSION, epoch)
-        if len(_PREFIXES) < 1024:  # epochs are small numbers; bounded all the same
-            _PREFIXES[epoch] = prefix
-    return prefix
 
 
 #: (the caller's future, the WAL's future to drive: None for a duplicate of an append in
@@ -149,6 +133,12 @@ class Appender:
         # One lock orders offsets, WAL appends and completion callbacks (module docstring).
         self._lock = threading.RLock()
         self._writers: dict[int, WriterState] = {}
+        #: WAL record prefixes by epoch, one bytes object shared by every stream at that epoch
+        #: (an append to 10,000 streams round robin then reads one hot object, not one each).
+        self._prefixes: dict[int, bytes] = {}
+        #: Makes each writer's tail condition once (`WriterState.tail`): one lock, not one
+        #: per stream.
+        self._tail_made = threading.Lock()
         #: The WAL's record limit (its capabilities do not change), checked per append.
         self._max_record_bytes = wal.capabilities.max_record_bytes
         self._completed = CompletedFutures()
@@ -175,8 +165,15 @@ class Appender:
 
     def register_writer(self, stream_id: int, epoch: int, end_offset: int) -> WriterState:
         """Make this client the appender of a stream it has just opened."""
-        w = WriterState(stream_id, epoch, end_offset, end_offset, _stream_epoch_prefix(epoch))
         with self._lock:
+            prefix = self._prefixes.get(epoch)
+            if prefix is None:
+                prefix = WAL_PREFIX.pack(WAL_RECORD_VERSION, epoch)
+                if len(self._prefixes) < 1024:  # epochs are small numbers; bounded anyway
+                    self._prefixes[epoch] = prefix
+            w = WriterState(
+                stream_id, epoch, end_offset, end_offset, prefix, made_lock=self._tail_made
+            )
             self._writers[stream_id] = w
         return w
 
