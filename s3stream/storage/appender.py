@@ -186,6 +186,11 @@ class Appender:
         if w is not None:
             w.wake_tailers()
 
+    def writer_epoch(self, stream_id: int) -> int | None:
+        """The epoch this client appends to a stream at (None: not appending)."""
+        w = self._writers.get(stream_id)
+        return None if w is None else w.epoch
+
     def confirm_offset(self, stream_id: int) -> int | None:
         """The acknowledged end of a stream this client appends to (None: not appending)."""
         w = self._writers.get(stream_id)
