@@ -747,7 +747,7 @@ def test_uploads_pack_blocks_as_the_object_writer_would(
     from s3stream.format.objects import ObjectWriter, decode_block, read_index
     from s3stream.objectstore.memory import MemoryObjectStore
     from s3stream.records import Record, records_batch
-    from s3stream.storage.packing import KeyFactory, pack_objects
+    from s3stream.storage.packing import KeyFactory, pack_groups
 
     settings = ClientSettings(block_target_bytes=4096, stream_split_bytes=split)
     cache = LogCache(0)
@@ -769,10 +769,10 @@ def test_uploads_pack_blocks_as_the_object_writer_would(
             batch.payload, record, WAL_PREFIX.size, i, 1,
         )  # fmt: skip
         offsets[sid] += batch.count
-    entries = cache.take_pending()
-    got = pack_objects(entries, settings, KeyFactory("n", 1))
+    taken = cache.take()
+    got = pack_groups(taken.groups, settings, KeyFactory("n", 1))
     by_stream: dict[int, list[Any]] = {}
-    for e in entries:
+    for e in taken.entries:
         by_stream.setdefault(e[0], []).append(e)
     # The reference: every batch through `ObjectWriter.add`.
     store = MemoryObjectStore()

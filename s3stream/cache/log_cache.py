@@ -288,10 +288,6 @@ class LogCache:
         """Record bytes acknowledged and not yet taken by an upload (`entry_size`)."""
         return self._untaken_bytes
 
-    def take_pending(self, max_bytes: int | None = None) -> list[CachedBatch]:
-        """`take`, in WAL order only."""
-        return self.take(max_bytes).entries
-
     def take(self, max_bytes: int | None = None) -> Taken:
         """Hand the oldest pending entries (in WAL order, and grouped by stream), about
         `max_bytes` of records (at least one; all without a limit), to the uploader; they

@@ -133,16 +133,16 @@ class MetadataLog(MetadataLogStore):
                 return
             seq += 1
         width = 2
-        while True:
-            with ThreadPoolExecutor(width, "s3stream-metadata-read") as pool:
+        with ThreadPoolExecutor(_MAX_READ_AHEAD, "s3stream-metadata-read") as pool:
+            while True:
                 run = [pool.submit(self.read_entry, s) for s in range(seq, seq + width)]
-            for future in run:
-                try:
-                    yield future.result()
-                except ObjectNotFoundError:
-                    return
-            seq += width
-            width = min(2 * width, _MAX_READ_AHEAD)
+                for future in run:
+                    try:
+                        yield future.result()
+                    except ObjectNotFoundError:
+                        return
+                seq += width
+                width = min(2 * width, _MAX_READ_AHEAD)
 
     def create_entry(self, seq: int, payload: bytes) -> bool:
         """Write entry `seq` unless it exists; True if this call created it.

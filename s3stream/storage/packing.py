@@ -13,7 +13,7 @@ import operator
 import re
 import struct
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import crc32c
@@ -24,7 +24,6 @@ from ..cache.log_cache import (
     COUNT,
     KIND,
     RECORD,
-    SID,
     SKIP,
     TS,
     CachedBatch,
@@ -45,9 +44,7 @@ __all__ = [
     "ObjectKey",
     "PackedObject",
     "data_prefix_for",
-    "group_by_stream",
     "pack_groups",
-    "pack_objects",
     "parse_object_key",
 ]
 
@@ -128,26 +125,6 @@ class PackedObject:
     times: dict[int, tuple[int, int]]
 
 
-def group_by_stream(entries: Iterable[CachedBatch]) -> dict[int, list[CachedBatch]]:
-    """Entries (WAL order) by stream, each stream's in order (`LogCache.take` groups them
-    without this per-entry pass)."""
-    by_stream: dict[int, list[CachedBatch]] = {}
-    for e in entries:
-        lst = by_stream.get(e[SID])
-        if lst is None:
-            by_stream[e[SID]] = [e]
-        else:
-            lst.append(e)
-    return by_stream
-
-
-def pack_objects(
-    entries: Iterable[CachedBatch], settings: ClientSettings, keys: KeyFactory
-) -> list[PackedObject]:
-    """Turn pending entries (WAL order, so each stream's in offset order) into objects."""
-    return pack_groups(group_by_stream(entries), settings, keys)
-
-
 _records_of = operator.itemgetter(RECORD)
 _skips_of = operator.itemgetter(SKIP)
 _ts_of = operator.itemgetter(TS)
@@ -199,8 +176,8 @@ def pack_groups(
             w = shared
         if small and all(kind == _RAW for kind in set(map(_kinds_of, lst))):
             # Cut without Python per batch; the writer lays the object out (one way).
-            for b in _raw_blocks(sid, lst, target, records, skips, sizes):
-                w.add_block(_block_info(b), b[10], location="upload")
+            for info, data in _raw_blocks(sid, lst, target, records, skips, sizes):
+                w.add_block(info, data, location="upload")
         elif small:
             _add_blocks(w, sid, lst, target)
         else:
@@ -228,7 +205,7 @@ _RAW = int(BatchKind.RAW)
 #: Where a batch record's header keeps its properties' length (format.batch.BATCH_HEADER).
 _U32 = struct.Struct("<I")
 _PROPS_LEN_AT = 32
-#: A stream with a batch record this large or larger is packed batch by batch (`pack_objects`).
+#: A stream with a batch record this large or larger is packed batch by batch (`pack_groups`).
 _LARGE = 4096
 
 
@@ -307,12 +284,6 @@ def _add_blocks(w: ObjectWriter, sid: int, entries: list[CachedBatch], target: i
         close()
 
 
-#: A block built by `_raw_blocks`: (stream id, start offset, end offset, bytes, batch count,
-#: crc32c, first timestamp, max timestamp, min time, max time, data). A tuple of scalars: the
-#: garbage collector stops tracking it at once.
-_RawBlock = tuple[int, int, int, int, int, int, int, int, int, int, bytes]
-
-
 def _raw_blocks(
     sid: int,
     entries: list[CachedBatch],
@@ -320,12 +291,13 @@ def _raw_blocks(
     records: list[bytes],
     skips: list[int],
     sizes: list[int],
-) -> list[_RawBlock]:
-    """The blocks of a stream of RAW batches only (a batch's time range is its timestamp),
-    cut where `ObjectWriter.add` would cut them: the cuts from running sums, each block's
-    bytes, bounds and timestamps from slices, all in C; Python runs per block, not per batch
-    (but for one slice of each record). `records`, `skips`, `sizes`: each entry's WAL
-    record, where its batch record starts, and the batch record's bytes."""
+) -> list[tuple[BlockInfo, bytes]]:
+    """The blocks (as `ObjectWriter.add_block` takes them) of a stream of RAW batches only
+    (a batch's time range is its timestamp), cut where `ObjectWriter.add` would cut them:
+    the cuts from running sums, each block's bytes, bounds and timestamps from slices, all
+    in C; Python runs per block, not per batch (but for one slice of each record).
+    `records`, `skips`, `sizes`: each entry's WAL record, where its batch record starts, and
+    the batch record's bytes."""
     if min(skips) == max(skips):
         skip = skips[0]
         parts = [r[skip:] for r in records] if skip else records
@@ -334,7 +306,7 @@ def _raw_blocks(
     stamps = list(map(_ts_of, entries))
     ends = list(itertools.accumulate(sizes))
     n = len(entries)
-    out: list[_RawBlock] = []
+    out: list[tuple[BlockInfo, bytes]] = []
     a = 0
     done = 0  # record bytes of the blocks before entry `a`
     while a < n:
@@ -344,39 +316,22 @@ def _raw_blocks(
         block_stamps = stamps[a:b]
         hi = max(block_stamps)
         last = entries[b - 1]
-        out.append(
-            (
-                sid,
-                entries[a][BASE],
-                last[BASE] + last[COUNT],
-                len(data),
-                b - a,
-                crc32c.crc32c(data),
-                stamps[a],
-                hi,
-                min(block_stamps),
-                hi,
-                data,
-            )
+        size = len(data)
+        info = BlockInfo(
+            stream_id=sid,
+            start_offset=entries[a][BASE],
+            end_offset=last[BASE] + last[COUNT],
+            position=0,
+            stored_size=size,
+            raw_size=size,
+            batch_count=b - a,
+            first_timestamp=stamps[a],
+            max_timestamp=hi,
+            compressed=False,
+            crc=crc32c.crc32c(data),
+            time_range=(min(block_stamps), hi),
         )
+        out.append((info, data))
         done = ends[b - 1]
         a = b
     return out
-
-
-def _block_info(b: _RawBlock) -> BlockInfo:
-    """A `_raw_blocks` block as `ObjectWriter.add_block` takes it."""
-    return BlockInfo(
-        stream_id=b[0],
-        start_offset=b[1],
-        end_offset=b[2],
-        position=0,
-        stored_size=b[3],
-        raw_size=b[3],
-        batch_count=b[4],
-        first_timestamp=b[6],
-        max_timestamp=b[7],
-        compressed=False,
-        crc=b[5],
-        time_range=(b[8], b[9]),
-    )
