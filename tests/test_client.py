@@ -185,7 +185,8 @@ def test_synchronous_appends_drive_the_file_wal(
         real(self, future)  # type: ignore[arg-type]
 
     monkeypatch.setattr(FileWal, "drive", spy)
-    with open_local(tmp_path / "store", wal=f"file://{tmp_path}/node.wal") as client:
+    wal = f"file://{tmp_path}/node.wal?caller_commits=1"
+    with open_local(tmp_path / "store", wal=wal) as client:
         s = client.create_stream()
         assert s.append(RecordBatch(b"a")).base_offset == 0
         assert driven == [threading.get_ident()]

@@ -723,7 +723,7 @@ def no_writer(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.usefixtures("no_writer")
 def test_drive_commits_pending_records_in_the_calling_thread(wal_path: Path) -> None:
-    wal = FileWal(wal_path, settings=small())
+    wal = FileWal(wal_path, settings=small(caller_commits=True))
     recover_all(wal)
     payloads = [data_for(i, 300 * i) for i in range(3)]
     futs = [wal.append(p) for p in payloads]
@@ -737,14 +737,35 @@ def test_drive_commits_pending_records_in_the_calling_thread(wal_path: Path) -> 
     wal.drive(futs[0])  # done already: nothing to do
     acked = [WalRecord(f.result(), p) for f, p in zip(futs, payloads, strict=True)]
     wal._abandon()
-    wal = FileWal(wal_path, settings=small())
+    wal = FileWal(wal_path, settings=small(caller_commits=True))
     assert recover_all(wal) == acked
     wal.close()
 
 
 @pytest.mark.usefixtures("no_writer")
-def test_a_failed_driven_commit_fails_that_append_and_every_later_one(wal_path: Path) -> None:
+def test_drive_leaves_the_commit_to_the_writer_unless_caller_commits_is_set(
+    wal_path: Path,
+) -> None:
+    """By default `drive` commits nothing in the caller's thread (a caller inside a stalled
+    ``fdatasync`` could not keep its deadline): with no writer thread the record stays
+    pending; `caller_commits` lets the caller commit it."""
     wal = FileWal(wal_path, settings=small())
+    recover_all(wal)
+    fut = wal.append(b"left to the writer", driven=True)
+    wal.drive(fut)
+    assert not fut.done()
+    wal._abandon()
+    wal = FileWal(wal_path, settings=small(caller_commits=True))
+    recover_all(wal)
+    fut = wal.append(b"committed by its caller", driven=True)
+    wal.drive(fut)
+    assert fut.done() and fut.result(timeout=0) >= 0
+    wal.close()
+
+
+@pytest.mark.usefixtures("no_writer")
+def test_a_failed_driven_commit_fails_that_append_and_every_later_one(wal_path: Path) -> None:
+    wal = FileWal(wal_path, settings=small(caller_commits=True))
     recover_all(wal)
     first = wal.append(b"kept")
     wal.drive(first)
@@ -756,7 +777,7 @@ def test_a_failed_driven_commit_fails_that_append_and_every_later_one(wal_path: 
         with pytest.raises(UnavailableError):
             wal.append(b"later").result(timeout=10)
         wal.close()
-    wal = FileWal(wal_path, settings=small())
+    wal = FileWal(wal_path, settings=small(caller_commits=True))
     assert [r.data for r in recover_all(wal)] == [b"kept"]
     wal.close()
 
@@ -774,7 +795,7 @@ def test_driving_threads_still_share_group_commits(
         real(fd)
 
     monkeypatch.setattr(os, "fdatasync", counting)
-    wal = FileWal(wal_path, settings=small(8 * MiB))
+    wal = FileWal(wal_path, settings=small(8 * MiB, caller_commits=True))
     recover_all(wal)
     barrier = threading.Barrier(8)
     acked: list[WalRecord] = []
@@ -799,7 +820,7 @@ def test_driving_threads_still_share_group_commits(
     assert len(acked) == 800
     assert syncs[0] < 800, "every append paid its own fdatasync: no group commit"
     wal._abandon()
-    wal = FileWal(wal_path, settings=small(8 * MiB))
+    wal = FileWal(wal_path, settings=small(8 * MiB, caller_commits=True))
     assert recover_all(wal) == sorted(acked)
     wal.close()
 
@@ -808,7 +829,7 @@ def test_close_from_a_callback_of_a_driven_commit(wal_path: Path) -> None:
     """Whichever thread commits (a driving caller or the writer), closing from a completion
     callback neither deadlocks nor loses the clean shutdown."""
     for _ in range(5):
-        wal = FileWal(wal_path, settings=small())
+        wal = FileWal(wal_path, settings=small(caller_commits=True))
         recover_all(wal)
         fut = wal.append(b"last")
         fut.add_done_callback(lambda _, wal=wal: wal.close())
@@ -826,7 +847,7 @@ def test_close_from_a_callback_of_a_driven_commit(wal_path: Path) -> None:
 
 def test_missing_directories_are_created(tmp_path: Path) -> None:
     path = tmp_path / "a" / "b" / "c" / "x.wal"
-    wal = FileWal(path, settings=small())
+    wal = FileWal(path, settings=small(caller_commits=True))
     assert path.stat().st_size == DATA_START + 256 * KiB
     assert wal.data_start == DATA_START and wal.data_capacity == 256 * KiB
     assert wal.physical_offset(256 * KiB + 5) == DATA_START + 5
@@ -1107,7 +1128,7 @@ def test_a_driven_append_whose_caller_never_drives_is_committed_by_the_next_appe
 ) -> None:
     """`append(driven=True)` leaves the writer asleep (its caller commits, `drive`); should
     that caller never come, the next append of anyone wakes the writer for both records."""
-    wal = FileWal(wal_path, settings=small())
+    wal = FileWal(wal_path, settings=small(caller_commits=True))
     recover_all(wal)
     woken = count_wakeups(wal)
     first = wal.append(b"driven", driven=True)
@@ -1123,11 +1144,11 @@ def test_a_driven_append_whose_caller_never_drives_is_committed_by_the_next_appe
 
 
 def test_a_lone_driven_append_without_its_driver_is_written_at_close(wal_path: Path) -> None:
-    wal = FileWal(wal_path, settings=small())
+    wal = FileWal(wal_path, settings=small(caller_commits=True))
     recover_all(wal)
     fut = wal.append(b"driven, never driven", driven=True)
     wal.close()
-    wal = FileWal(wal_path, settings=small())
+    wal = FileWal(wal_path, settings=small(caller_commits=True))
     assert recover_all(wal) == [WalRecord(fut.result(timeout=0), b"driven, never driven")]
     wal.close()
 
@@ -1135,7 +1156,7 @@ def test_a_lone_driven_append_without_its_driver_is_written_at_close(wal_path: P
 def test_a_synchronous_appender_commits_alone(wal_path: Path) -> None:
     """One thread appending and driving: every commit runs in that thread and the writer
     thread is never woken (it would cost two context switches and a GIL hand-off each)."""
-    wal = FileWal(wal_path, settings=small(4 * MiB))
+    wal = FileWal(wal_path, settings=small(4 * MiB, caller_commits=True))
     recover_all(wal)
     committers: list[int] = []
     wal.observe_commits(lambda *_: committers.append(threading.get_ident()))

@@ -842,7 +842,8 @@ def test_an_append_interrupted_before_it_drives_its_record_is_committed_by_the_w
     """A synchronous append leaves the file WAL's writer asleep and commits its record itself
     (`drive`); interrupted (Ctrl-C) before it does, the writer is woken and commits the record
     at once: it is not stranded until the next append, and close() does not wait for it."""
-    with s3stream.open(tmp_path / "store", wal=f"file://{tmp_path}/n.wal?capacity=4MiB") as c:
+    wal = f"file://{tmp_path}/n.wal?capacity=4MiB&caller_commits=1"
+    with s3stream.open(tmp_path / "store", wal=wal) as c:
         stream = c.create_stream()
         real = FileWal.drive
         armed = [True]

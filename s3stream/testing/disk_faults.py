@@ -10,13 +10,19 @@ the ``flock`` a commit takes is always released on the descriptor it was taken o
 something only reads (as root, permission bits do not stop writes; a read-only mount does).
 `tmpfs` mounts a small tmpfs (root only; `DiskFaultUnavailable` says why it cannot) and
 `fill_filesystem` fills one to the last byte, for the ``ENOSPC`` of a really full disk.
+`frozen_filesystem` mounts a small ext4 filesystem that `Freezer.freeze` freezes
+(``fsfreeze``): every write and sync on it blocks in the kernel until it is thawed, as on a
+device that stops answering; the thread blocked cannot be interrupted, so only a caller that
+never waits on the device itself can keep its deadline.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
+import threading
 import unittest
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,8 +31,10 @@ from ..wal.file import FileWal
 
 __all__ = [
     "DiskFaultUnavailable",
+    "Freezer",
     "failing_writes",
     "fill_filesystem",
+    "frozen_filesystem",
     "read_only_bind",
     "tmpfs",
 ]
@@ -127,3 +135,65 @@ def read_only_bind(source: Path, target: Path) -> contextlib.AbstractContextMana
         ["mount", "--bind", str(source), str(target)],
         ["mount", "-o", "remount,ro,bind", str(target)],
     )
+
+
+class Freezer:
+    """Freezes and thaws the filesystem mounted at `path` (see `frozen_filesystem`)."""
+
+    def __init__(self, path: Path, max_frozen_s: float) -> None:
+        self.path = path
+        self._max_frozen_s = max_frozen_s
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+
+    def freeze(self) -> None:
+        """Freeze it: writes and syncs on it block until `thaw` (or, as a safety net for a
+        test that hangs, until `max_frozen_s` has passed)."""
+        with self._lock:
+            if self._timer is not None:
+                return
+            subprocess.run(["fsfreeze", "-f", str(self.path)], check=True, capture_output=True)
+            self._timer = threading.Timer(self._max_frozen_s, self.thaw)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def thaw(self) -> None:
+        """Thaw it (nothing if it is not frozen); blocked writes and syncs go on."""
+        with self._lock:
+            if self._timer is None:
+                return
+            self._timer.cancel()
+            self._timer = None
+            subprocess.run(["fsfreeze", "-u", str(self.path)], check=False, capture_output=True)
+
+
+@contextlib.contextmanager
+def frozen_filesystem(
+    directory: Path, *, size_mb: int = 32, max_frozen_s: float = 30.0
+) -> Iterator[Freezer]:
+    """A fresh ext4 filesystem of `size_mb` MiB mounted at ``directory / "fs"`` while inside
+    (its image lives on a tmpfs at ``directory / "backing"``), with a `Freezer` for it; thawed
+    and unmounted on leaving. Raises `DiskFaultUnavailable` where that is impossible (not root,
+    no loop devices, no ``mkfs.ext4`` or ``fsfreeze``)."""
+    for tool in ("mkfs.ext4", "fsfreeze"):
+        if shutil.which(tool) is None:
+            raise DiskFaultUnavailable(f"a frozen filesystem needs {tool}, which is missing")
+    with tmpfs(directory / "backing", f"size={size_mb + 4}m") as backing:
+        image = backing / "ext4.img"
+        with open(image, "wb") as f:
+            f.truncate(size_mb << 20)
+        made = subprocess.run(
+            ["mkfs.ext4", "-q", "-F", str(image)], capture_output=True, check=False
+        )
+        if made.returncode != 0:
+            raise DiskFaultUnavailable(f"cannot make ext4: {made.stderr.decode().strip()}")
+        with _mounted(
+            "a loop-mounted ext4",
+            directory / "fs",
+            ["mount", "-o", "loop", str(image), str(directory / "fs")],
+        ) as fs:
+            freezer = Freezer(fs, max_frozen_s)
+            try:
+                yield freezer
+            finally:
+                freezer.thaw()

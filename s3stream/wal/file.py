@@ -141,7 +141,6 @@ class FileWal(PipelinedWal):
     """
 
     _raise_when_failed = False
-    _drives = True
     # `_commit_and_complete` notifies the waiters a commit concerns; a notify per group would
     # wake the writer thread too, for nothing, on every caller-driven commit.
     _notify_on_ack = False
@@ -184,6 +183,7 @@ class FileWal(PipelinedWal):
             log=ContextLogger(_log, node_id),
         )
         self._accept_loss = accept_loss
+        self._drives = self._settings.caller_commits
 
         #: Positions of live (untrimmed) records, ascending; maps a trim point to a frame end.
         self._positions: array[int] = array("q")
@@ -846,7 +846,7 @@ class FileWal(PipelinedWal):
         latency tail is made of on a busy machine. Records that arrive meanwhile are left to
         the writer thread, so concurrent appenders still share group commits.
         """
-        if future.done():
+        if not self._drives or future.done():
             return
         with self._cond:
             self._awaiting_driver = False

@@ -123,8 +123,9 @@ class PipelinedWal(WriteAheadLog):
     #: After a failure: True, `append` raises it; False, it returns a future failed with it.
     _raise_when_failed: ClassVar[bool] = True
     #: Whether `drive` commits in the caller's thread (then a caller that says it will drive
-    #: its append does not wake the writer: `append(driven=True)`).
-    _drives: ClassVar[bool] = False
+    #: its append does not wake the writer: `append(driven=True)`). A medium may set it per
+    #: instance (the file WAL does, from its settings).
+    _drives: bool = False
     #: Whether settling a group notifies `_cond` (every waiter, the writer included). A medium
     #: that notifies exactly the waiters an acknowledgement concerns turns it off.
     _notify_on_ack: ClassVar[bool] = True
