@@ -147,6 +147,11 @@ def kill_producer_after_acks(root: Path, node_id: str, acks: int) -> int:
             if last + 1 >= acks or time.monotonic() > deadline:
                 break
         child.send_signal(signal.SIGKILL)  # between some ack and its print, likely
+        child.wait()
+        # What it printed before it died, past the line read (the reader buffers ahead and
+        # the child runs on until the signal lands): the real last printed acknowledgement.
+        for line in child.stdout:
+            last = int(line.split()[1])
     finally:
         child.kill()
         child.wait()
