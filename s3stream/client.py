@@ -67,6 +67,7 @@ from .validation import (
     check_options,
     check_read_args,
     check_str_map,
+    check_tags,
     check_text,
     check_timeout,
 )
@@ -119,9 +120,10 @@ class ClientMetrics:
 
 
 def _check_new_tags(tags: object, name: str = "tags") -> dict[str, str]:
-    """Tags of a new stream: str to str, and a retention policy in them must parse (else the
-    compactor would meet the bad value later, in the background)."""
-    checked = check_str_map(name, tags, allow_none=True)
+    """Tags of a new stream, as a plain dict of exact str: str to str within the tag limits
+    (`check_tags`), and a retention policy in them must parse (else the compactor would meet
+    the bad value later, in the background)."""
+    checked = check_tags(name, tags)
     try:
         RetentionPolicy.from_tags(checked)
     except InvalidArgumentError as exc:
@@ -436,6 +438,12 @@ class StreamClient(Closeable):
         """Create a new, empty stream owned by this client.
 
         `tags` map str to str; ``retention.ms`` / ``retention.bytes`` must be integers.
+        Tags are stored in every metadata checkpoint, so they are bounded: at most
+        `MAX_TAGS` (1,000) tags, a key at most `MAX_TAG_KEY_BYTES` (1,024) and a value at
+        most `MAX_TAG_VALUE_BYTES` (65,536) UTF-8 bytes, and keys and values together at most
+        `MAX_TAGS_BYTES` (262,144) UTF-8 bytes (constants of `s3stream.validation`); beyond
+        one, `InvalidArgumentError` names the tag or the limit and nothing is created. Keys
+        and values are stored as plain str (an instance of a str subclass is copied).
         The stream is created and opened in one metadata entry, and creates of concurrent
         threads fold into one entry (group commit); `create_streams` makes many at once.
         """
@@ -452,7 +460,9 @@ class StreamClient(Closeable):
         One metadata entry per `MAX_CREATES_PER_ENTRY` (1,024) streams: all or none, as one
         `create_stream` is. A batch of several entries that fails part-way deletes the
         streams of the entries already written (best effort) before raising. From 1 to
-        `MAX_CREATE_BATCH` (100,000) streams per call; tags as for `create_stream`.
+        `MAX_CREATE_BATCH` (100,000) streams per call; tags as for `create_stream`, limits
+        included (per stream). Every item is checked before any stream is created: a bad one
+        raises `InvalidArgumentError` naming its index (``tags[3]``) and creates nothing.
         """
         return self._create(_check_batch_tags(tags))
 
@@ -733,7 +743,9 @@ class StreamClient(Closeable):
 
         Afterwards every stream handle raises `StreamClosedError`, and a new client on the
         same URL sees every acknowledged batch. Returns or raises within `timeout_s`
-        (default ``settings.call_timeout_ms``) plus the time the WAL takes to close. If the
+        (default ``settings.call_timeout_ms``); a WAL whose device stops answering is left
+        closing in the background and `UnavailableError` says so (until it has closed, a new
+        client of this node on it gets `NodeInUseError`; the next open recovers it). If the
         upload fails, the data stays in the WAL (the next open of this node, or a take-over,
         uploads it), the streams stay owned, and the upload's error is raised; a client that
         ever dropped acknowledged appends raises `FencedError`.
@@ -908,8 +920,9 @@ class _ClientStreams:
         with self._lock:
             self._check_open()
             self._storage.release_writer(
-                stream.stream_id, StreamClosedError(f"stream {stream.stream_id} was destroyed")
+                stream.stream_id,
+                StreamClosedError(f"stream {stream.stream_id} was destroyed"),
+                discard=True,
             )
-            self._storage.log_cache.discard_stream(stream.stream_id)
             self._streams.pop(stream.stream_id, None)
             self._meta.delete_stream(stream.stream_id, stream.epoch)

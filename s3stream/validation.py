@@ -28,6 +28,10 @@ __all__ = [
     "I64_MAX",
     "MAX_DURATION_MS",
     "MAX_DURATION_S",
+    "MAX_TAGS",
+    "MAX_TAGS_BYTES",
+    "MAX_TAG_KEY_BYTES",
+    "MAX_TAG_VALUE_BYTES",
     "ZSTD_MAX_LEVEL",
     "ZSTD_MIN_LEVEL",
     "check_bool",
@@ -43,6 +47,7 @@ __all__ = [
     "check_scheme",
     "check_seconds",
     "check_str_map",
+    "check_tags",
     "check_target",
     "check_text",
     "check_timeout",
@@ -63,6 +68,23 @@ MAX_DURATION_MS = int(MAX_DURATION_S * 1000)
 #: 0 its default, 3) up to ``ZSTD_maxCLevel()``; 23 and above make the compressor raise.
 ZSTD_MIN_LEVEL = -(1 << 17)
 ZSTD_MAX_LEVEL: int = zstandard.MAX_COMPRESSION_LEVEL
+# Limits on a new stream's tags (`check_tags`). A stream's tags are written in its create
+# entry and again in every metadata checkpoint, and are held in memory (and decoded on every
+# replay) by every client and reader for as long as the stream lives, so one careless tag would
+# tax every later read of the log. The bounds leave room for any real use: labels, a schema id
+# or URL, a small JSON config; a payload belongs in the stream's data, not its tags.
+#: Most tags one stream may have: a per-tag cost (a dict entry, two encoded strings) that the
+#: byte limits alone would not bound (a thousand tags of a few bytes each).
+MAX_TAGS = 1000
+#: Longest tag key, in UTF-8 bytes: as S3's limit on an object key.
+MAX_TAG_KEY_BYTES = 1024
+#: Longest tag value, in UTF-8 bytes (64 KiB): room for a schema or a small config document.
+MAX_TAG_VALUE_BYTES = 64 * 1024
+#: Most UTF-8 bytes of all of one stream's tag keys and values together (256 KiB, as the
+#: Kubernetes bound on an object's annotations): what the other limits would allow at most
+#: (1,000 x 65 KiB) would make one stream's tags 65 MiB; the encoded entry adds only a few
+#: bytes of framing per tag.
+MAX_TAGS_BYTES = 256 * 1024
 
 # Node ids become path segments of object keys and WAL names. fullmatch, not match with
 # ``$``: ``$`` also matches before a trailing newline, which would let "n1\n" through.
@@ -144,40 +166,111 @@ def check_timeout(name: str, value: object) -> float | None:
     return None if value is None else check_seconds(name, value)
 
 
-def check_text(
-    name: str, value: object, *, max_bytes: int | None = None, allow_empty: bool = True
-) -> str:
-    """`value` if it is a str encodable as UTF-8, non-empty unless `allow_empty`, and at most
-    `max_bytes` bytes once encoded."""
-    if not isinstance(value, str):
-        raise InvalidArgumentError(f"{name} must be a str, got {_show(value)}")
+def _text_and_size(
+    name: str, value: object, max_bytes: int | None, allow_empty: bool, key: str | None = None
+) -> tuple[str, int]:
+    """`check_text`, also giving the text's UTF-8 size (for limits on a sum of texts). With
+    `key`, `value` is the value of that key in the map `name`: the name ``name[key]`` is only
+    made for an error, as maps are checked on the append path (batch properties)."""
+    if type(value) is not str:
+        if not isinstance(value, str):
+            raise InvalidArgumentError(f"{_label(name, key)} must be a str, got {_show(value)}")
+        # A str subclass is copied into an exact str before anything else touches it:
+        # ``str.__str__`` copies the characters without calling any override (``__str__``,
+        # ``encode``, ``__len__``, ``__eq__``, ``__hash__``), and what is stored is then a
+        # plain str. A subclass instance kept in metadata structs, which are not tracked by the
+        # garbage collector, could keep a reference cycle (through its ``__dict__``) alive
+        # forever, and its overrides could make it compare or hash differently from the text
+        # stored in the log.
+        value = str.__str__(value)
     try:
         size = len(value.encode("utf-8"))
     except UnicodeEncodeError as exc:
         raise InvalidArgumentError(
-            f"{name} must be encodable as UTF-8 (no lone surrogates), got {_show(value)}"
+            f"{_label(name, key)} must be encodable as UTF-8 (no lone surrogates), "
+            f"got {_show(value)}"
         ) from exc
     if not allow_empty and not value:
-        raise InvalidArgumentError(f"{name} must be a non-empty str")
+        raise InvalidArgumentError(f"{_label(name, key)} must be a non-empty str")
     if max_bytes is not None and size > max_bytes:
         raise InvalidArgumentError(
-            f"{name} must be at most {max_bytes} UTF-8 bytes, got {size}: {_show(value)}"
+            f"{_label(name, key)} must be at most {max_bytes} UTF-8 bytes, got {size}: "
+            f"{_show(value)}"
         )
-    return value
+    return value, size
 
 
-def check_str_map(name: str, value: object, *, allow_none: bool = False) -> dict[str, str]:
-    """A copy of `value`, a mapping of str to str (all UTF-8 encodable); None gives ``{}``
-    when `allow_none`."""
+def _label(name: str, key: str | None) -> str:
+    return name if key is None else f"{name}[{_show(key)}]"
+
+
+def check_text(
+    name: str, value: object, *, max_bytes: int | None = None, allow_empty: bool = True
+) -> str:
+    """`value` as an exact str (a copy if it is an instance of a str subclass) if it is a str
+    encodable as UTF-8, non-empty unless `allow_empty`, and at most `max_bytes` bytes once
+    encoded."""
+    return _text_and_size(name, value, max_bytes, allow_empty)[0]
+
+
+def check_str_map(
+    name: str,
+    value: object,
+    *,
+    allow_none: bool = False,
+    max_items: int | None = None,
+    max_key_bytes: int | None = None,
+    max_value_bytes: int | None = None,
+    max_total_bytes: int | None = None,
+) -> dict[str, str]:
+    """A copy of `value`, a mapping of str to str (all UTF-8 encodable), as a plain dict of
+    exact str (see `check_text`); None gives ``{}`` when `allow_none`.
+
+    Optional limits: at most `max_items` items, each key at most `max_key_bytes` and each
+    value at most `max_value_bytes` UTF-8 bytes, and keys and values together at most
+    `max_total_bytes`. Items are checked as they are iterated, so a huge mapping is refused
+    after looking at no more than the limits allow.
+    """
     if value is None and allow_none:
         return {}
     if not isinstance(value, Mapping):
         raise InvalidArgumentError(f"{name} must be a mapping of str to str, got {_show(value)}")
-    out = dict(value)
-    for k, v in out.items():
-        check_text(f"{name} key", k)
-        check_text(f"{name}[{k!r}]", v)
+    out: dict[str, str] = {}
+    total = 0
+    key_name = f"{name} key"
+    for count, (k, v) in enumerate(value.items(), 1):
+        if max_items is not None and count > max_items:
+            raise InvalidArgumentError(
+                f"{name} must have at most {max_items} items, got more than {max_items}"
+            )
+        key, key_size = _text_and_size(key_name, k, max_key_bytes, True)
+        if key in out:
+            # Only keys of a str subclass whose __eq__/__hash__ set apart equal text get here:
+            # one would silently replace the other.
+            raise InvalidArgumentError(f"{name} has the key {_show(key)} more than once")
+        text, value_size = _text_and_size(name, v, max_value_bytes, True, key)
+        out[key] = text
+        total += key_size + value_size
+        if max_total_bytes is not None and total > max_total_bytes:
+            raise InvalidArgumentError(
+                f"{name} must total at most {max_total_bytes} UTF-8 bytes of keys and values, "
+                f"got more than {max_total_bytes} (at key {_show(key)})"
+            )
     return out
+
+
+def check_tags(name: str, value: object) -> dict[str, str]:
+    """A new stream's tags (`check_str_map`, None for none) within the limits `MAX_TAGS`,
+    `MAX_TAG_KEY_BYTES`, `MAX_TAG_VALUE_BYTES` and `MAX_TAGS_BYTES`."""
+    return check_str_map(
+        name,
+        value,
+        allow_none=True,
+        max_items=MAX_TAGS,
+        max_key_bytes=MAX_TAG_KEY_BYTES,
+        max_value_bytes=MAX_TAG_VALUE_BYTES,
+        max_total_bytes=MAX_TAGS_BYTES,
+    )
 
 
 def check_options(name: str, value: object) -> dict[str, Any]:

@@ -85,3 +85,55 @@ def test_appends_keep_their_deadline_while_the_wal_device_is_frozen(
         finally:
             freezer.thaw()
             client.close()
+
+
+@pytest.mark.parametrize("pending", [True, False])
+def test_close_keeps_its_deadline_while_the_wal_device_is_frozen(
+    tmp_path: Path, pending: bool
+) -> None:
+    """`close(timeout_s)` raises `UnavailableError` by its deadline when the WAL cannot close
+    (an append it waits for is stuck, or the WAL's own clean-shutdown write is); the WAL
+    finishes closing after the thaw and the next client reads every acknowledged batch."""
+    with frozen_filesystem(tmp_path / "disk", max_frozen_s=30) as freezer:
+        client = _open(tmp_path / "store", freezer.path)
+        stream = client.create_stream()
+        for i in range(5):
+            stream.append(RecordBatch(b"before %d" % i))
+        freezer.freeze()
+        if pending:
+            with pytest.raises(UnavailableError):
+                stream.append(RecordBatch(b"frozen"))
+        outcome: list[BaseException | None] = []
+        started = time.monotonic()
+
+        def close() -> None:
+            try:
+                client.close(timeout_s=2.0)
+                outcome.append(None)
+            except BaseException as exc:
+                outcome.append(exc)
+
+        t = threading.Thread(target=close)
+        t.start()
+        t.join(2.0 + SLACK_S + 5)
+        took = time.monotonic() - started
+        alive = t.is_alive()
+        freezer.thaw()
+        t.join(30)
+        assert not alive, "close() is blocked on the frozen device"
+        assert took <= 2.0 + SLACK_S, took
+        assert len(outcome) == 1 and isinstance(outcome[0], UnavailableError), outcome
+        # The WAL finishes closing in the background once the device answers (it holds its
+        # file's lock until then); the next client on it sees what was acknowledged.
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                again = _open(tmp_path / "store", freezer.path)
+                break
+            except s3stream.S3StreamError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        with again:
+            got = [b.payload for b in again.open_stream(stream.stream_id).fetch(0).batches]
+            assert got[:5] == [b"before %d" % i for i in range(5)]

@@ -916,3 +916,33 @@ def test_log_cache_takes_uploads_grouped_by_stream_and_evicts_whole_runs() -> No
         if first is not None:
             batches, complete = cache.read(sid, first, offsets[sid], 1 << 20)
             assert complete and [b.base_offset for b in batches] == list(range(first, offsets[sid]))
+
+
+def test_releasing_a_fenced_epoch_leaves_a_reopened_writer_and_its_entries(
+    tmp_path: Path,
+) -> None:
+    """An upload that finds a stream fenced drops this client's entries of the fenced epoch
+    and stops that writer, but only if the client still appends at that epoch: checked and
+    done under the append lock (`Appender.release_writer(epoch=...)`), so a reopen at a
+    newer epoch cannot slip in between and lose its acknowledged entries."""
+    from s3stream.errors import FencedError
+
+    with s3stream.open(tmp_path / "store", wal="memory://") as c:
+        stream = c.create_stream()
+        stream.append(RecordBatch(b"old epoch"))
+        storage = c._storage
+        appender = storage._appender
+        newer = appender.register_writer(stream.stream_id, stream.epoch + 1, 1)  # a reopen
+        assert not appender.release_writer(
+            stream.stream_id, FencedError("fenced"), epoch=stream.epoch, discard=True
+        )
+        assert appender._writers[stream.stream_id] is newer and newer.error is None
+        assert storage.log_cache.first_offset(stream.stream_id) == 0  # nothing discarded
+        # At the epoch it appends at, the writer is stopped and its entries go.
+        assert appender.release_writer(
+            stream.stream_id, FencedError("fenced"), epoch=stream.epoch + 1, discard=True
+        )
+        assert stream.stream_id not in appender._writers
+        assert isinstance(newer.error, FencedError)
+        assert storage.log_cache.first_offset(stream.stream_id) is None
+        c.abandon()

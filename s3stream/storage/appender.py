@@ -177,19 +177,31 @@ class Appender:
             self._writers[stream_id] = w
         return w
 
-    def release_writer(self, stream_id: int, error: S3StreamError) -> None:
-        """Stop appends to a stream (closed, destroyed or fenced)."""
+    def release_writer(
+        self,
+        stream_id: int,
+        error: S3StreamError,
+        *,
+        epoch: int | None = None,
+        discard: bool = False,
+    ) -> bool:
+        """Stop appends to a stream (closed, destroyed or fenced); with `discard`, also drop
+        its entries from the LogCache. With `epoch`, only if this client does not append to
+        the stream at another epoch (it reopened the stream since: that writer and its
+        entries stay). Checked and done under the append lock, so a reopen cannot slip in
+        between; whether it was done."""
         with self._lock:
-            w = self._writers.pop(stream_id, None)
+            w = self._writers.get(stream_id)
+            if epoch is not None and w is not None and w.epoch != epoch:
+                return False
+            self._writers.pop(stream_id, None)
             if w is not None and w.error is None:
                 w.error = error
+            if discard:
+                self._cache.discard_stream(stream_id)
         if w is not None:
             w.wake_tailers()
-
-    def writer_epoch(self, stream_id: int) -> int | None:
-        """The epoch this client appends to a stream at (None: not appending)."""
-        w = self._writers.get(stream_id)
-        return None if w is None else w.epoch
+        return True
 
     def confirm_offset(self, stream_id: int) -> int | None:
         """The acknowledged end of a stream this client appends to (None: not appending)."""

@@ -148,12 +148,6 @@ class Committer:
         """Another client took stream `sid` over: drop what this client acknowledged of it
         (`mine`: its entries of this upload) and has not uploaded, stop its appends, and
         remember the loss for flush/close."""
-        writing = self._appender.writer_epoch(sid)
-        if writing is not None and writing != mine[0][EPOCH]:
-            # This client reopened the stream since these entries were taken (an earlier
-            # upload found the old epoch fenced and dropped its entries then): the stream's
-            # entries and writer now are the new epoch's, acknowledged, and not this upload's.
-            return
         lo = mine[0][BASE]
         confirmed = self._appender.confirm_offset(sid)
         hi = confirmed if confirmed is not None else mine[-1][BASE] + mine[-1][COUNT]
@@ -164,9 +158,15 @@ class Committer:
             else (f"node {s.owner!r} opened it at epoch {s.epoch}")
         )
         what = f"stream {sid} offsets [{lo}, {hi}) ({by})"
+        if not self._appender.release_writer(
+            sid,
+            FencedError(f"stream {sid} is owned by a newer epoch: {by}"),
+            epoch=mine[0][EPOCH],
+            discard=True,
+        ):
+            # This client reopened the stream since these entries were taken (an earlier
+            # upload found the old epoch fenced and dropped its entries then): the stream's
+            # entries and writer now are the new epoch's, acknowledged, and not this upload's.
+            return
         self._log.for_stream(sid).error("acknowledged appends dropped: %s", what)
-        self._cache.discard_stream(sid)
-        self._appender.release_writer(
-            sid, FencedError(f"stream {sid} is owned by a newer epoch: {by}")
-        )
         self._status.add_dropped(what)

@@ -26,6 +26,7 @@ fatal error (fenced, corrupted, a bug in a background thread) stops the client f
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from ..settings import ClientSettings
 from ..throttle import PriorityRateLimiter
 from ..types import AppendResult, FetchedBatch, RecordBatch
 from ..wal.base import WriteAheadLog
+from ..wal.pipeline import PipelinedWal
 from .appender import Appender, Ident, WriterState, deadline_text
 from .committer import Committer
 from .packing import KeyFactory
@@ -57,6 +59,11 @@ from .uploader import Uploader
 __all__ = ["RecoveryReport", "Storage", "StorageMetrics", "WriterState", "deadline_text"]
 
 log = logging.getLogger(__name__)
+
+
+#: The end of a close's deadline kept for closing the WAL (a header write and a sync), at most
+#: this much and at most a quarter of the deadline (`Storage.close`).
+WAL_CLOSE_RESERVE_S = 1.0
 
 
 @dataclass(slots=True)
@@ -169,9 +176,12 @@ class Storage:
         """Make this client the appender of a stream it has just opened."""
         return self._appender.register_writer(stream_id, epoch, end_offset)
 
-    def release_writer(self, stream_id: int, error: S3StreamError) -> None:
-        """Stop appends to a stream (closed, destroyed or fenced)."""
-        self._appender.release_writer(stream_id, error)
+    def release_writer(
+        self, stream_id: int, error: S3StreamError, *, discard: bool = False
+    ) -> None:
+        """Stop appends to a stream (closed, destroyed or fenced); with `discard`, also drop
+        what the LogCache holds of it."""
+        self._appender.release_writer(stream_id, error, discard=discard)
 
     def append(
         self,
@@ -354,19 +364,26 @@ class Storage:
 
         `on_flushed` runs once everything acknowledged is committed (the client releases its
         streams then). Returns or raises within the deadline (`timeout_s`, else
-        `call_timeout_ms`) plus the time the WAL takes to close; what could not be uploaded
-        stays in the WAL for the next open. Raises the flush's error, the uploader's death,
+        `call_timeout_ms`); what could not be uploaded stays in the WAL for the next open. A
+        WAL that cannot close by then (its device stopped answering) is left closing in the
+        background and `UnavailableError` says so (the end of the deadline,
+        `WAL_CLOSE_RESERVE_S` at most, is kept for the WAL's close).
+        Raises the flush's error, the uploader's death,
         or `FencedError` if acknowledged appends were ever dropped.
         """
         deadline = self._deadline(timeout_s)
-        if not self._appender.refuse_appends(deadline):
+        # The WAL closes last: the rest of the work ends early enough to leave it some time.
+        work_deadline = deadline - min(
+            WAL_CLOSE_RESERVE_S, (deadline - self._clock.monotonic()) / 4
+        )
+        if not self._appender.refuse_appends(work_deadline):
             return
         status = self._status
         error: BaseException | None = None
         try:
-            self._appender.wait_quiet(deadline)
+            self._appender.wait_quiet(work_deadline)
             if status.failed is None:
-                self.flush(max(0.0, deadline - self._clock.monotonic()))
+                self.flush(max(0.0, work_deadline - self._clock.monotonic()))
                 if on_flushed is not None:
                     on_flushed()
         except BaseException as exc:
@@ -378,10 +395,10 @@ class Storage:
                 # the WAL for the next open).
                 status.abandoned = error is not None
                 status.cond.notify_all()
-            self._uploader.join(deadline)
+            self._uploader.join(work_deadline)
             self._uploader.shutdown_puts(wait=False)
             try:
-                self._wal.close()
+                self._close_wal(deadline)
             except BaseException as exc:
                 error = error or exc
             if self._owns_block_cache:
@@ -394,6 +411,40 @@ class Storage:
             status.raise_if_broken()
             if status.dropped:
                 raise FencedError(dropped_message(status.dropped))
+
+    def _close_wal(self, deadline: float) -> None:
+        """Close the WAL, waiting for it until `deadline` at most. Its close writes and syncs
+        (pending records, a clean-shutdown mark) and a device that stops answering holds a
+        sync in the kernel uninterruptibly, so the close runs in a thread of its own and is
+        left to finish there: a WAL not closed cleanly is what a crash leaves, which the next
+        open recovers from (everything acknowledged is in it or uploaded)."""
+        wal = self._wal
+        if isinstance(wal, PipelinedWal) and wal.in_completion():
+            # Called from an append's callback: the close only marks the WAL closing (this
+            # thread finishes it once the callback returns), and a thread of its own would
+            # wait for this one.
+            wal.close()
+            return
+        done = threading.Event()
+        failure: list[BaseException] = []
+
+        def close() -> None:
+            try:
+                self._wal.close()
+            except BaseException as exc:
+                failure.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=close, name="s3stream-wal-close", daemon=True).start()
+        if not done.wait(max(0.0, deadline - self._clock.monotonic())):
+            raise UnavailableError(
+                f"{self._wal.describe()} did not close by the deadline (its device is not "
+                "answering); it finishes closing in the background when the device answers, "
+                "and what it holds is recovered by the next open"
+            )
+        if failure:
+            raise failure[0]
 
     def abandon(self) -> None:
         """Stop background work without uploading (tests: simulate a crash in-process)."""

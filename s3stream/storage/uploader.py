@@ -29,8 +29,6 @@ from .status import PipelineStatus
 
 __all__ = ["Uploader"]
 
-#: How long `close` waits for the uploader past its deadline (a PUT ending, a last commit).
-_JOIN_GRACE_S = 2.0
 #: Wake-up of the WAL repair while appends are still completing (they notify, this bounds it).
 _REPAIR_WAIT_S = 1.0
 #: On a store slower than the writer, an upload is sized to take about this long (`_upload_size`),
@@ -107,16 +105,17 @@ class Uploader:
         self._thread.start()
 
     def join(self, deadline: float | None) -> None:
-        """Wait for the thread to end (after `status.stop`), up to `deadline` and a grace."""
+        """Wait for the thread to end (after `status.stop`), up to `deadline`. Not longer: a
+        PUT in flight ends by the store's own deadline and a thread stuck past the call's
+        (in a WAL trim on a device that stopped answering) is left behind, harmless, since
+        what it has not committed stays in the WAL for the next open."""
         thread = self._thread
         if thread is None or thread is threading.current_thread():
             return
         if deadline is None:
             thread.join()
             return
-        # A PUT in flight is bounded by the store's own deadline, so the uploader stops soon
-        # after it; a wait past the deadline would only hide a hang.
-        thread.join(max(0.0, deadline - self._clock.monotonic()) + _JOIN_GRACE_S)
+        thread.join(max(0.0, deadline - self._clock.monotonic()))
         if thread.is_alive():
             self._log.error("the uploader did not stop by the close deadline; leaving it behind")
 

@@ -254,8 +254,9 @@ class PipelinedWal(WriteAheadLog):
         if self._failed is not None:
             raise self._failed
 
-    def _in_callback(self) -> bool:
-        """Whether the calling thread is completing futures (is in one's callback)."""
+    def in_completion(self) -> bool:
+        """Whether the calling thread is completing this WAL's futures (is in a callback of
+        one): a close from there returns at once and the completing thread finishes it."""
         return self._completing == threading.get_ident()
 
     # ------------------------------------------------------------------ append
@@ -458,7 +459,7 @@ class PipelinedWal(WriteAheadLog):
         """Wait until every append so far is completed (no lock held). In a completion
         callback it returns at once: the calling thread is the one that must complete them."""
         with self._cond:
-            if self._in_callback():
+            if self.in_completion():
                 return
             self._flush_now = True
             self._cond.notify_all()
@@ -506,7 +507,7 @@ class PipelinedWal(WriteAheadLog):
             first = not (self._closing or self._closed)
             self._closing = True
             self._cond.notify_all()
-            if self._in_callback():
+            if self.in_completion():
                 # This thread must go on completing futures: the writer finishes the close.
                 self._close_later = True
                 return
