@@ -7,7 +7,14 @@ own. The object store is a local directory under a temporary directory (as in
 
 - ``idle``: a client that appended one batch, flushed and read it: the RSS every other case
   is compared against.
-- ``large``: MB/s of 64 KiB batches through `Stream.append` (one stream).
+- ``large``: MB/s of 64 KiB batches through `Stream.append` (one stream); the batches are
+  made before the clock starts (64 distinct payloads, reused), so only the append is timed.
+  Past ``max_pending_bytes`` (512 MiB) appends go at the pace of uploads, i.e. of the disk's
+  writes with fsync (``dd conv=fdatasync`` did 490 MB/s here); ``large-nofsync`` is the same
+  on a store that does not sync (``fsync=False``): the client's own pace.
+- ``rss-large``: 1 GiB of 64 KiB appends, each of a payload of its own (a copy made per
+  append, as an application reading from a socket has): peak RSS. The client keeps large
+  payloads without copying them, so reused payloads (``large``) would hide what it holds.
 - ``sustained``: 5 million 100-byte appends, appends/s per window of 500,000 (the curve shows
   whether the rate holds as the process ages), with the time the cyclic GC took per window.
 - ``rss-small-128`` / ``rss-small-8``: 2 million 100-byte appends with a LogCache budget
@@ -44,6 +51,8 @@ MiB = 1 << 20
 ALL_CASES = (
     "idle",
     "large",
+    "large-nofsync",
+    "rss-large",
     "sustained",
     "rss-small-128",
     "rss-small-8",
@@ -81,10 +90,11 @@ class _GcTimer:
             self.collections += 1
 
 
-def _open(root: Path, settings: dict[str, Any], wal: str = "memory://") -> Any:
+def _open(root: Path, settings: dict[str, Any], wal: str = "memory://", fsync: bool = True) -> Any:
     import s3stream
 
-    return s3stream.open(str(root), wal=wal, settings=settings)
+    options = None if fsync else {"fsync": False}
+    return s3stream.open(str(root), wal=wal, settings=settings, storage_options=options)
 
 
 def _budget(settings: dict[str, Any]) -> int:
@@ -107,7 +117,7 @@ def case_idle(root: Path, quick: bool) -> dict[str, Any]:
     return {"rss": rss, "peak_rss": _peak_rss()}
 
 
-def case_large(root: Path, quick: bool) -> dict[str, Any]:
+def case_large(root: Path, quick: bool, fsync: bool = True) -> dict[str, Any]:
     from s3stream import RecordBatch
 
     size = 64 * 1024
@@ -116,7 +126,7 @@ def case_large(root: Path, quick: bool) -> dict[str, Any]:
     settings: dict[str, Any] = {}
     # Distinct payloads, as an application has: one shared payload would hide copies.
     payloads = [os.urandom(size) for _ in range(64)]
-    with _open(root, settings) as c:
+    with _open(root, settings, fsync=fsync) as c:
         s = c.create_stream()
         batches = [RecordBatch(p, base_timestamp=0) for p in payloads]
         t0 = time.perf_counter()
@@ -129,6 +139,32 @@ def case_large(root: Path, quick: bool) -> dict[str, Any]:
         "bytes": n * size,
         "seconds": dt,
         "mb_per_s": n * size / 1e6 / dt,
+        "peak_rss": _peak_rss(),
+        "budget": _budget(settings),
+    }
+
+
+def case_rss_large(root: Path, quick: bool) -> dict[str, Any]:
+    from s3stream import RecordBatch
+
+    size = 64 * 1024
+    total = (256 if quick else 1024) * MiB
+    n = total // size
+    settings: dict[str, Any] = {}
+    templates = [memoryview(os.urandom(size)) for _ in range(64)]
+    with _open(root, settings) as c:
+        s = c.create_stream()
+        t0 = time.perf_counter()
+        for i in range(n):
+            # bytes(view) copies: every append brings a payload nobody else holds.
+            s.append(RecordBatch(bytes(templates[i & 63]), base_timestamp=0))
+        dt = time.perf_counter() - t0
+        c.flush()
+    return {
+        "batches": n,
+        "bytes": n * size,
+        "seconds": dt,
+        "mb_per_s_with_copies": n * size / 1e6 / dt,
         "peak_rss": _peak_rss(),
         "budget": _budget(settings),
     }
@@ -298,6 +334,8 @@ def _streams(root: Path, quick: bool, wal: str, count: int) -> dict[str, Any]:
 CASES: dict[str, Any] = {
     "idle": case_idle,
     "large": case_large,
+    "large-nofsync": lambda r, q: case_large(r, q, fsync=False),
+    "rss-large": case_rss_large,
     "sustained": case_sustained,
     "rss-small-128": lambda r, q: _rss_small(r, q, 128),
     "rss-small-8": lambda r, q: _rss_small(r, q, 8),
@@ -315,13 +353,23 @@ def _child(case: str, quick: bool) -> None:
         result = CASES[case](tmp / "store", quick)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    import s3stream
+
+    result["package"] = os.path.dirname(s3stream.__file__)
     print(json.dumps(result))
 
 
-def _run(case: str, quick: bool) -> dict[str, Any]:
+def _run(case: str, quick: bool, impl: Path | None) -> dict[str, Any]:
     print(f"{case} ...", file=sys.stderr, flush=True)
     args = [sys.executable, __file__, "--case", case] + (["--quick"] if quick else [])
-    out = subprocess.run(args, capture_output=False, stdout=subprocess.PIPE, text=True, check=True)
+    env = None
+    if impl is not None:
+        # The package under `impl` comes before the installed one (a pristine copy of HEAD).
+        paths = [str(impl), *filter(None, [os.environ.get("PYTHONPATH")])]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    out = subprocess.run(
+        args, capture_output=False, stdout=subprocess.PIPE, text=True, check=True, env=env
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -333,6 +381,14 @@ def _table(res: dict[str, Any]) -> list[tuple[str, str, str]]:
         rows.append(("idle client RSS", f"{idle / mb:.1f} MiB", "-"))
     if "large" in res:
         rows.append(("64 KiB appends, MB/s", f"{res['large']['mb_per_s']:,.0f}", ">= 1,000"))
+    if "large-nofsync" in res:
+        r = res["large-nofsync"]
+        rows.append(("64 KiB appends, store without fsync, MB/s", f"{r['mb_per_s']:,.0f}", "-"))
+    if "rss-large" in res:
+        r = res["rss-large"]
+        rows.append(
+            ("64 KiB appends of fresh payloads, MB/s", f"{r['mb_per_s_with_copies']:,.0f}", "-")
+        )
     if "sustained" in res:
         r = res["sustained"]
         rows.append(
@@ -344,7 +400,7 @@ def _table(res: dict[str, Any]) -> list[tuple[str, str, str]]:
             )
         )
         rows.append(("  GC share of wall time", f"{100 * r['gc_share']:.1f}%", "-"))
-    for name in ("large", "sustained", "rss-small-128", "rss-small-8", "throttled"):
+    for name in ("large", "rss-large", "sustained", "rss-small-128", "rss-small-8", "throttled"):
         if name in res:
             r = res[name]
             limit = 1.3 * r["budget"] + idle
@@ -394,6 +450,12 @@ def main() -> None:
     today = datetime.date.today().isoformat()
     default_out = Path(__file__).parent / "results" / f"{today}-memory" / "memory.json"
     p.add_argument("--out", type=Path, default=default_out)
+    p.add_argument(
+        "--impl",
+        type=Path,
+        help="a directory holding another s3stream package to measure (e.g. HEAD's, from "
+        "`git archive HEAD s3stream | tar -x -C DIR`), instead of the installed one",
+    )
     a = p.parse_args()
     if a.case:
         _child(a.case, a.quick)
@@ -401,14 +463,15 @@ def main() -> None:
     cases = [c for c in a.cases.split(",") if c]
     if "idle" not in cases:
         cases.insert(0, "idle")
-    res = {c: _run(c, a.quick) for c in cases}
+    res = {c: _run(c, a.quick, a.impl) for c in cases}
     rows = _table(res)
     w = max(len(r[0]) for r in rows)
     print(f"{'figure':{w}}  {'measured':>32}  target")
     for name, value, target in rows:
         print(f"{name:{w}}  {value:>32}  {target}")
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps({"quick": a.quick, "results": res}, indent=2) + "\n")
+    impl = None if a.impl is None else str(a.impl)
+    a.out.write_text(json.dumps({"quick": a.quick, "impl": impl, "results": res}, indent=2) + "\n")
     print(f"saved {a.out}")
 
 

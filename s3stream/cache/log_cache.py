@@ -30,6 +30,7 @@ from ..format.batch import BATCH_HEADER
 from ..types import BatchKind, FetchedBatch
 
 __all__ = [
+    "APART_MIN_BYTES",
     "ENTRY_OVERHEAD_BYTES",
     "CachedBatch",
     "LogCache",
@@ -41,11 +42,13 @@ __all__ = [
 ]
 
 #: (stream_id, base_offset, count, timestamp, kind, properties or None, record, record_skip,
-#:  wal_position, epoch, seq). `record[record_skip:]` is the encoded batch record
-#:  (format.batch) that goes into object blocks; the payload is its tail (not kept apart: a
-#:  second reference to the caller's payload would keep a second copy of it alive).
+#:  wal_position, epoch, seq, apart). `record[record_skip:] + apart` is the encoded batch
+#:  record (format.batch) that goes into object blocks. `apart` is empty, the payload being
+#:  the tail of `record` (not kept besides: a second reference to the caller's payload would
+#:  keep a second copy of it alive), unless the payload is large and was never copied behind
+#:  its head (`put`'s `payload_apart`): then `record` is the head and `apart` the payload.
 _Props = dict[str, str] | None
-CachedBatch = tuple[int, int, int, int, int, _Props, bytes, int, int, int, int]
+CachedBatch = tuple[int, int, int, int, int, _Props, bytes, int, int, int, int, bytes]
 SID: Final = 0
 BASE: Final = 1
 COUNT: Final = 2
@@ -57,17 +60,28 @@ SKIP: Final = 7
 WALPOS: Final = 8
 EPOCH: Final = 9
 SEQ: Final = 10
+APART: Final = 11
 
 #: Bytes of Python objects one entry costs besides its record's data (64-bit CPython 3.11):
-#: the 11-tuple with its GC header (144), the record's bytes header (33, rounded up by the
+#: the 12-tuple with its GC header (152), the record's bytes header (33, rounded up by the
 #: allocator), four ints of its own (base offset, timestamp, WAL position, seq: 4 x 32) and
 #: about six list slots (the stream's entries, the pending list or the eviction
 #: queue, a memory WAL's positions and records: 6 x 8), rounded up. tests/test_write_path.py
-#: measures it with tracemalloc and fails if entries cost more.
+#: measures it with tracemalloc and fails if entries cost more. An entry with its payload
+#: apart costs ~150 bytes more (a second bytes header, a memory WAL's pair), under 2% of the
+#: `APART_MIN_BYTES` or more it holds, and is not charged them.
 ENTRY_OVERHEAD_BYTES: Final = 384
+
+#: A payload this large or larger may be kept apart from its record's head (`put`): copying
+#: it behind the head cost more than the rest of the append (64 KiB: ~70 us, mostly page
+#: faults of the fresh copy), and the copy doubled what the caller's batch held. Packing
+#: builds blocks whole from records under 4096 bytes only (`storage/packing.py`), which
+#: never have a payload apart.
+APART_MIN_BYTES: Final = 8192
 
 _KINDS = {int(k): k for k in BatchKind}
 _record_of = itemgetter(RECORD)
+_apart_of = itemgetter(APART)
 _base_of = itemgetter(BASE)
 _seq_of = itemgetter(SEQ)
 _EMPTY: Mapping[str, str] = MappingProxyType({})
@@ -83,13 +97,18 @@ def entry_batch(e: CachedBatch) -> FetchedBatch:
     props = e[PROPS]
     record = e[RECORD]
     skip = e[SKIP]
-    # The record is `prefix, header, properties, payload`: the payload is what follows.
-    (props_len,) = _PROPS_LEN.unpack_from(record, skip + _PROPS_LEN_AT)
+    apart = e[APART]
+    if apart:
+        payload: bytes | memoryview = apart
+    else:
+        # The record is `prefix, header, properties, payload`: the payload is what follows.
+        (props_len,) = _PROPS_LEN.unpack_from(record, skip + _PROPS_LEN_AT)
+        payload = memoryview(record)[skip + BATCH_HEADER.size + props_len :]
     return FetchedBatch(
         e[SID],
         e[BASE],
         e[COUNT],
-        memoryview(record)[skip + BATCH_HEADER.size + props_len :],
+        payload,
         e[TS],
         _EMPTY if props is None else MappingProxyType(props),
         _KINDS[e[KIND]],
@@ -98,37 +117,42 @@ def entry_batch(e: CachedBatch) -> FetchedBatch:
 
 def _payload_len(e: CachedBatch) -> int:
     """Bytes of an entry's payload (fetch limits count payloads)."""
-    n = len(e[RECORD]) - e[SKIP] - BATCH_HEADER.size
+    n = len(e[RECORD]) + len(e[APART]) - e[SKIP] - BATCH_HEADER.size
     if e[PROPS] is None:
         return n
     return n - int(_PROPS_LEN.unpack_from(e[RECORD], e[SKIP] + _PROPS_LEN_AT)[0])
 
 
 def entry_block_record(e: CachedBatch) -> memoryview:
-    """The encoded batch record of an entry, without copying."""
+    """The encoded batch record of an entry, without copying; with its payload apart, the
+    record's head (the payload, `e[APART]`, follows it)."""
     return memoryview(e[RECORD])[e[SKIP] :]
 
 
 def entry_size(e: CachedBatch) -> int:
     """Bytes of an entry's encoded batch record: what it adds to an object."""
-    return len(e[RECORD]) - e[SKIP]
+    return len(e[RECORD]) + len(e[APART]) - e[SKIP]
 
 
 def entry_memory(e: CachedBatch) -> int:
     """Bytes of memory an entry is charged: its whole record and `ENTRY_OVERHEAD_BYTES`."""
-    return len(e[RECORD]) + ENTRY_OVERHEAD_BYTES
+    return len(e[RECORD]) + len(e[APART]) + ENTRY_OVERHEAD_BYTES
 
 
 def _memory_of(entries: list[CachedBatch]) -> int:
     """`entry_memory` of all `entries` (summed in C: no Python per entry)."""
-    return sum(map(len, map(_record_of, entries))) + len(entries) * ENTRY_OVERHEAD_BYTES
+    return (
+        sum(map(len, map(_record_of, entries)))
+        + sum(map(len, map(_apart_of, entries)))
+        + len(entries) * ENTRY_OVERHEAD_BYTES
+    )
 
 
 @dataclass(slots=True)
 class _StreamTail:
     # Entries in offset order (one list, not parallel lists of offsets and entries: an append
     # to 10,000 streams round robin touches as few cache lines per stream as it can);
-    # `head` skips evicted entries so eviction is O(1) amortised;
+    # `head` counts evicted entries until `compact` drops them (once per evicted run);
     # entries [head, uploaded) are uploaded, [uploaded, taken) taken by uploads in flight,
     # [taken, len) pending and not yet taken.
     stream_id: int
@@ -138,7 +162,11 @@ class _StreamTail:
     taken: int = 0
 
     def compact(self) -> None:
-        if self.head > 1024 and self.head * 2 > len(self.entries):
+        # At once, not when the evicted prefix is half the list: an evicted entry still in
+        # the list keeps its record alive, memory no budget counts (64 KiB appends with the
+        # default budgets kept ~400 MiB of evicted records). Eviction runs once per run of
+        # an upload, so this is a memmove of the list's pointers per stream per upload.
+        if self.head:
             del self.entries[: self.head]
             self.uploaded -= self.head
             self.taken -= self.head
@@ -251,17 +279,22 @@ class LogCache:
         record_skip: int,
         wal_position: int,
         epoch: int,
+        *,
+        payload_apart: bool = False,
     ) -> int:
         """Insert an acknowledged batch; returns the record bytes not yet taken by an upload
         afterwards (the uploader is woken when they reach its threshold). `payload` must be
-        the tail of `record` (it is read from there: not kept, so it costs nothing more)."""
+        the tail of `record` (it is read from there: not kept, so it costs nothing more);
+        with `payload_apart`, `record` ends where the payload would begin, and the payload
+        (at least `APART_MIN_BYTES`) is kept as it is."""
         props = dict(properties) if properties else None
-        size = len(record)
+        apart = payload if payload_apart else b""
+        size = len(record) + len(apart)
         with self._lock:
             seq = self._last_seq = self._last_seq + 1
             e: CachedBatch = (
                 stream_id, base_offset, count, timestamp, int(kind), props,
-                record, record_skip, wal_position, epoch, seq,
+                record, record_skip, wal_position, epoch, seq, apart,
             )  # fmt: skip
             tail = self._streams.get(stream_id)
             if tail is None:
@@ -307,7 +340,7 @@ class LogCache:
                 return Taken(taken, groups)
             total = n = 0
             for e in self._pending:
-                size = len(e[RECORD]) - e[SKIP]
+                size = len(e[RECORD]) + len(e[APART]) - e[SKIP]
                 if n and total + size > max_bytes:
                     break
                 total += size
@@ -488,7 +521,7 @@ class LogCache:
             h = tail.head
             freed = k = 0
             while k < left and freed < over:
-                freed += len(entries[h + k][RECORD]) + ENTRY_OVERHEAD_BYTES
+                freed += entry_memory(entries[h + k])
                 k += 1
             tail.head = h + k
             self._uploaded_bytes -= freed

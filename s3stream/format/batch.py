@@ -35,6 +35,7 @@ __all__ = [
     "decode_batches",
     "decode_wal_record",
     "encode_batch",
+    "encode_batch_head",
     "encode_wal_record",
 ]
 
@@ -59,11 +60,31 @@ def encode_batch(
     prefix: bytes = b"",
 ) -> bytes:
     """Encode one batch record, optionally behind `prefix` (the WAL record prefix)."""
+    head = encode_batch_head(
+        stream_id, base_offset, count, kind, base_timestamp, properties, len(payload),
+        prefix=prefix,
+    )  # fmt: skip
+    return head + payload
+
+
+def encode_batch_head(
+    stream_id: int,
+    base_offset: int,
+    count: int,
+    kind: int,
+    base_timestamp: int,
+    properties: Mapping[str, str],
+    payload_len: int,
+    *,
+    prefix: bytes = b"",
+) -> bytes:
+    """What `encode_batch` puts before a payload of `payload_len` bytes: the record is this
+    followed by the payload. For a large payload kept apart instead of copied behind it."""
     props = _props_encoder.encode(dict(properties)) if properties else b""
     header = BATCH_HEADER.pack(
-        stream_id, base_offset, count, kind, 0, 0, base_timestamp, len(props), len(payload)
+        stream_id, base_offset, count, kind, 0, 0, base_timestamp, len(props), payload_len
     )
-    return b"".join((prefix, header, props, payload))
+    return b"".join((prefix, header, props))
 
 
 def decode_batch_at(

@@ -341,8 +341,11 @@ class ObjectWriter:
         count: int,
         base_timestamp: int,
         batch_record: bytes | memoryview,
+        payload: bytes | None = None,
     ) -> None:
-        """Append one encoded batch record (from `encode_batch`) of `stream_id`.
+        """Append one encoded batch record (from `encode_batch`) of `stream_id`; with
+        `payload`, `batch_record` is the record's head (`encode_batch_head`) and `payload`
+        its tail, laid out behind it without joining them.
 
         The record header must agree with the other arguments, and `base_offset` must equal
         the end of the previous batch of the same stream in this writer. The writer keeps a
@@ -359,8 +362,9 @@ class ObjectWriter:
             raise InvalidArgumentError(f"count must be an int >= 1 within i64, got {count!r}")
         if type(base_timestamp) is not int or not _I64_MIN <= base_timestamp <= _I64_MAX:
             raise InvalidArgumentError(f"base_timestamp must be an i64, got {base_timestamp!r}")
-        size = len(batch_record)
-        if size < BATCH_HEADER.size or size > _U32_MAX:
+        head_size = len(batch_record)
+        size = head_size if payload is None else head_size + len(payload)
+        if head_size < BATCH_HEADER.size or size > _U32_MAX:
             raise InvalidArgumentError(
                 f"batch_record must be an encoded batch record, got {size} bytes"
             )
@@ -371,16 +375,16 @@ class ObjectWriter:
             raise InvalidArgumentError(
                 "batch_record header does not match stream_id/base_offset/count/base_timestamp"
             )
-        if BATCH_HEADER.size + props_len + payload_len != size:
+        if BATCH_HEADER.size + props_len + payload_len != size or (
+            payload is not None and BATCH_HEADER.size + props_len != head_size
+        ):
             raise InvalidArgumentError("batch_record length does not match its header")
 
         if kind == _RECORDS:
             # Records carry timestamps of their own: the block's time range needs them.
             start = BATCH_HEADER.size + props_len
-            payload = memoryview(batch_record)[start:]
-            times = time_range(
-                kind, count, base_timestamp, payload, decompressor=self._decompressor
-            )
+            view = memoryview(batch_record)[start:] if payload is None else payload
+            times = time_range(kind, count, base_timestamp, view, decompressor=self._decompressor)
         else:
             times = (base_timestamp, base_timestamp)
         buf = self._buffer(stream_id, base_offset)
@@ -395,6 +399,7 @@ class ObjectWriter:
             base_timestamp,
             base_timestamp,
             times,
+            payload,
         )
 
     def add_block(
@@ -501,9 +506,11 @@ class ObjectWriter:
         first_ts: int,
         max_ts: int,
         times: tuple[int, int],
+        tail: bytes | None = None,
     ) -> None:
         """Append whole batch records covering ``[start_offset, end_offset)`` to the block
-        being filled (opening one if none is); `times` is their time range."""
+        being filled (opening one if none is), `raw` then `tail` (if any) making them;
+        `times` is their time range."""
         if not buf.cur_pieces:
             buf.cur_start = start_offset
             buf.cur_first_ts = first_ts
@@ -517,14 +524,20 @@ class ObjectWriter:
                 buf.cur_time_min = times[0]
             if times[1] > buf.cur_time_max:
                 buf.cur_time_max = times[1]
+        size = len(raw)
         buf.cur_pieces.append(raw)
-        buf.cur_batches += batches
-        buf.cur_size += len(raw)
         if self._compressor is None:
             # Chained so the finished block needs no second pass over its bytes.
             buf.cur_crc = crc32c.crc32c(raw, buf.cur_crc)
+        if tail is not None:
+            size += len(tail)
+            buf.cur_pieces.append(tail)
+            if self._compressor is None:
+                buf.cur_crc = crc32c.crc32c(tail, buf.cur_crc)
+        buf.cur_batches += batches
+        buf.cur_size += size
         buf.next_offset = end_offset
-        self._estimate += len(raw)
+        self._estimate += size
 
     def add_fetched(self, batch: FetchedBatch) -> None:
         """Append a batch read back from storage (re-encodes it; used by compaction)."""

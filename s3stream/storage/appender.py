@@ -15,7 +15,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from .._futures import CompletedFutures
-from ..cache.log_cache import LogCache
+from ..cache.log_cache import APART_MIN_BYTES, LogCache
 from ..clock import Clock
 from ..errors import (
     BackpressureError,
@@ -26,7 +26,7 @@ from ..errors import (
     UnavailableError,
     WalFullError,
 )
-from ..format.batch import WAL_PREFIX, WAL_RECORD_VERSION, encode_batch
+from ..format.batch import WAL_PREFIX, WAL_RECORD_VERSION, encode_batch, encode_batch_head
 from ..metrics.components import StorageInstruments
 from ..settings import ClientSettings
 from ..types import AppendResult, RecordBatch
@@ -160,6 +160,12 @@ class Appender:
 
             self._wal_append_driven = append_driven
             self._wal_wake = pipelined.wake
+        #: A WAL that acknowledges on the call (`WalCapabilities.acks_on_call`, a memory WAL)
+        #: takes records through `append_and_wait`: no future, and a payload of `APART_MIN_BYTES` or
+        #: more apart from its record's head, not copied behind it.
+        self._wal_store: Callable[[bytes, bytes], WalPosition] | None = (
+            wal.append_and_wait if wal.capabilities.acks_on_call else None
+        )
 
     # ------------------------------------------------------------------ writers
 
@@ -455,19 +461,37 @@ class Appender:
         driven: bool,
     ) -> AppendResult | _Pending:
         base = w.next_offset
-        record = encode_batch(
-            w.stream_id, base, batch.count, batch.kind, ts, batch.properties, payload,
-            prefix=w.wal_prefix,
-        )  # fmt: skip
+        wal_store = self._wal_store
+        apart = wal_store is not None and len(payload) >= APART_MIN_BYTES
+        if apart:
+            # `record` is the head only: the payload stays the caller's bytes (immutable).
+            record = encode_batch_head(
+                w.stream_id, base, batch.count, batch.kind, ts, batch.properties, len(payload),
+                prefix=w.wal_prefix,
+            )  # fmt: skip
+            size = len(record) + len(payload)
+        else:
+            record = encode_batch(
+                w.stream_id, base, batch.count, batch.kind, ts, batch.properties, payload,
+                prefix=w.wal_prefix,
+            )  # fmt: skip
+            size = len(record)
         limit = self._max_record_bytes
-        if len(record) > limit:
+        if size > limit:
             raise InvalidArgumentError(
-                f"a batch of {len(payload)} payload bytes makes a {len(record)}-byte WAL "
+                f"a batch of {len(payload)} payload bytes makes a {size}-byte WAL "
                 f"record; {self._wal.describe()} takes at most {limit} bytes per record"
             )
         status = self._status
+        wal_future: Future[WalPosition] | None = None
+        pos = 0
         try:
-            wal_future = self._wal_append_driven(record) if driven else self._wal.append(record)
+            if wal_store is not None:
+                pos = wal_store(record, payload) if apart else wal_store(record, b"")
+            elif driven:
+                wal_future = self._wal_append_driven(record)
+            else:
+                wal_future = self._wal.append(record)
         except WalFullError:
             # Refused at the call, like the next ones until an upload trims the WAL.
             with status.cond:
@@ -483,15 +507,18 @@ class Appender:
             raise
         try:
             w.next_offset = base + batch.count
+            if wal_future is None:
+                # Acknowledged on return (`acks_on_call`), after every earlier record.
+                return self._acked(pos, w, batch, base, ts, record, apart, started)
             if wal_future.done():
                 # Every earlier WAL future is done and its callback has run (the WAL completes
                 # in order), so completing inline keeps LogCache inserts in WAL order.
-                return self._durable(wal_future, w, batch, base, ts, record, started)
+                return self._durable(wal_future, w, batch, base, ts, record, apart, started)
             result: Future[AppendResult] = Future()
             with status.cond:
                 status.outstanding += 1
             wal_future.add_done_callback(
-                lambda f: self._on_durable(f, w, batch, base, ts, record, result, started)
+                lambda f: self._on_durable(f, w, batch, base, ts, record, apart, result, started)
             )
         except BaseException:
             if driven:
@@ -521,6 +548,7 @@ class Appender:
         base: int,
         ts: int,
         record: bytes,
+        apart: bool,
         started: float,
     ) -> AppendResult:
         try:
@@ -531,10 +559,24 @@ class Appender:
                 err.__cause__ = exc
             self._status.on_wal_error(err)
             raise err from None
+        return self._acked(pos, w, batch, base, ts, record, apart, started)
+
+    def _acked(
+        self,
+        pos: WalPosition,
+        w: WriterState,
+        batch: RecordBatch,
+        base: int,
+        ts: int,
+        record: bytes,
+        apart: bool,
+        started: float,
+    ) -> AppendResult:
+        """Into the LogCache and acknowledged: a batch the WAL holds at `pos` (in WAL order)."""
         count = batch.count
         untaken = self._cache.put(
             w.stream_id, base, count, ts, batch.kind, batch.properties, batch.payload,
-            record, WAL_PREFIX.size, pos, w.epoch,
+            record, WAL_PREFIX.size, pos, w.epoch, payload_apart=apart,
         )  # fmt: skip
         w.confirm_offset = base + count
         if w.tailers:
@@ -552,11 +594,12 @@ class Appender:
         base: int,
         ts: int,
         record: bytes,
+        apart: bool,
         result: Future[AppendResult],
         started: float,
     ) -> None:
         try:
-            result.set_result(self._durable(wal_future, w, batch, base, ts, record, started))
+            result.set_result(self._durable(wal_future, w, batch, base, ts, record, apart, started))
         except S3StreamError as exc:
             self._ins.append_failed(exc)
             result.set_exception(exc)

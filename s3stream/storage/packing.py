@@ -20,6 +20,8 @@ import crc32c
 import zstandard
 
 from ..cache.log_cache import (
+    APART,
+    APART_MIN_BYTES,
     BASE,
     COUNT,
     KIND,
@@ -126,6 +128,7 @@ class PackedObject:
 
 
 _records_of = operator.itemgetter(RECORD)
+_aparts_of = operator.itemgetter(APART)
 _skips_of = operator.itemgetter(SKIP)
 _ts_of = operator.itemgetter(TS)
 _kinds_of = operator.itemgetter(KIND)
@@ -164,7 +167,8 @@ def pack_groups(
             continue
         records = list(map(_records_of, lst))
         skips = list(map(_skips_of, lst))
-        sizes = list(map(operator.sub, map(len, records), skips))
+        heads = map(operator.sub, map(len, records), skips)
+        sizes = list(map(operator.add, heads, map(len, map(_aparts_of, lst))))
         own = sum(sizes) >= settings.stream_split_bytes
         # A stream with a record of _LARGE bytes or more is added batch by batch.
         small = blocks and max(sizes) < _LARGE
@@ -198,15 +202,17 @@ def pack_groups(
 def _add_batches(w: ObjectWriter, sid: int, entries: list[CachedBatch]) -> None:
     """Add a stream's entries batch by batch, as views of their records."""
     for e in entries:
-        w.add(sid, e[BASE], e[COUNT], e[TS], entry_block_record(e))
+        w.add(sid, e[BASE], e[COUNT], e[TS], entry_block_record(e), e[APART] or None)
 
 
 _RAW = int(BatchKind.RAW)
 #: Where a batch record's header keeps its properties' length (format.batch.BATCH_HEADER).
 _U32 = struct.Struct("<I")
 _PROPS_LEN_AT = 32
-#: A stream with a batch record this large or larger is packed batch by batch (`pack_groups`).
+#: A stream with a batch record this large or larger is packed batch by batch (`pack_groups`):
+#: the only way that takes a payload kept apart from its record's head.
 _LARGE = 4096
+assert _LARGE <= APART_MIN_BYTES
 
 
 def _add_blocks(w: ObjectWriter, sid: int, entries: list[CachedBatch], target: int) -> None:

@@ -349,6 +349,27 @@ class WalTests:
         for a, b in itertools.pairwise(positions):
             assert b > a, f"append order and positions disagree: {b} after {a}"
 
+    def test_append_and_wait_stores_head_and_tail_as_one_record(self, tmp_path: Path) -> None:
+        """`append_and_wait(head, tail)` returns the position of the record ``head + tail``
+        once acknowledged, in order with `append`; recovery reads the joined record. A WAL
+        claiming `acks_on_call` also completes `append`'s future before it returns."""
+        medium, wal = self._fresh(tmp_path)
+        payloads = self._payloads(40, seed=11)
+        acked: list[WalRecord] = []
+        for i, data in enumerate(payloads):
+            if i % 2:
+                cut = len(data) // 3
+                pos = wal.append_and_wait(data[:cut], data[cut:])
+            else:
+                fut = wal.append(data)
+                if wal.capabilities.acks_on_call:
+                    assert fut.done(), "acks_on_call, but append's future was not done"
+                pos = _ack(fut, self.ack_timeout_s)
+            assert not acked or pos > acked[-1].position, "positions must strictly increase"
+            acked.append(WalRecord(pos, data))
+        wal.close()
+        _assert_records(_recover(self._open(medium)), acked, "after append_and_wait")
+
     # -- recovery ---------------------------------------------------------------------------
 
     def test_recovery_of_a_new_medium_is_empty(self, tmp_path: Path) -> None:

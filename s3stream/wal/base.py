@@ -69,6 +69,9 @@ class WalCapabilities:
     fencing: bool
     #: Largest record accepted, in bytes.
     max_record_bytes: int = 64 << 20
+    #: `append` acknowledges during the call (its future is done on return), and
+    #: `append_and_wait` returns a record's position as cheaply, without a future (a memory WAL).
+    acks_on_call: bool = False
 
 
 class WriteAheadLog(Closeable):
@@ -86,6 +89,16 @@ class WriteAheadLog(Closeable):
     @abstractmethod
     def append(self, data: bytes) -> Future[WalPosition]:
         """Append one record; the future resolves with its position once acknowledged."""
+
+    def append_and_wait(self, head: bytes, tail: bytes = b"") -> WalPosition:
+        """Append the record ``head + tail`` and wait until it is acknowledged; its position.
+
+        A WAL whose capabilities say `acks_on_call` makes this cheaper than `append` (no
+        future) and may keep the two parts apart instead of copying a large `tail` behind a
+        small `head`; the record recovered is ``head + tail`` either way. The default joins
+        them and waits for `append`'s future.
+        """
+        return self.append(head + tail).result()
 
     def drive(self, future: Future[WalPosition]) -> None:
         """Called by a thread about to block on `future`, one of this WAL's append futures.
