@@ -20,12 +20,17 @@ Per run it prints commits/s over all writers, the slowest writer's commits ÷ th
 the time went: CPU per commit of the writer processes and of the PostgreSQL server (the one the
 bench started), how busy the machine was, and for PostgreSQL the commit's steps as its clients
 timed them (the wait for the lock and the read of the missed entries, the build with the lock
-held, the INSERT and COMMIT). The JSON goes to bench/results/metadata.json (or --out). WALs are
-in memory: only the flush path is measured.
+held, the INSERT and COMMIT), and the writers' CPU per commit by thread (the flush loop, the
+uploader, the PUT pool; user + system, from /proc). The JSON goes to
+bench/results/metadata.json (or --out). WALs are in memory: only the flush path is measured.
+
+``--code DIR`` makes the writers import ``DIR/s3stream`` instead of this tree's: run it
+alternately with a pristine copy (``git archive HEAD s3stream | tar -x -C DIR``) to measure a
+change side by side in one session, on this noisy machine.
 
     .venv/bin/python bench/metadata_bench.py [--seconds 10] [--writers 1,2,4,8,16]
         [--backends store,postgres] [--postgres-url URL] [--put-latency-ms MS]
-        [--get-latency-ms MS] [--seaweedfs] [--out FILE]
+        [--get-latency-ms MS] [--seaweedfs] [--code DIR] [--out FILE]
 
 ``--seaweedfs`` puts the store on a SeaweedFS S3 server on loopback (a fresh prefix per row)
 instead of a local directory; with ``--put-latency-ms`` it is the S3-like profile.
@@ -113,10 +118,11 @@ def worker(
     metadata: str | None,
     latency_ms: tuple[float, float],
     options: dict[str, Any] | None = None,
+    code: Path = ROOT,
 ) -> None:
     """Open a client, say READY, wait for ``GO <seconds>``, append+flush until then, print one
-    JSON line of results."""
-    sys.path.insert(0, str(ROOT))
+    JSON line of results. `code` is the tree whose ``s3stream`` package it imports."""
+    sys.path.insert(0, str(code))
     from s3stream.errors import S3StreamError
     from s3stream.metrics import catalog
     from s3stream.types import RecordBatch
@@ -140,6 +146,7 @@ def worker(
     errors: dict[str, int] = {}
     payload = os.urandom(200)
     times_before = _commit_times(client)
+    threads_before = _thread_cpu_s()
     cpu_before = time.process_time()
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -155,12 +162,43 @@ def worker(
     result = {"node": node, "flushes": latencies, "errors": errors, "lost": conflicts}
     result["commit_failures"] = CommitFailures.count
     result["cpu_s"] = time.process_time() - cpu_before
+    threads = _thread_cpu_s()
+    result["threads_cpu_s"] = {
+        k: [a - b for a, b in zip(v, threads_before.get(k, (0.0, 0.0)), strict=True)]
+        for k, v in threads.items()
+    }
     times = _commit_times(client)
     if times is not None and times_before is not None:
         result["commit_times"] = {k: v - times_before[k] for k, v in times.items()}
     print(json.dumps(result))
     sys.stdout.flush()
     client.close()
+
+
+def _thread_cpu_s() -> dict[str, tuple[float, float]]:
+    """User and system CPU seconds of this process's threads so far, summed by role (the
+    thread's name without its pool number: the main loop, the uploader, the PUT pool, ...),
+    from /proc/self/task (empty where there is none)."""
+    import re
+    import threading
+
+    tick = os.sysconf("SC_CLK_TCK")
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[str, tuple[float, float]] = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue  # the thread ended meanwhile
+        name = re.sub(r"[-_]?\d+$", "", names.get(int(tid), "other"))
+        user, system = out.get(name, (0.0, 0.0))
+        out[name] = (user + int(fields[11]) / tick, system + int(fields[12]) / tick)
+    return out
 
 
 def _commit_times(client: Any) -> dict[str, float] | None:
@@ -182,6 +220,7 @@ def run(
     latency_ms: tuple[float, float] = (0.0, 0.0),
     s3: Any = None,
     server_pid: int | None = None,
+    code: Path = ROOT,
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="s3stream-metabench-") as tmp:
         store = str(Path(tmp) / "store")
@@ -193,7 +232,7 @@ def run(
         try:
             for i in range(writers):
                 argv = [sys.executable, __file__, "--worker", store, f"w{i}", metadata or "-"]
-                argv += [str(x) for x in latency_ms] + [json.dumps(options)]
+                argv += [str(x) for x in latency_ms] + [json.dumps(options), str(code)]
                 proc = subprocess.Popen(
                     argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT
                 )
@@ -241,6 +280,13 @@ def run(
         "wal_syncs_per_commit": wal[0] / commits if server_pid else None,
         "wal_sync_ms": wal[1] / wal[0] if server_pid and wal[0] else None,
     }
+    by_thread: dict[str, list[float]] = {}
+    for r in results:
+        for k, (user, system) in r.get("threads_cpu_s", {}).items():
+            acc = by_thread.setdefault(k, [0.0, 0.0])
+            acc[0] += 1000 * user / commits
+            acc[1] += 1000 * system / commits
+    cpu["writer_threads_ms_per_commit"] = by_thread
     timed = [r["commit_times"] for r in results if "commit_times" in r]
     lock: dict[str, float] = {}
     if timed:
@@ -341,6 +387,13 @@ def main() -> None:
         action="store_true",
         help="the store on a SeaweedFS S3 server on loopback instead of a local directory",
     )
+    p.add_argument(
+        "--code",
+        type=Path,
+        default=ROOT,
+        help="the tree whose s3stream package the writers import (a copy of another version, "
+        "to measure two side by side in one session)",
+    )
     p.add_argument("--out", type=Path, default=None)
     a = p.parse_args()
     sys.path.insert(0, str(ROOT))
@@ -379,7 +432,7 @@ def main() -> None:
                     if a.pg_optimistic:
                         metadata += "&optimistic"
                 pid = server.pid if server is not None and backend == "postgres" else None
-                row = run(backend, n, a.seconds, metadata, latency, s3, pid)
+                row = run(backend, n, a.seconds, metadata, latency, s3, pid, a.code.resolve())
                 rows.append(row)
                 f = row["flush_ms"]
                 print(
@@ -419,6 +472,13 @@ def _print_costs(row: dict[str, Any]) -> None:
             f"({t['missed_entries']:.1f} missed entries), insert+commit {t['write_s']:.2f} ms"
         )
     print(line, flush=True)
+    threads = c.get("writer_threads_ms_per_commit") or {}
+    if threads:
+        parts = ", ".join(
+            f"{k} {u:.2f}+{s:.2f}"
+            for k, (u, s) in sorted(threads.items(), key=lambda kv: -sum(kv[1]))
+        )
+        print(f"{'':8} writer threads, ms per commit (user+sys): {parts}", flush=True)
 
 
 def creates(seconds: float, out: Path) -> None:
@@ -492,9 +552,10 @@ def _create_rate(threads: int, seconds: float, via: str, batch: int = 1) -> dict
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 8 and sys.argv[1] == "--worker":
+    if len(sys.argv) == 9 and sys.argv[1] == "--worker":
         latency = (float(sys.argv[5]), float(sys.argv[6]))
         metadata = None if sys.argv[4] == "-" else sys.argv[4]
-        worker(sys.argv[2], sys.argv[3], metadata, latency, json.loads(sys.argv[7]))
+        options = json.loads(sys.argv[7])
+        worker(sys.argv[2], sys.argv[3], metadata, latency, options, Path(sys.argv[8]))
     else:
         main()

@@ -1139,6 +1139,73 @@ def test_published_state_is_what_replay_computes(backend: MetadataBackend) -> No
     assert same_state(manager(backend, writer="r").state, m.state)
 
 
+def test_a_run_of_entries_applies_as_one_entry_after_the_other(backend: MetadataBackend) -> None:
+    """`apply_run` (a serialized commit's catch-up, in one go) computes exactly what applying
+    the entries one by one does, including an op that reads its own entry's timestamp
+    (compaction's deletion mark); it refuses a gap and a bad op without touching its state."""
+    clock = ManualClock(start_ms=1_000)
+    m = manager(backend, clock=clock)
+    a = open_new(m, "n1", topic="a")
+    b = open_new(m, "n2")
+    m.register_node("n1")
+    upload(m, "s1", {a: 3, b: 1})
+    clock.advance(5)
+    upload(m, "s2", {a: 2})
+    upload(m, "s3", {b: 4})
+    clock.advance(11)
+    m.commit(fixed(CompactObjects((obj("c1", (a, 0, 5), (b, 0, 1)),), ("s1", "s2"))))
+    clock.advance(3)
+    m.trim_stream(b, 1, 2)
+    upload(m, "s4", {a: 1})
+    m.close_stream(a, 1)
+    m.create_streams([{"x": "1"}, {"x": "2"}], open_for="n3")
+    entries = [m.log.read_entry(seq)[0] for seq in range(1, m.seq + 1)]
+    for start in (0, 3, 7):
+        base = MetadataState.empty()
+        for entry in entries[:start]:
+            base = base.apply(entry)
+        one_by_one = base
+        for entry in entries[start:]:
+            one_by_one = one_by_one.apply(entry)
+        in_one_go = base.apply_run(entries[start:])
+        assert in_one_go.seq == m.seq and same_state(in_one_go, one_by_one)
+        assert same_state(in_one_go, m.state) and not check_state(in_one_go)
+        for sid in (a, b):
+            assert in_one_go.stream_objects(sid) == one_by_one.stream_objects(sid)
+    assert MetadataState.empty().apply_run([]).seq == 0
+    with pytest.raises(InvalidArgumentError, match="dense"):
+        MetadataState.empty().apply_run([entries[0], entries[2]])
+    base = MetadataState.empty().apply(entries[0])
+    bad = LogEntry(seq=3, ops=(TrimStream(a, 9, 0),), writer="rogue", ts_ms=0)
+    with pytest.raises(FencedError):
+        base.apply_run([entries[1], bad])
+    assert base.seq == 1 and same_state(base, MetadataState.empty().apply(entries[0]))
+
+
+def test_a_serialized_commit_reports_a_bad_missed_entry_keeping_those_before(
+    backend: MetadataBackend,
+) -> None:
+    """A serializing log hands a commit the entries it missed, applied in one go: one that
+    breaks an invariant is corruption naming that entry, and the entries before it stay
+    applied (as a catch-up one by one keeps them)."""
+    m = manager(backend)
+    if not m.log.serializes_commits:
+        pytest.skip("the object-store log does not serialize commits")
+    a = open_new(m)
+    other = manager(backend, writer="w2")
+    upload(other, "good", {a: 2})
+    rogue = LogEntry(
+        seq=other.seq + 1,
+        ops=(CommitObjects((obj("x", (a, 5, 6)),), {a: 1}),),
+        writer="rogue",
+        ts_ms=0,
+    )
+    assert backend.open_log().create_entry(rogue.seq, encode_entry(rogue))
+    with pytest.raises(CorruptionError, match=m.log.entry_key(rogue.seq)):
+        m.create_stream({})
+    assert m.seq == rogue.seq - 1 and [o.key for o in m.objects_for(a, 0)] == ["good"]
+
+
 def test_group_commit_a_failing_build_fails_only_its_caller(backend: MetadataBackend) -> None:
     hooked = HookLog(backend.open_log())
     m = manager(hooked)

@@ -493,6 +493,48 @@ def test_the_read_after_the_lock_sees_the_previous_holders_entry(url: str) -> No
         each.close()
 
 
+def test_serialized_commits_carry_any_namespace_and_payload_bytes(postgres: Any) -> None:
+    """A serialized commit writes its values into the text of simple queries: a namespace
+    with quotes, backslashes, percent signs and non-ASCII letters, and payloads holding every
+    byte value, arrive and read back exactly (through the commit's own read and through a
+    reader's), whatever ``standard_conforming_strings`` says."""
+    from s3stream.metadata.codec import encode_entry
+    from s3stream.metadata.model import CreateStream, LogEntry
+
+    namespace = f"o'b\\r%s%%z-{uuid.uuid4().hex[:6]}\u00e9\u4e2d"
+    url = postgres.url(namespace=namespace)
+    tags = {"k": "".join(map(chr, range(1, 256))), "q": "';\\x00 %s $$"}
+    for conforming in ("on", "off"):
+        log = PostgresMetadataLog(url)
+        log._main.run(
+            lambda conn, v=conforming: conn.execute(
+                "SELECT set_config('standard_conforming_strings', %s, false)", (v,)
+            )
+        )
+        assert log.namespace == namespace
+        m = _manager(log, f"w-{conforming}")
+        created = m.create_stream(tags)
+        assert m.get_stream(created.stream_id).tags == tags
+        # The next commit is handed the entry just written, read back by the commit itself.
+        seen: list[bytes] = []
+
+        def compose(
+            entries: list[Any], after: int = m.seq, seen: list[bytes] = seen
+        ) -> tuple[int, bytes]:
+            seen.extend(data for _, data in entries)
+            op = CreateStream(after, tags, 0)
+            return after + 1, encode_entry(LogEntry(seq=after + 1, ops=(op,), writer="x", ts_ms=0))
+
+        assert log.commit_serialized(m.seq, compose)
+        assert seen == [log.read_entry(m.seq)[1]]
+        reader = _manager(PostgresMetadataLog(url), "r")
+        assert reader.state.streams[m.seq].tags == tags
+        assert log.read_entry(m.seq + 1)[1] == compose([], m.seq)[1]
+        for each in (log, reader.log):
+            each.close()
+    assert _manager(PostgresMetadataLog(url), "r2").log.namespace == namespace
+
+
 def test_a_failed_commit_leaves_no_transaction_open(url: str) -> None:
     """A commit that fails with the lock held (its build raised, or its insert was refused)
     rolls back: the lock is released and the session's connection is usable at once."""

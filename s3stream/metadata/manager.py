@@ -712,15 +712,30 @@ class MetadataManager:
         if start.seq > 0 and (not entries or entries[0][0].seq != start.seq):
             self._rolled_back = self._rollback_error(start.seq)
             raise self._rolled_back
-        state = start
+        fresh = [entry for entry, _ in entries if entry.seq > start.seq]
+        if not fresh:
+            return
         try:
-            for entry, _ in entries:
-                if entry.seq > state.seq:
+            # All in one go: with many writers a commit catches up on an entry of each other
+            # writer, and the states between them would be built for nothing.
+            state = start.apply_run(fresh)
+        except Exception:
+            # One breaks an invariant (or trips a bug): apply them one by one, to name it in
+            # the error and keep the state after the entries before it, as a catch-up does.
+            state = start
+            try:
+                for entry in fresh:
                     state = self._apply_replayed(state, entry)
-        finally:
-            self._state = state
-            if state is not start:
-                self._ins.replayed.add(state.seq - start.seq)
+            except BaseException:
+                self._state = state
+                if state is not start:
+                    self._ins.replayed.add(state.seq - start.seq)
+                raise
+        if any(entry.writer != self._writer_id for entry in fresh):
+            # Another writer commits: pause courteously after wins for a while.
+            self._contended_until = self._clock.monotonic() + _CONTENTION_MEMORY_S
+        self._state = state
+        self._ins.replayed.add(state.seq - start.seq)
 
     def _apply_replayed(self, state: MetadataState, entry: LogEntry) -> MetadataState:
         """`state` after `entry`, which another writer (or an earlier run) committed."""

@@ -180,12 +180,16 @@ class LocalObjectStore(ObjectStore):
         directory = os.path.dirname(final)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
         for _ in range(_MAX_TEMP_ATTEMPTS):
-            self._ensure_dir(directory, key)
             tmp = os.path.join(directory, f"{TEMP_PREFIX}{os.getpid()}-{next(self._counter)}")
             try:
                 fd = os.open(tmp, flags, 0o666)
-            except (FileExistsError, FileNotFoundError):
-                # A name left by another writer, or the directory was pruned by a delete.
+            except FileExistsError:
+                continue  # a name left by another writer
+            except (FileNotFoundError, NotADirectoryError):
+                # The directory is missing (new, or pruned by a delete): make it, then try
+                # again. Made only when missing, so a put into an existing directory costs
+                # no stat (it raises the conflict if a file stands where a directory must).
+                self._ensure_dir(directory, key)
                 continue
             except OSError as exc:
                 raise self._translate(exc, "write", key) from exc
