@@ -28,6 +28,7 @@ __all__ = [
     "I64_MAX",
     "MAX_DURATION_MS",
     "MAX_DURATION_S",
+    "MAX_MAP_ITEMS",
     "MAX_TAGS",
     "MAX_TAGS_BYTES",
     "MAX_TAG_KEY_BYTES",
@@ -68,6 +69,9 @@ MAX_DURATION_MS = int(MAX_DURATION_S * 1000)
 #: 0 its default, 3) up to ``ZSTD_maxCLevel()``; 23 and above make the compressor raise.
 ZSTD_MIN_LEVEL = -(1 << 17)
 ZSTD_MAX_LEVEL: int = zstandard.MAX_COMPRESSION_LEVEL
+#: Most items any mapping of str to str is read for (`check_str_map`): a mapping whose
+#: ``items()`` never ends (or whose ``len()`` lies) is refused, not read forever.
+MAX_MAP_ITEMS = 65536
 # Limits on a new stream's tags (`check_tags`). A stream's tags are written in its create
 # entry and again in every metadata checkpoint, and are held in memory (and decoded on every
 # replay) by every client and reader for as long as the stream lives, so one careless tag would
@@ -218,7 +222,7 @@ def check_str_map(
     value: object,
     *,
     allow_none: bool = False,
-    max_items: int | None = None,
+    max_items: int = MAX_MAP_ITEMS,
     max_key_bytes: int | None = None,
     max_value_bytes: int | None = None,
     max_total_bytes: int | None = None,
@@ -226,7 +230,8 @@ def check_str_map(
     """A copy of `value`, a mapping of str to str (all UTF-8 encodable), as a plain dict of
     exact str (see `check_text`); None gives ``{}`` when `allow_none`.
 
-    Optional limits: at most `max_items` items, each key at most `max_key_bytes` and each
+    Limits: at most `max_items` items (`MAX_MAP_ITEMS` unless given: a mapping that never
+    stops yielding is refused rather than read forever), each key at most `max_key_bytes` and each
     value at most `max_value_bytes` UTF-8 bytes, and keys and values together at most
     `max_total_bytes`. Items are checked as they are iterated, so a huge mapping is refused
     after looking at no more than the limits allow.
@@ -238,11 +243,17 @@ def check_str_map(
     out: dict[str, str] = {}
     total = 0
     key_name = f"{name} key"
-    for count, (k, v) in enumerate(value.items(), 1):
-        if max_items is not None and count > max_items:
+    for count, item in enumerate(value.items(), 1):
+        if count > max_items:
             raise InvalidArgumentError(
                 f"{name} must have at most {max_items} items, got more than {max_items}"
             )
+        try:
+            k, v = item
+        except (TypeError, ValueError):
+            raise InvalidArgumentError(
+                f"{name} must be a mapping of str to str, but its items() gave {_show(item)}"
+            ) from None
         key, key_size = _text_and_size(key_name, k, max_key_bytes, True)
         if key in out:
             # Only keys of a str subclass whose __eq__/__hash__ set apart equal text get here:

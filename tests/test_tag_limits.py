@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 
 import s3stream
 import s3stream.aio as aio
-from s3stream import InvalidArgumentError, StreamClient
+from s3stream import InvalidArgumentError, RecordBatch, StreamClient
 from s3stream.validation import (
     MAX_TAG_KEY_BYTES,
     MAX_TAG_VALUE_BYTES,
@@ -287,3 +288,37 @@ def test_aio_refuses_the_same(tmp_path: Path) -> None:
             _assert_plain(info.tags, {"topic": "orders"})
 
     asyncio.run(main())
+
+
+def test_a_mapping_that_yields_no_pairs_or_never_ends_is_refused_as_properties() -> None:
+    """Batch properties go through the same check: items that are not pairs, or a mapping
+    that never stops yielding, raise `InvalidArgumentError` (not ValueError, not a hang)."""
+    from s3stream.validation import MAX_MAP_ITEMS
+
+    class NotPairs(Mapping[str, str]):
+        def __getitem__(self, key: str) -> str:
+            return "v"
+
+        def __iter__(self) -> Iterator[str]:
+            return iter(["k"])
+
+        def __len__(self) -> int:
+            return 1
+
+        def items(self) -> Any:
+            return [("a", "b", "c")]
+
+    class Endless(Mapping[str, str]):
+        def __getitem__(self, key: str) -> str:
+            return "v"
+
+        def __iter__(self) -> Iterator[str]:
+            return (f"k{i}" for i in itertools.count())
+
+        def __len__(self) -> int:
+            return 1
+
+    with pytest.raises(InvalidArgumentError, match="items"):
+        RecordBatch(b"x", properties=NotPairs())
+    with pytest.raises(InvalidArgumentError, match=f"at most {MAX_MAP_ITEMS} items"):
+        RecordBatch(b"x", properties=Endless())

@@ -946,3 +946,29 @@ def test_releasing_a_fenced_epoch_leaves_a_reopened_writer_and_its_entries(
         assert isinstance(newer.error, FencedError)
         assert storage.log_cache.first_offset(stream.stream_id) is None
         c.abandon()
+
+
+@pytest.mark.parametrize("wal", ["file", "memory"])
+def test_destroying_a_stream_with_appends_and_an_upload_in_flight(tmp_path: Path, wal: str) -> None:
+    """Appends still in the WAL when their stream is destroyed fail (they are not
+    acknowledged after `destroy` returned) instead of coming back into the LogCache, and
+    neither they nor an upload in flight are reported as acknowledged appends dropped: the
+    client closes cleanly."""
+    url = f"file://{tmp_path}/n.wal" if wal == "file" else "memory://"
+    settings = ClientSettings(upload_threshold_bytes=64 * KiB, upload_interval_ms=1)
+    with s3stream.open(tmp_path / "store", wal=url, settings=settings) as c:
+        keep = c.create_stream()
+        s = c.create_stream()
+        futures = [s.append_async(RecordBatch(b"z" * 200)) for _ in range(3000)]
+        keep.append(RecordBatch(b"kept"))
+        s.destroy()
+        outcomes = [f.exception(timeout=30) for f in futures]
+        assert all(e is None or isinstance(e, StreamClosedError) for e in outcomes), {
+            type(e).__name__ for e in outcomes
+        }
+        time.sleep(0.2)  # completions and the upload in flight land
+        assert c._storage.log_cache.first_offset(s.stream_id) is None
+    # close() above raised nothing (no FencedError for what this client destroyed itself)
+    with s3stream.open(tmp_path / "store", wal=url) as again:
+        assert read_back(again, keep.stream_id) == [b"kept"]
+        assert s.stream_id not in [i.stream_id for i in again.list_streams()]

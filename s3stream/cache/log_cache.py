@@ -17,10 +17,11 @@ that counted the record alone let the process grow to several times it.
 from __future__ import annotations
 
 import bisect
+import itertools
 import struct
 import threading
 from collections import deque
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from operator import itemgetter
 from types import MappingProxyType
@@ -78,6 +79,15 @@ ENTRY_OVERHEAD_BYTES: Final = 384
 #: builds blocks whole from records under 4096 bytes only (`storage/packing.py`), which
 #: never have a payload apart.
 APART_MIN_BYTES: Final = 8192
+
+#: What an evicted entry's slot holds until its stream's list is cut (`_StreamTail.evict`):
+#: it is never read (readers start at `head`) and holds no record.
+_EVICTED: CachedBatch = (-1, -1, 0, 0, 0, None, b"", 0, 0, 0, 0, b"")
+
+
+def _evicted(k: int) -> Iterator[CachedBatch]:
+    return itertools.repeat(_EVICTED, k)
+
 
 _KINDS = {int(k): k for k in BatchKind}
 _record_of = itemgetter(RECORD)
@@ -161,15 +171,19 @@ class _StreamTail:
     uploaded: int = 0
     taken: int = 0
 
-    def compact(self) -> None:
-        # At once, not when the evicted prefix is half the list: an evicted entry still in
-        # the list keeps its record alive, memory no budget counts (64 KiB appends with the
-        # default budgets kept ~400 MiB of evicted records). Eviction runs once per run of
-        # an upload, so this is a memmove of the list's pointers per stream per upload.
-        if self.head:
-            del self.entries[: self.head]
-            self.uploaded -= self.head
-            self.taken -= self.head
+    def evict(self, k: int) -> None:
+        """Evict the `k` entries from `head` on. Their slots are overwritten at once (an
+        evicted entry left in the list kept its record alive, memory no budget counts: 64
+        KiB appends with the default budgets kept ~400 MiB of evicted records), in O(k); the
+        list itself is cut only once the evicted prefix is half of it (cutting it at every
+        eviction moved the whole list, a stream's pending entries included, per upload)."""
+        h = self.head
+        self.entries[h : h + k] = _evicted(k)
+        self.head = h = h + k
+        if h > 1024 and h * 2 > len(self.entries):
+            del self.entries[:h]
+            self.uploaded -= h
+            self.taken -= h
             self.head = 0
 
 
@@ -232,6 +246,10 @@ class LogCache:
         # `_finished_ahead` until the watermark reaches them. Flush waits for the watermark.
         self._finished_below = 1
         self._finished_ahead: set[int] = set()
+        #: Streams discarded (destroyed or fenced) by epoch: an append of that epoch or an
+        #: older one completing after the discard is refused (`put` returns -1), not cached
+        #: again, uploaded and then found fenced. One int per discarded stream.
+        self._discarded: dict[int, int] = {}
 
     @property
     def pending_bytes(self) -> int:
@@ -283,7 +301,8 @@ class LogCache:
         payload_apart: bool = False,
     ) -> int:
         """Insert an acknowledged batch; returns the record bytes not yet taken by an upload
-        afterwards (the uploader is woken when they reach its threshold). `payload` must be
+        afterwards (the uploader is woken when they reach its threshold), or -1 if the
+        stream was discarded at `epoch` or a newer one (nothing is inserted). `payload` must be
         the tail of `record` (it is read from there: not kept, so it costs nothing more);
         with `payload_apart`, `record` ends where the payload would begin, and the payload
         (at least `APART_MIN_BYTES`) is kept as it is."""
@@ -291,6 +310,8 @@ class LogCache:
         apart = payload if payload_apart else b""
         size = len(record) + len(apart)
         with self._lock:
+            if self._discarded and self._discarded.get(stream_id, -1) >= epoch:
+                return -1
             seq = self._last_seq = self._last_seq + 1
             e: CachedBatch = (
                 stream_id, base_offset, count, timestamp, int(kind), props,
@@ -425,9 +446,12 @@ class LogCache:
         for e in entries:
             self._finish_locked(e[SEQ])
 
-    def discard_stream(self, stream_id: int) -> list[CachedBatch]:
-        """Forget a stream (destroyed or fenced); returns its pending entries."""
+    def discard_stream(self, stream_id: int, epoch: int | None = None) -> list[CachedBatch]:
+        """Forget a stream (destroyed or fenced); returns its pending entries. With `epoch`,
+        later `put`s of that epoch or an older one are refused (appends still completing)."""
         with self._lock:
+            if epoch is not None and epoch > self._discarded.get(stream_id, -1):
+                self._discarded[stream_id] = epoch
             tail = self._streams.pop(stream_id, None)
             self._untaken.pop(stream_id, None)
             if tail is None:
@@ -454,6 +478,11 @@ class LogCache:
                 self._evict_left = deque(run[1] for run in runs)
                 self._evict_memory = deque(run[2] for run in runs)
             return dropped
+
+    def discarded_epoch(self, stream_id: int) -> int | None:
+        """The newest epoch of the stream `discard_stream` was told of (None: none)."""
+        with self._lock:
+            return self._discarded.get(stream_id)
 
     def first_offset(self, stream_id: int) -> int | None:
         """Lowest offset the cache can serve for the stream, or None if it holds none."""
@@ -510,12 +539,11 @@ class LogCache:
             memory = memories[0]
             if memory <= over:
                 # The whole run goes: no Python per entry.
-                tail.head += left
+                tail.evict(left)
                 self._uploaded_bytes -= memory
                 tails.popleft()
                 lefts.popleft()
                 memories.popleft()
-                tail.compact()
                 continue
             entries = tail.entries
             h = tail.head
@@ -523,7 +551,7 @@ class LogCache:
             while k < left and freed < over:
                 freed += entry_memory(entries[h + k])
                 k += 1
-            tail.head = h + k
+            tail.evict(k)
             self._uploaded_bytes -= freed
             if k == left:
                 tails.popleft()
@@ -532,4 +560,3 @@ class LogCache:
             else:
                 lefts[0] = left - k
                 memories[0] = memory - freed
-            tail.compact()

@@ -147,22 +147,25 @@ class Appender:
         #: outstanding append notifies only when there are some, since the uploader sleeps on
         #: that condition too and would be woken by every append for nothing.
         self._quiet_waiters = 0
-        #: The WAL append of a synchronous call that drives its own commit (`append_and_wait`):
-        #: a WAL built on the pipeline core then leaves its writer thread asleep.
-        self._wal_append_driven: Callable[[bytes], Future[WalPosition]] = wal.append
+        #: The WAL append (head, tail) of a synchronous call that drives its own commit
+        #: (`append_and_wait`): a WAL built on the pipeline core then leaves its writer thread
+        #: asleep. A payload of `APART_MIN_BYTES` or more is the tail, never copied behind
+        #: its record's head (`WriteAheadLog.append_parts`).
+        self._wal_append_driven: Callable[[bytes, bytes], Future[WalPosition]] = (
+            wal.append_parts
+        )
         #: Wakes the WAL's writer for a driven append that will not be driven after all.
         self._wal_wake: Callable[[], None] = _nothing
         if isinstance(wal, PipelinedWal):
             pipelined = wal
 
-            def append_driven(record: bytes) -> Future[WalPosition]:
-                return pipelined.append(record, driven=True)
+            def append_driven(head: bytes, tail: bytes) -> Future[WalPosition]:
+                return pipelined.append_parts(head, tail, driven=True)
 
             self._wal_append_driven = append_driven
             self._wal_wake = pipelined.wake
         #: A WAL that acknowledges on the call (`WalCapabilities.acks_on_call`, a memory WAL)
-        #: takes records through `append_and_wait`: no future, and a payload of `APART_MIN_BYTES` or
-        #: more apart from its record's head, not copied behind it.
+        #: takes records through `append_and_wait`: no future.
         self._wal_store: Callable[[bytes, bytes], WalPosition] | None = (
             wal.append_and_wait if wal.capabilities.acks_on_call else None
         )
@@ -204,7 +207,7 @@ class Appender:
             if w is not None and w.error is None:
                 w.error = error
             if discard:
-                self._cache.discard_stream(stream_id)
+                self._cache.discard_stream(stream_id, w.epoch if w is not None else epoch)
         if w is not None:
             w.wake_tailers()
         return True
@@ -462,7 +465,7 @@ class Appender:
     ) -> AppendResult | _Pending:
         base = w.next_offset
         wal_store = self._wal_store
-        apart = wal_store is not None and len(payload) >= APART_MIN_BYTES
+        apart = len(payload) >= APART_MIN_BYTES
         if apart:
             # `record` is the head only: the payload stays the caller's bytes (immutable).
             record = encode_batch_head(
@@ -486,10 +489,13 @@ class Appender:
         wal_future: Future[WalPosition] | None = None
         pos = 0
         try:
+            tail = payload if apart else b""
             if wal_store is not None:
-                pos = wal_store(record, payload) if apart else wal_store(record, b"")
+                pos = wal_store(record, tail)
             elif driven:
-                wal_future = self._wal_append_driven(record)
+                wal_future = self._wal_append_driven(record, tail)
+            elif apart:
+                wal_future = self._wal.append_parts(record, tail)
             else:
                 wal_future = self._wal.append(record)
         except WalFullError:
@@ -578,6 +584,10 @@ class Appender:
             w.stream_id, base, count, ts, batch.kind, batch.properties, batch.payload,
             record, WAL_PREFIX.size, pos, w.epoch, payload_apart=apart,
         )  # fmt: skip
+        if untaken < 0:
+            # Durable, but the stream was destroyed or fenced while the WAL wrote it: not
+            # acknowledged (recovery drops a deleted or fenced stream's records).
+            raise w.error or StreamClosedError(f"stream {w.stream_id} was released")
         w.confirm_offset = base + count
         if w.tailers:
             w.wake_tailers()

@@ -148,6 +148,11 @@ class Committer:
         """Another client took stream `sid` over: drop what this client acknowledged of it
         (`mine`: its entries of this upload) and has not uploaded, stop its appends, and
         remember the loss for flush/close."""
+        discarded = self._cache.discarded_epoch(sid)
+        if discarded is not None and discarded >= mine[0][EPOCH]:
+            # This client let these entries go itself: it destroyed the stream (before the
+            # metadata said deleted), or an earlier upload already reported them dropped.
+            return
         lo = mine[0][BASE]
         confirmed = self._appender.confirm_offset(sid)
         hi = confirmed if confirmed is not None else mine[-1][BASE] + mine[-1][COUNT]

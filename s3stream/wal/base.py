@@ -90,15 +90,20 @@ class WriteAheadLog(Closeable):
     def append(self, data: bytes) -> Future[WalPosition]:
         """Append one record; the future resolves with its position once acknowledged."""
 
+    def append_parts(self, head: bytes, tail: bytes) -> Future[WalPosition]:
+        """`append` of the record ``head + tail``, given in two parts so that a WAL may write
+        a large `tail` (a caller's payload) behind a small `head` without copying it into one
+        bytes object first; the record recovered is ``head + tail``. The default joins them.
+        """
+        return self.append(head + tail)
+
     def append_and_wait(self, head: bytes, tail: bytes = b"") -> WalPosition:
         """Append the record ``head + tail`` and wait until it is acknowledged; its position.
 
         A WAL whose capabilities say `acks_on_call` makes this cheaper than `append` (no
-        future) and may keep the two parts apart instead of copying a large `tail` behind a
-        small `head`; the record recovered is ``head + tail`` either way. The default joins
-        them and waits for `append`'s future.
+        future). The default waits for `append_parts`'s future.
         """
-        return self.append(head + tail).result()
+        return self.append_parts(head, tail).result()
 
     def drive(self, future: Future[WalPosition]) -> None:
         """Called by a thread about to block on `future`, one of this WAL's append futures.

@@ -2,7 +2,8 @@
 
 Roles:
 
-- `record_error`: why `append` refuses a record (not bytes, or larger than the WAL takes).
+- `record_error`: why `append` refuses a record (not bytes, or larger than the WAL takes);
+  `record_size_error` for a record given in parts (`append_parts`).
 - `check_trim_position`: `trim` takes an int only; `trim_past_acked_error`: nor a position
   above the last acknowledged one.
 - `closed_error` and `not_ready_error`: a WAL used after `close()`, or before `recover()` or
@@ -22,6 +23,7 @@ __all__ = [
     "closed_error",
     "not_ready_error",
     "record_error",
+    "record_size_error",
     "trim_past_acked_error",
 ]
 
@@ -31,8 +33,14 @@ def record_error(data: object, max_record: int, wal: str) -> InvalidArgumentErro
     may be up to `max_record` bytes; call it only for data that is refused."""
     if type(data) is not bytes:
         return InvalidArgumentError(f"WAL records must be bytes, not {type(data).__name__}")
+    return record_size_error(len(data), max_record, wal)
+
+
+def record_size_error(size: int, max_record: int, wal: str) -> InvalidArgumentError:
+    """The error refusing a record of `size` bytes (a record given in parts, say) as one of
+    the WAL `wal`, whose records may be up to `max_record` bytes."""
     return InvalidArgumentError(
-        f"a WAL record of {len(data)} bytes exceeds the largest {wal} takes "
+        f"a WAL record of {size} bytes exceeds the largest {wal} takes "
         f"(max_record_bytes={max_record})"
     )
 

@@ -24,6 +24,7 @@ from .checks import (
     closed_error,
     not_ready_error,
     record_error,
+    record_size_error,
     trim_past_acked_error,
 )
 
@@ -181,7 +182,7 @@ class MemoryWal(WriteAheadLog):
         if type(head) is not bytes or type(tail) is not bytes:
             raise record_error(head if type(head) is not bytes else tail, 0, self.describe())
         if len(head) + len(tail) > _MAX_RECORD_BYTES:
-            raise record_error(head + tail, _MAX_RECORD_BYTES, self.describe())
+            raise record_size_error(len(head) + len(tail), _MAX_RECORD_BYTES, self.describe())
         m = self._medium
         with m.lock:
             pos = self._next_position_locked()

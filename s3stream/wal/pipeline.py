@@ -70,6 +70,7 @@ from .checks import (
     closed_error,
     not_ready_error,
     record_error,
+    record_size_error,
     trim_past_acked_error,
 )
 from .framing import FRAME_ALIGN, FRAME_HEADER, body_crc, encode_frame_header, frame_size
@@ -270,11 +271,22 @@ class PipelinedWal(WriteAheadLog):
         a wake-up it does not need costs a context switch and a fight for the GIL with the
         committing thread, per append.
         """
-        if type(data) is not bytes or len(data) > self._max_record:
-            raise record_error(data, self._max_record, self.describe())
-        length = len(data)
+        return self.append_parts(data, b"", driven=driven)
+
+    def append_parts(
+        self, head: bytes, tail: bytes, *, driven: bool = False
+    ) -> Future[WalPosition]:
+        """`append` of the record ``head + tail`` (`WriteAheadLog.append_parts`): a large
+        `tail` goes into the vectored write as it is, never copied behind `head`."""
+        if type(head) is not bytes or type(tail) is not bytes:
+            raise record_error(head if type(head) is not bytes else tail, 0, self.describe())
+        length = len(head) + len(tail)
+        if length > self._max_record:
+            raise record_size_error(length, self._max_record, self.describe())
         size = frame_size(length)
-        crc = body_crc(data, self._seed)
+        crc = body_crc(head, self._seed)
+        if tail:
+            crc = body_crc(tail, crc)
         fut: Future[WalPosition] = Future()
         # Running: nobody can cancel it, so completing it never fails.
         fut.set_running_or_notify_cancel()
@@ -295,12 +307,14 @@ class PipelinedWal(WriteAheadLog):
                         raise failed
                     fut.set_exception(failed)
                     return fut
-            head = encode_frame_header(pos, self._session, length, crc, self._seed)
+            frame = encode_frame_header(pos, self._session, length, crc, self._seed)
             pad = size - FRAME_HEADER.size - length
             if length <= _INLINE_RECORD_BYTES:
-                parts: tuple[bytes, ...] = (head + data + _ZEROS[:pad],)
+                parts: tuple[bytes, ...] = (frame + head + tail + _ZEROS[:pad],)
+            elif tail:
+                parts = (frame, head, tail, _ZEROS[:pad])
             else:
-                parts = (head, data, _ZEROS[:pad])
+                parts = (frame, head, _ZEROS[:pad])
             pending = self._pending
             pending.append(Pending(pos, size, parts, fut))
             self._pending_bytes += size
