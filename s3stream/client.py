@@ -903,11 +903,15 @@ class _ClientStreams:
                 return
             if self._streams.get(stream.stream_id) is not stream:
                 return
-            # Again after a failed release: nothing is left to flush, the writer is gone.
+            # Upload, stop the writer (an append still completing is then refused, not
+            # acknowledged after the close), and upload what was acknowledged in between,
+            # which the closed stream would refuse later. Tailers read on until the writer
+            # stops. Again after a failed release: the writer is gone, the flushes are cheap.
             self._storage.flush()
             self._storage.release_writer(
                 stream.stream_id, StreamClosedError(f"stream {stream.stream_id} is closed")
             )
+            self._storage.flush()
             try:
                 self._meta.close_stream(stream.stream_id, stream.epoch)
             except S3StreamError as exc:

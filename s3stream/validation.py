@@ -17,7 +17,7 @@ import math
 import re
 import reprlib
 import threading
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any, TypeGuard, TypeVar
 
 import zstandard
@@ -243,17 +243,16 @@ def check_str_map(
     out: dict[str, str] = {}
     total = 0
     key_name = f"{name} key"
-    for count, item in enumerate(value.items(), 1):
+    for count, item in enumerate(_items(name, value), 1):
         if count > max_items:
             raise InvalidArgumentError(
                 f"{name} must have at most {max_items} items, got more than {max_items}"
             )
-        try:
-            k, v = item
-        except (TypeError, ValueError):
+        if type(item) is not tuple or len(item) != 2:
             raise InvalidArgumentError(
                 f"{name} must be a mapping of str to str, but its items() gave {_show(item)}"
-            ) from None
+            )
+        k, v = item
         key, key_size = _text_and_size(key_name, k, max_key_bytes, True)
         if key in out:
             # Only keys of a str subclass whose __eq__/__hash__ set apart equal text get here:
@@ -268,6 +267,24 @@ def check_str_map(
                 f"got more than {max_total_bytes} (at key {_show(key)})"
             )
     return out
+
+
+def _items(name: str, value: Mapping[Any, Any]) -> Iterator[object]:
+    """The items of a caller's mapping; whatever its own code raises while they are read (a
+    broken ``items()``, a ``__getitem__`` refusing a key its ``__iter__`` gave) is refused as
+    bad input, with the mapping's error as the cause."""
+    try:
+        it = iter(value.items())
+    except Exception as exc:
+        raise InvalidArgumentError(f"{name}: its items() failed: {exc!r}") from exc
+    while True:
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        except Exception as exc:
+            raise InvalidArgumentError(f"{name}: reading its items failed: {exc!r}") from exc
+        yield item
 
 
 def check_tags(name: str, value: object) -> dict[str, str]:

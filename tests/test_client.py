@@ -720,3 +720,39 @@ def test_owner_sees_start_offset_moved_by_retention_elsewhere(tmp_path: Path) ->
         assert s.fetch(trimmed).batches[0].base_offset == trimmed
         s.trim(trimmed - 2)  # below the start already: nothing to do
         assert s.start_offset == trimmed
+
+
+def test_close_from_an_append_callback_closes_cleanly(tmp_path: Path) -> None:
+    """`close()` called in an append's completion callback (a WAL thread completing futures)
+    succeeds within its deadline: the append is no longer in flight once its outcome is
+    known, and the WAL's close is finished by that thread once the callback returns. (It
+    takes most of its deadline: the upload's WAL trim waits for the thread the callback
+    holds, so the uploader is left to finish after it.)"""
+    outcome: list[object] = []
+    client = open_local(tmp_path / "store", wal=f"file://{tmp_path}/node.wal")
+    s = client.create_stream()
+    s.append(RecordBatch(b"a"))
+
+    def close_now(_: object) -> None:
+        started = time.monotonic()
+        try:
+            client.close(timeout_s=2)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+        outcome.append(time.monotonic() - started)
+
+    s.append_async(RecordBatch(b"b")).add_done_callback(close_now)
+    deadline = time.monotonic() + 20
+    while len(outcome) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert outcome and outcome[0] is None, outcome
+    assert isinstance(outcome[1], float) and outcome[1] < 2 + 1.5, outcome
+    for _ in range(100):  # the WAL finishes closing once the callback has returned
+        try:
+            again = open_local(tmp_path / "store", wal=f"file://{tmp_path}/node.wal")
+            break
+        except s3stream.NodeInUseError:
+            time.sleep(0.05)
+    with again:
+        assert [b.payload for b in read_all(again.open_stream(s.stream_id))] == [b"a", b"b"]

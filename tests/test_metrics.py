@@ -8,7 +8,6 @@ import random
 import threading
 import uuid
 from collections import Counter
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +50,10 @@ class SlowWal(MemoryWal):
         super().__init__()
         self._clock = clock
 
-    def append(self, data: bytes) -> Future[WalPosition]:
+    def append_and_wait(self, head: bytes, tail: bytes = b"") -> WalPosition:
+        # What `append` calls too, and what the client calls (`acks_on_call`).
         self._clock.advance(APPEND_S)
-        return super().append(data)
+        return super().append_and_wait(head, tail)
 
 
 def known_workload(registry: MetricsRegistry | None = None) -> s3stream.StreamClient:

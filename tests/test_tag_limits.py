@@ -320,5 +320,24 @@ def test_a_mapping_that_yields_no_pairs_or_never_ends_is_refused_as_properties()
 
     with pytest.raises(InvalidArgumentError, match="items"):
         RecordBatch(b"x", properties=NotPairs())
+
+    class Broken(NotPairs):
+        def items(self) -> Any:
+            return 5  # not iterable
+
+    class StrPairs(NotPairs):
+        def items(self) -> Any:
+            return ["ab"]  # two characters are not a (key, value) pair
+
+    class Refusing(Endless):
+        def __iter__(self) -> Iterator[str]:
+            return iter(["k"])
+
+        def __getitem__(self, key: str) -> str:
+            raise KeyError(key)
+
+    for odd in (Broken(), StrPairs(), Refusing()):
+        with pytest.raises(InvalidArgumentError):
+            RecordBatch(b"x", properties=odd)
     with pytest.raises(InvalidArgumentError, match=f"at most {MAX_MAP_ITEMS} items"):
         RecordBatch(b"x", properties=Endless())

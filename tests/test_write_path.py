@@ -972,3 +972,46 @@ def test_destroying_a_stream_with_appends_and_an_upload_in_flight(tmp_path: Path
     with s3stream.open(tmp_path / "store", wal=url) as again:
         assert read_back(again, keep.stream_id) == [b"kept"]
         assert s.stream_id not in [i.stream_id for i in again.list_streams()]
+
+
+@pytest.mark.parametrize("wal", ["file", "memory"])
+def test_closing_a_stream_with_appends_in_flight_acknowledges_none_after_it(
+    tmp_path: Path, wal: str
+) -> None:
+    """Appends racing with `Stream.close()` either are acknowledged before it (and uploaded
+    by it) or fail: none is acknowledged after the close, so a reopen's offsets never
+    collide with them (the reviewer saw old bytes fetched at a reopen's offsets, the
+    uploader die on non-contiguous offsets and acknowledged appends lost)."""
+    import threading
+
+    url = f"file://{tmp_path}/n.wal" if wal == "file" else "memory://"
+    settings = ClientSettings(upload_threshold_bytes=1 << 20, upload_interval_ms=50)
+    with s3stream.open(tmp_path / "store", wal=url, settings=settings) as c:
+        s = c.create_stream()
+        futures: list[Any] = []
+
+        def spam() -> None:
+            for i in range(3000):
+                try:
+                    futures.append((i, s.append_async(RecordBatch(b"OLD%05d" % i * 1200))))
+                except S3StreamError:
+                    return
+
+        t = threading.Thread(target=spam)
+        t.start()
+        time.sleep(0.01)
+        s.close()
+        t.join(30)
+        acked = {
+            r.base_offset: i
+            for i, f in futures
+            if f.exception(timeout=30) is None and (r := f.result()) is not None
+        }
+        assert sorted(acked) == list(range(len(acked)))  # a prefix, no holes
+        again = c.open_stream(s.stream_id)
+        assert again.next_offset == len(acked)
+        again.append(RecordBatch(b"NEW"))
+        got = [b.payload for b in again.fetch(0, len(acked) + 1, max_bytes=1 << 30).batches]
+        assert got == [b"OLD%05d" % acked[o] * 1200 for o in range(len(acked))] + [b"NEW"]
+    with s3stream.open(tmp_path / "store", wal=url) as c2:
+        assert len(read_back(c2, s.stream_id)) == len(acked) + 1

@@ -162,7 +162,7 @@ def _memory_of(entries: list[CachedBatch]) -> int:
 class _StreamTail:
     # Entries in offset order (one list, not parallel lists of offsets and entries: an append
     # to 10,000 streams round robin touches as few cache lines per stream as it can);
-    # `head` counts evicted entries until `compact` drops them (once per evicted run);
+    # entries before `head` are evicted (their slots hold `_EVICTED`, see `evict`);
     # entries [head, uploaded) are uploaded, [uploaded, taken) taken by uploads in flight,
     # [taken, len) pending and not yet taken.
     stream_id: int
@@ -246,9 +246,12 @@ class LogCache:
         # `_finished_ahead` until the watermark reaches them. Flush waits for the watermark.
         self._finished_below = 1
         self._finished_ahead: set[int] = set()
-        #: Streams discarded (destroyed or fenced) by epoch: an append of that epoch or an
-        #: older one completing after the discard is refused (`put` returns -1), not cached
-        #: again, uploaded and then found fenced. One int per discarded stream.
+        #: Streams whose writer stopped (closed, destroyed or fenced), by epoch: an append of
+        #: that epoch or an older one completing afterwards is refused (`put` returns -1), not
+        #: acknowledged after the close, cached again, uploaded and then found fenced or
+        #: colliding with a reopen's offsets. One int per stream.
+        self._stopped: dict[int, int] = {}
+        #: Of those, the ones discarded (destroyed or fenced: what they held was let go).
         self._discarded: dict[int, int] = {}
 
     @property
@@ -310,7 +313,7 @@ class LogCache:
         apart = payload if payload_apart else b""
         size = len(record) + len(apart)
         with self._lock:
-            if self._discarded and self._discarded.get(stream_id, -1) >= epoch:
+            if self._stopped and self._stopped.get(stream_id, -1) >= epoch:
                 return -1
             seq = self._last_seq = self._last_seq + 1
             e: CachedBatch = (
@@ -446,12 +449,24 @@ class LogCache:
         for e in entries:
             self._finish_locked(e[SEQ])
 
+    def refuse(self, stream_id: int, epoch: int) -> None:
+        """Refuse later `put`s of the stream at `epoch` or an older one (its writer stopped:
+        appends still completing are not acknowledged), keeping what is cached."""
+        with self._lock:
+            self._refuse_locked(stream_id, epoch)
+
+    def _refuse_locked(self, stream_id: int, epoch: int) -> None:
+        if epoch > self._stopped.get(stream_id, -1):
+            self._stopped[stream_id] = epoch
+
     def discard_stream(self, stream_id: int, epoch: int | None = None) -> list[CachedBatch]:
         """Forget a stream (destroyed or fenced); returns its pending entries. With `epoch`,
         later `put`s of that epoch or an older one are refused (appends still completing)."""
         with self._lock:
-            if epoch is not None and epoch > self._discarded.get(stream_id, -1):
-                self._discarded[stream_id] = epoch
+            if epoch is not None:
+                self._refuse_locked(stream_id, epoch)
+                if epoch > self._discarded.get(stream_id, -1):
+                    self._discarded[stream_id] = epoch
             tail = self._streams.pop(stream_id, None)
             self._untaken.pop(stream_id, None)
             if tail is None:
@@ -480,7 +495,8 @@ class LogCache:
             return dropped
 
     def discarded_epoch(self, stream_id: int) -> int | None:
-        """The newest epoch of the stream `discard_stream` was told of (None: none)."""
+        """The newest epoch at which the stream was discarded (`discard_stream` with an
+        epoch; None: never)."""
         with self._lock:
             return self._discarded.get(stream_id)
 

@@ -194,8 +194,9 @@ class Appender:
         epoch: int | None = None,
         discard: bool = False,
     ) -> bool:
-        """Stop appends to a stream (closed, destroyed or fenced); with `discard`, also drop
-        its entries from the LogCache. With `epoch`, only if this client does not append to
+        """Stop appends to a stream (closed, destroyed or fenced): appends of its writer
+        still completing are refused, not acknowledged; with `discard`, also drop its
+        entries from the LogCache. With `epoch`, only if this client does not append to
         the stream at another epoch (it reopened the stream since: that writer and its
         entries stay). Checked and done under the append lock, so a reopen cannot slip in
         between; whether it was done."""
@@ -206,8 +207,12 @@ class Appender:
             self._writers.pop(stream_id, None)
             if w is not None and w.error is None:
                 w.error = error
+            stopped = w.epoch if w is not None else epoch
             if discard:
-                self._cache.discard_stream(stream_id, w.epoch if w is not None else epoch)
+                self._cache.discard_stream(stream_id, stopped)
+            elif stopped is not None:
+                # Appends of this writer still in the WAL are not acknowledged afterwards.
+                self._cache.refuse(stream_id, stopped)
         if w is not None:
             w.wake_tailers()
         return True
@@ -608,17 +613,25 @@ class Appender:
         result: Future[AppendResult],
         started: float,
     ) -> None:
+        outcome: AppendResult | S3StreamError
         try:
-            result.set_result(self._durable(wal_future, w, batch, base, ts, record, apart, started))
-        except S3StreamError as exc:
-            self._ins.append_failed(exc)
-            result.set_exception(exc)
+            try:
+                outcome = self._durable(wal_future, w, batch, base, ts, record, apart, started)
+            except S3StreamError as exc:
+                self._ins.append_failed(exc)
+                outcome = exc
         finally:
+            # No longer in flight before the caller's callbacks run: one of them may close
+            # the client, which waits for appends in flight (not for itself).
             status = self._status
             with status.cond:
                 status.outstanding -= 1
                 if status.outstanding == 0 and self._quiet_waiters:
                     status.cond.notify_all()
+        if isinstance(outcome, AppendResult):
+            result.set_result(outcome)
+        else:
+            result.set_exception(outcome)
 
     def _wait_for_room(self, deadline: float) -> None:
         """Wait (no lock held) until the upload backlog is below `max_pending_bytes` and the

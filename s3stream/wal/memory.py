@@ -145,7 +145,12 @@ class MemoryWalMedium:
 
 
 class MemoryWal(WriteAheadLog):
-    """A WAL in memory; acknowledged at once, in order, on the calling thread."""
+    """A WAL in memory; acknowledged at once, in order, on the calling thread.
+
+    Every record goes through `append_and_wait` (`append` and `append_parts` call it, and the
+    client calls it directly, as the WAL claims `acks_on_call`): a subclass that changes how
+    records are taken overrides that method.
+    """
 
     def __init__(self, medium: MemoryWalMedium | None = None) -> None:
         self._medium = medium if medium is not None else MemoryWalMedium()
