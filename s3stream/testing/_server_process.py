@@ -288,6 +288,7 @@ class ServerProcess(ServerLifecycle):
             raise self.unavailable("frozen() needs a started server")
         os.kill(pid, signal.SIGSTOP)
         try:
+            _wait_stopped(pid)
             yield
         finally:
             os.kill(pid, signal.SIGCONT)
@@ -349,3 +350,23 @@ class ServerProcess(ServerLifecycle):
     def log_tail(self, lines: int = 40) -> str:
         """The last `lines` lines of the server's output."""
         return log_tail(self._log_path, lines)
+
+
+def _wait_stopped(pid: int, timeout_s: float = 5.0) -> None:
+    """Return once every thread of `pid` is stopped (SIGSTOP takes effect asynchronously: on
+    a busy machine a server thread mid-request answered it after `kill` had returned), or
+    after `timeout_s` where /proc does not tell."""
+    deadline = time.monotonic() + timeout_s
+    task_dir = f"/proc/{pid}/task"
+    while time.monotonic() < deadline:
+        try:
+            states = []
+            for tid in os.listdir(task_dir):
+                with open(f"{task_dir}/{tid}/stat", "rb") as f:
+                    # The state follows the parenthesised command name, which may hold spaces.
+                    states.append(f.read().rsplit(b")", 1)[1].split()[0])
+        except OSError:
+            return  # no /proc here, or the process is gone
+        if all(state in (b"T", b"t") for state in states):
+            return
+        time.sleep(0.01)
