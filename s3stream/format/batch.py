@@ -60,11 +60,10 @@ def encode_batch(
     prefix: bytes = b"",
 ) -> bytes:
     """Encode one batch record, optionally behind `prefix` (the WAL record prefix)."""
-    head = encode_batch_head(
+    return _encode(
         stream_id, base_offset, count, kind, base_timestamp, properties, len(payload),
-        prefix=prefix,
+        prefix, payload,
     )  # fmt: skip
-    return head + payload
 
 
 def encode_batch_head(
@@ -80,11 +79,31 @@ def encode_batch_head(
 ) -> bytes:
     """What `encode_batch` puts before a payload of `payload_len` bytes: the record is this
     followed by the payload. For a large payload kept apart instead of copied behind it."""
+    return _encode(
+        stream_id, base_offset, count, kind, base_timestamp, properties, payload_len,
+        prefix, b"",
+    )  # fmt: skip
+
+
+def _encode(
+    stream_id: int,
+    base_offset: int,
+    count: int,
+    kind: int,
+    base_timestamp: int,
+    properties: Mapping[str, str],
+    payload_len: int,
+    prefix: bytes,
+    payload: bytes | memoryview,
+) -> bytes:
+    """`prefix`, the batch header and properties, then `payload` (empty for a head alone),
+    joined once: a whole record is one copy of its payload, not a head and then a second
+    concatenation."""
     props = _props_encoder.encode(dict(properties)) if properties else b""
     header = BATCH_HEADER.pack(
         stream_id, base_offset, count, kind, 0, 0, base_timestamp, len(props), payload_len
     )
-    return b"".join((prefix, header, props))
+    return b"".join((prefix, header, props, payload))
 
 
 def decode_batch_at(
