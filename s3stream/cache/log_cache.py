@@ -305,7 +305,8 @@ class LogCache:
     ) -> int:
         """Insert an acknowledged batch; returns the record bytes not yet taken by an upload
         afterwards (the uploader is woken when they reach its threshold), or -1 if the
-        stream was discarded at `epoch` or a newer one (nothing is inserted). `payload` must be
+        stream's writer was stopped at `epoch` or a newer one (`refuse`, `discard_stream`:
+        nothing is inserted). `payload` must be
         the tail of `record` (it is read from there: not kept, so it costs nothing more);
         with `payload_apart`, `record` ends where the payload would begin, and the payload
         (at least `APART_MIN_BYTES`) is kept as it is."""
