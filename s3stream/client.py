@@ -27,6 +27,7 @@ from .errors import (
     InvalidArgumentError,
     S3StreamError,
     StreamClosedError,
+    StreamNotFoundError,
     UnavailableError,
 )
 from .failover import TakeOverReport, call_wal_factory, has_open_streams, take_over_node
@@ -53,6 +54,7 @@ from .objectstore.stack import store_stack
 from .objectstore.wrappers import MetricsObjectStore, ObjectStoreMetrics
 from .reader import read_committed_range
 from .settings import ClientSettings
+from .storage.committer import fenced_by
 from .storage.engine import RecoveryReport, Storage, StorageMetrics
 from .storage.packing import KeyFactory, data_prefix_for
 from .stream import Stream
@@ -574,16 +576,28 @@ class StreamClient(Closeable):
         that node, since the node may hold acknowledged appends it has not uploaded: take it
         over first (`take_over`), which uploads them, or pass ``force=True``, which discards
         them (logged as a warning; that node's `flush` and `close` then raise `FencedError`).
-        Opening a stream this client already has open returns the same handle.
+        Opening a stream this client already has open returns the same handle, unless
+        another client has opened (or deleted) the stream since: that handle is fenced, so
+        what it acknowledged and did not upload is dropped (`flush` and `close` report it
+        with `FencedError`), its appends raise `FencedError`, and the stream is opened
+        anew as any other.
         """
         check_int("stream_id", stream_id)
         check_bool("force", force)
         with self._lock:
             self._check_open()
+            self._meta.refresh()
             existing = self._streams.get(stream_id)
             if existing is not None and not existing.closed:
-                return existing
-            self._meta.refresh()
+                now = self._meta.state.streams.get(stream_id)
+                if (
+                    now is not None
+                    and now.state is not StreamState.DELETED
+                    and now.epoch == existing.epoch
+                ):
+                    return existing
+                self._storage.drop_fenced(stream_id, existing.epoch)
+                self._streams.pop(stream_id, None)
             meta = self._meta.open_stream(stream_id, self._node_id, force=force)
             if force:
                 self._log.for_stream(stream_id).warning(
@@ -897,7 +911,9 @@ class _ClientStreams:
 
     def release(self, stream: Stream) -> None:
         """Upload what `stream` has pending, stop its appends, release it in the metadata.
-        Raises if the release failed (the stream stays owned); calling again retries it."""
+        Raises if the release failed (the stream stays owned); calling again retries it.
+        `FencedError` once the handle is done all the same: appends were dropped, or another
+        client has the stream."""
         with self._lock:
             if self.closed_how is not None:
                 return
@@ -907,26 +923,55 @@ class _ClientStreams:
             # acknowledged after the close), and upload what was acknowledged in between,
             # which the closed stream would refuse later. Tailers read on until the writer
             # stops. Again after a failed release: the writer is gone, the flushes are cheap.
-            self._storage.flush()
+            # A drop report (appends of a fenced stream, this one or another) does not stop
+            # the release; it is raised once the handle is done.
+            dropped: FencedError | None = None
+            try:
+                self._storage.flush()
+            except FencedError as exc:
+                dropped = exc
             self._storage.release_writer(
                 stream.stream_id, StreamClosedError(f"stream {stream.stream_id} is closed")
             )
-            self._storage.flush()
+            try:
+                self._storage.flush()
+            except FencedError as exc:
+                dropped = dropped or exc
             try:
                 self._meta.close_stream(stream.stream_id, stream.epoch)
+            except (FencedError, StreamNotFoundError) as exc:
+                # Another client has opened or deleted the stream: nothing of this handle's
+                # is left to release, and the handle is done.
+                self._streams.pop(stream.stream_id, None)
+                if dropped is None:
+                    dropped = FencedError(
+                        f"stream {stream.stream_id} was not released: "
+                        f"{fenced_by(self._meta.state, stream.stream_id)} (this handle's "
+                        f"epoch is {stream.epoch})"
+                    )
+                raise dropped from exc
             except S3StreamError as exc:
                 # Still listed as this client's: its close() tries the release again.
                 raise _release_failed([stream.stream_id], self._node_id, exc) from exc
             self._streams.pop(stream.stream_id, None)
+            if dropped is not None:
+                raise dropped
 
     def destroy(self, stream: Stream) -> None:
         """Delete `stream` and its data."""
         with self._lock:
             self._check_open()
-            self._storage.release_writer(
+            released = self._storage.release_writer(
                 stream.stream_id,
                 StreamClosedError(f"stream {stream.stream_id} was destroyed"),
                 discard=True,
             )
             self._streams.pop(stream.stream_id, None)
-            self._meta.delete_stream(stream.stream_id, stream.epoch)
+            try:
+                self._meta.delete_stream(stream.stream_id, stream.epoch)
+            except FencedError:
+                # Another client took the stream first: what this handle had not uploaded
+                # was lost to that owner, not deleted by this call.
+                if released is not None:
+                    self._storage.report_fenced(stream.stream_id, released)
+                raise

@@ -11,6 +11,7 @@ from typing import Protocol
 from ._closeable import Closeable
 from .clock import Clock
 from .errors import (
+    FencedError,
     InvalidArgumentError,
     OffsetOutOfRangeError,
     StreamClosedError,
@@ -58,11 +59,12 @@ class StreamOwner(Protocol):
         ...
 
     def release(self, stream: Stream) -> None:
-        """Upload what `stream` has pending and release it in the metadata."""
+        """Upload what `stream` has pending and release it in the metadata; `FencedError`
+        once the handle is done all the same (appends dropped, or another owner has it)."""
         ...
 
     def destroy(self, stream: Stream) -> None:
-        """Delete `stream` and all its data."""
+        """Delete `stream` and all its data; `FencedError` if another owner took it first."""
         ...
 
 
@@ -368,16 +370,29 @@ class Stream(Closeable):
         """Upload what this stream has pending and release it; other clients may open it.
 
         If the release fails (the store is unreachable) it raises, the stream stays owned by
-        this node, and calling `close` again retries the release."""
+        this node, and calling `close` again retries the release. `FencedError` says that
+        acknowledged appends were dropped (`StreamClient.flush`) or that another client has
+        opened or deleted the stream since this handle was opened; the handle is closed
+        then all the same."""
         if not self.closed:
-            self._owner.release(self)
+            try:
+                self._owner.release(self)
+            except FencedError:
+                self._closed = "closed"
+                raise
             self._closed = "closed"
 
     def destroy(self) -> None:
-        """Delete the stream and all its data. Irreversible."""
+        """Delete the stream and all its data. Irreversible. `FencedError` if another
+        client opened or deleted the stream first (this handle is closed then, and what it
+        had not uploaded is reported dropped)."""
         if self._closed == "destroyed":
             return
-        self._owner.destroy(self)
+        try:
+            self._owner.destroy(self)
+        except FencedError:
+            self._closed = "closed (fenced by another owner)"
+            raise
         self._closed = "destroyed"
 
     def _read_range(

@@ -339,5 +339,131 @@ def test_take_over_of_a_file_wal_given_by_path(tmp_path: Path, metadata_url: str
         assert again.recovery.records == 0 and again.node_epoch == report.node_epoch + 1
 
 
+# -- a handle fenced by another client, in-process ------------------------------------------------
+
+
+def _payloads(client: Any, sid: int) -> list[bytes]:
+    info = client.stream_info(sid)
+    return [b.payload for b in client.read(sid, info.start_offset, info.end_offset).batches]
+
+
+def test_a_client_reopens_a_stream_another_client_fenced(
+    tmp_path: Path, metadata_url: str | None
+) -> None:
+    """After another client force-opens its stream, a client is not stuck with its fenced
+    handle: `open_stream` sees the newer epoch, drops what the fenced handle acknowledged
+    and did not upload (reported once by `flush`, naming the offsets), and opens the
+    stream anew; the old handle's appends raise `FencedError` and its close is a no-op."""
+    import s3stream
+    from s3stream.errors import FencedError, StreamOwnedError
+    from s3stream.types import RecordBatch
+
+    root = tmp_path / "store"
+    a = s3stream.open(root, node_id="a", metadata=metadata_url)
+    old = a.create_stream()
+    sid = old.stream_id
+    old.append(RecordBatch(b"a0"))
+    a.flush()
+    b = s3stream.open(root, node_id="b", metadata=metadata_url)
+    mine = b.open_stream(sid, force=True)
+    mine.append(RecordBatch(b"b1"))
+    b.flush()
+    # A does not know yet: its append is acknowledged into its own WAL only.
+    assert old.append(RecordBatch(b"a-lost")).base_offset == 1
+    with pytest.raises(StreamOwnedError, match="'b'"):
+        a.open_stream(sid)  # b still has it open
+    new = a.open_stream(sid, force=True)
+    assert new is not old and new.epoch > mine.epoch and not new.closed
+    with pytest.raises(FencedError):
+        old.append(RecordBatch(b"too late"))
+    with pytest.raises(FencedError, match=r"stream \d+ offsets \[1, 2\) \(node 'b'"):
+        a.flush()
+    a.flush()  # reported once
+    assert new.append(RecordBatch(b"a2")).base_offset == 2
+    assert a.open_stream(sid) is new
+    old.close()  # replaced: nothing of it is left to release
+    assert old.closed and not new.closed
+    b.flush()  # b's handle is fenced in turn, but nothing of it was lost
+    mine.append(RecordBatch(b"b-lost"))
+    with pytest.raises(FencedError, match=r"offsets \[2, 3\) \(node 'a'"):
+        b.flush()
+    with pytest.raises(FencedError, match="node 'a' opened it"):
+        mine.close()
+    assert mine.closed
+    with pytest.raises(FencedError, match=r"offsets \[2, 3\)"):
+        b.close()
+    a.flush()
+    assert _payloads(a, sid) == [b"a0", b"b1", b"a2"]
+    with pytest.raises(FencedError, match=r"offsets \[1, 2\)"):
+        a.close()  # a client that dropped acknowledged appends says so when it closes
+
+
+@pytest.mark.parametrize("pending", [False, True])
+def test_closing_a_fenced_handle_closes_it(
+    tmp_path: Path, metadata_url: str | None, pending: bool
+) -> None:
+    """`Stream.close` of a handle another client fenced raises `FencedError` once (naming
+    what was dropped, if anything was) and the handle is closed: a second close is a no-op,
+    the client can open the stream again once the other client released it, and a client
+    that lost nothing closes cleanly."""
+    import s3stream
+    from s3stream.errors import FencedError
+    from s3stream.types import RecordBatch
+
+    root = tmp_path / "store"
+    a = s3stream.open(root, node_id="a", metadata=metadata_url)
+    s = a.create_stream()
+    s.append(RecordBatch(b"a0"))
+    a.flush()
+    with s3stream.open(root, node_id="b", metadata=metadata_url) as b:
+        b.open_stream(s.stream_id, force=True).close()
+    if pending:
+        s.append(RecordBatch(b"a-lost"))
+    match = r"offsets \[1, 2\)" if pending else "another client opened it at epoch 2"
+    with pytest.raises(FencedError, match=match):
+        s.close()
+    assert s.closed
+    s.close()
+    again = a.open_stream(s.stream_id)
+    assert again.append(RecordBatch(b"a1")).base_offset == 1
+    if pending:
+        with pytest.raises(FencedError, match=r"offsets \[1, 2\)"):
+            a.close()
+    else:
+        a.close()
+    with s3stream.open(root, node_id="c", metadata=metadata_url) as c:
+        assert _payloads(c, s.stream_id) == [b"a0", b"a1"]
+
+
+def test_destroying_a_fenced_stream_reports_what_it_dropped(
+    tmp_path: Path, metadata_url: str | None
+) -> None:
+    """A destroy that finds the stream taken by another client deletes nothing, raises
+    `FencedError`, closes the handle, and what the handle had acknowledged and not uploaded
+    is reported dropped (not silently let go as if it had been deleted)."""
+    import s3stream
+    from s3stream.errors import FencedError
+    from s3stream.types import RecordBatch
+
+    root = tmp_path / "store"
+    a = s3stream.open(root, node_id="a", metadata=metadata_url)
+    s = a.create_stream()
+    s.append(RecordBatch(b"a0"))
+    a.flush()
+    with s3stream.open(root, node_id="b", metadata=metadata_url) as b:
+        theirs = b.open_stream(s.stream_id, force=True)
+        s.append(RecordBatch(b"a-lost"))
+        with pytest.raises(FencedError):
+            s.destroy()
+        assert s.closed
+        with pytest.raises(FencedError, match=r"offsets \[1, 2\) \(node 'b'"):
+            a.flush()
+        theirs.append(RecordBatch(b"b1"))
+        b.flush()
+        assert _payloads(b, s.stream_id) == [b"a0", b"b1"]
+    with pytest.raises(FencedError, match=r"offsets \[1, 2\)"):
+        a.close()
+
+
 if __name__ == "__main__":
     _child_main(sys.argv[1], json.loads(sys.argv[2]))

@@ -15,7 +15,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from .._futures import CompletedFutures
-from ..cache.log_cache import APART_MIN_BYTES, LogCache
+from ..cache.log_cache import APART_MIN_BYTES, CachedBatch, LogCache
 from ..clock import Clock
 from ..errors import (
     BackpressureError,
@@ -108,6 +108,16 @@ _Pending = tuple[Future[AppendResult], Future[WalPosition] | None, float | None]
 Ident = tuple[str, int]
 
 
+@dataclass(frozen=True, slots=True)
+class Released:
+    """What `Appender.release_writer` stopped: the writer's acknowledged end (None: this
+    client had no writer of the stream) and, with `discard`, the LogCache entries it dropped
+    that were not uploaded yet, in offset order."""
+
+    confirm_offset: int | None
+    dropped: list[CachedBatch]
+
+
 class Appender:
     """Assigns offsets, writes WAL records and acknowledges them (see the module docstring)."""
 
@@ -151,9 +161,7 @@ class Appender:
         #: (`append_and_wait`): a WAL built on the pipeline core then leaves its writer thread
         #: asleep. A payload of `APART_MIN_BYTES` or more is the tail, never copied behind
         #: its record's head (`WriteAheadLog.append_parts`).
-        self._wal_append_driven: Callable[[bytes, bytes], Future[WalPosition]] = (
-            wal.append_parts
-        )
+        self._wal_append_driven: Callable[[bytes, bytes], Future[WalPosition]] = wal.append_parts
         #: Wakes the WAL's writer for a driven append that will not be driven after all.
         self._wal_wake: Callable[[], None] = _nothing
         if isinstance(wal, PipelinedWal):
@@ -193,29 +201,37 @@ class Appender:
         *,
         epoch: int | None = None,
         discard: bool = False,
-    ) -> bool:
+    ) -> Released | None:
         """Stop appends to a stream (closed, destroyed or fenced): appends of its writer
         still completing are refused, not acknowledged; with `discard`, also drop its
         entries from the LogCache. With `epoch`, only if this client does not append to
         the stream at another epoch (it reopened the stream since: that writer and its
-        entries stay). Checked and done under the append lock, so a reopen cannot slip in
-        between; whether it was done."""
+        entries stay) and, with `discard`, did not let that epoch go already (a destroy, or
+        an earlier drop that was reported). Checked and done under the append lock, so a
+        reopen or a second drop cannot slip in between; what was stopped, or None if
+        nothing was done."""
         with self._lock:
             w = self._writers.get(stream_id)
             if epoch is not None and w is not None and w.epoch != epoch:
-                return False
+                return None
+            if discard and epoch is not None:
+                gone = self._cache.discarded_epoch(stream_id)
+                if gone is not None and gone >= epoch:
+                    return None
             self._writers.pop(stream_id, None)
             if w is not None and w.error is None:
                 w.error = error
             stopped = w.epoch if w is not None else epoch
+            dropped: list[CachedBatch] = []
             if discard:
-                self._cache.discard_stream(stream_id, stopped)
+                dropped = self._cache.discard_stream(stream_id, stopped)
             elif stopped is not None:
                 # Appends of this writer still in the WAL are not acknowledged afterwards.
                 self._cache.refuse(stream_id, stopped)
+            confirmed = None if w is None else w.confirm_offset
         if w is not None:
             w.wake_tailers()
-        return True
+        return Released(confirmed, dropped)
 
     def confirm_offset(self, stream_id: int) -> int | None:
         """The acknowledged end of a stream this client appends to (None: not appending)."""

@@ -24,11 +24,11 @@ from ..metrics.components import StorageInstruments
 from ..objectstore.base import ObjectStore
 from ..types import StreamState
 from ..wal.base import WriteAheadLog
-from .appender import Appender
+from .appender import Appender, Released
 from .packing import PackedObject
 from .status import PipelineStatus
 
-__all__ = ["Committer"]
+__all__ = ["Committer", "fenced_by"]
 
 
 class Committer:
@@ -145,33 +145,58 @@ class Committer:
         return build
 
     def _drop_fenced(self, sid: int, mine: list[CachedBatch], state: MetadataState) -> None:
-        """Another client took stream `sid` over: drop what this client acknowledged of it
-        (`mine`: its entries of this upload) and has not uploaded, stop its appends, and
-        remember the loss for flush/close."""
-        discarded = self._cache.discarded_epoch(sid)
-        if discarded is not None and discarded >= mine[0][EPOCH]:
-            # This client let these entries go itself: it destroyed the stream (before the
-            # metadata said deleted), or an earlier upload already reported them dropped.
-            return
-        lo = mine[0][BASE]
-        confirmed = self._appender.confirm_offset(sid)
-        hi = confirmed if confirmed is not None else mine[-1][BASE] + mine[-1][COUNT]
-        s = state.streams.get(sid)
-        by = (
-            "it was deleted"
-            if s is None or s.state is StreamState.DELETED
-            else (f"node {s.owner!r} opened it at epoch {s.epoch}")
+        """This upload found stream `sid` taken over by another client: drop what this
+        client acknowledged of it (`mine`: its entries of this upload, and what came after)."""
+        last = mine[-1]
+        self.drop_fenced(
+            sid, mine[0][EPOCH], fenced_by(state, sid), (mine[0][BASE], last[BASE] + last[COUNT])
         )
-        what = f"stream {sid} offsets [{lo}, {hi}) ({by})"
-        if not self._appender.release_writer(
+
+    def drop_fenced(
+        self, sid: int, epoch: int, by: str, taken: tuple[int, int] | None = None
+    ) -> None:
+        """Another client took stream `sid` over from this client's writer at `epoch` (`by`
+        says how): drop what that writer acknowledged and did not upload (`taken`: the
+        offsets an upload held of it, beside what the LogCache still has), stop its appends,
+        and remember the loss for flush/close. Nothing is done, or reported twice, when this
+        client appends to the stream at another epoch now (it reopened the stream after an
+        earlier drop) or let the epoch go itself (it destroyed the stream)."""
+        released = self._appender.release_writer(
             sid,
             FencedError(f"stream {sid} is owned by a newer epoch: {by}"),
-            epoch=mine[0][EPOCH],
+            epoch=epoch,
             discard=True,
-        ):
-            # This client reopened the stream since these entries were taken (an earlier
-            # upload found the old epoch fenced and dropped its entries then): the stream's
-            # entries and writer now are the new epoch's, acknowledged, and not this upload's.
+        )
+        if released is not None:
+            self.report_dropped(sid, released, by, taken)
+
+    def report_dropped(
+        self, sid: int, released: Released, by: str, taken: tuple[int, int] | None = None
+    ) -> None:
+        """Remember, for flush and close, that what `released` had acknowledged of stream
+        `sid` beyond what is committed (`taken`: offsets an upload held) was lost to
+        another owner (`by`)."""
+        spans = [taken] if taken is not None else []
+        spans += [(e[BASE], e[BASE] + e[COUNT]) for e in released.dropped[:1]]
+        spans += [(e[BASE], e[BASE] + e[COUNT]) for e in released.dropped[-1:]]
+        if not spans:
+            return  # everything this writer acknowledged is committed: nothing was lost
+        lo = min(a for a, _ in spans)
+        hi = max(b for _, b in spans)
+        if released.confirm_offset is not None:
+            hi = released.confirm_offset
+        if hi <= lo:
             return
+        what = f"stream {sid} offsets [{lo}, {hi}) ({by})"
         self._log.for_stream(sid).error("acknowledged appends dropped: %s", what)
         self._status.add_dropped(what)
+
+
+def fenced_by(state: MetadataState, sid: int) -> str:
+    """How stream `sid` left this client's hands, for messages (from the current state)."""
+    s = state.streams.get(sid)
+    if s is None or s.state is StreamState.DELETED:
+        return "it was deleted"
+    if s.owner is None:
+        return f"another client opened it at epoch {s.epoch} and has closed it since"
+    return f"node {s.owner!r} opened it at epoch {s.epoch}"

@@ -45,8 +45,8 @@ from ..throttle import PriorityRateLimiter
 from ..types import AppendResult, FetchedBatch, RecordBatch
 from ..wal.base import WriteAheadLog
 from ..wal.pipeline import PipelinedWal
-from .appender import Appender, Ident, WriterState, deadline_text
-from .committer import Committer
+from .appender import Appender, Ident, Released, WriterState, deadline_text
+from .committer import Committer, fenced_by
 from .packing import KeyFactory
 from .producers import ProducerTable
 from .read_path import ReadPath
@@ -116,7 +116,7 @@ class Storage:
             status=status, wal=wal, cache=self._cache, settings=settings, clock=clock,
             instruments=ins,
         )  # fmt: skip
-        committer = Committer(
+        self._committer = committer = Committer(
             status=status, meta=meta, store=store, wal=wal, cache=self._cache,
             appender=appender, clock=clock, node_id=node_id, node_epoch=node_epoch,
             instruments=ins,
@@ -178,10 +178,22 @@ class Storage:
 
     def release_writer(
         self, stream_id: int, error: S3StreamError, *, discard: bool = False
-    ) -> None:
-        """Stop appends to a stream (closed, destroyed or fenced); with `discard`, also drop
-        what the LogCache holds of it."""
-        self._appender.release_writer(stream_id, error, discard=discard)
+    ) -> Released | None:
+        """Stop appends to a stream (closed or destroyed); with `discard`, also drop what
+        the LogCache holds of it. What was stopped (see `Appender.release_writer`)."""
+        return self._appender.release_writer(stream_id, error, discard=discard)
+
+    def report_fenced(self, stream_id: int, released: Released) -> None:
+        """What `released` (of a destroy) had not uploaded went to another owner, who took
+        the stream before the deletion: report it as dropped (`flush`, `close`)."""
+        self._committer.report_dropped(stream_id, released, fenced_by(self._meta.state, stream_id))
+
+    def drop_fenced(self, stream_id: int, epoch: int) -> None:
+        """This client's writer of `stream_id` at `epoch` is fenced (another client opened
+        the stream since, or deleted it; the metadata was just refreshed): stop it and drop
+        what it acknowledged and did not upload, which `flush` and `close` then report with
+        `FencedError`, as when an upload finds the stream taken."""
+        self._committer.drop_fenced(stream_id, epoch, fenced_by(self._meta.state, stream_id))
 
     def append(
         self,
