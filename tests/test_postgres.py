@@ -105,10 +105,65 @@ def test_url_parameters_and_defaults() -> None:
         ("postgresql://h/db?namespace=a&namespace=b", "twice"),
         ("postgresql://u:pw@h/db#x", "fragment"),
         ("mysql://h/db", "PostgreSQL URL"),
+        ("postgresql://s3stream@[::1/x", "not a usable PostgreSQL URL"),
+        ("postgresql://h:99999/db", "not a usable PostgreSQL URL"),
+        ("postgresql://h/db?namespace=a%00b", "NUL"),
+        ("postgresql://h/db?schema=information_schema", "PostgreSQL's own"),
+        ("postgresql://h/db?schema=pg_catalog", "PostgreSQL's own"),
     ):
         with pytest.raises(InvalidArgumentError, match=why) as err:
             parse_postgres_url(bad, namespace="m", timeout_ms=1000)
         assert "pw" not in str(err.value)
+
+
+def test_a_local_socket_url_reaches_libpq_as_given() -> None:
+    """``postgresql:///dbname`` (no host: the local socket) keeps its ``//`` for libpq."""
+    t = parse_postgres_url("postgresql:///meta?host=/run/pg", namespace="m", timeout_ms=3000)
+    assert t.conninfo.startswith("postgresql:///meta?") and "host=%2Frun%2Fpg" in t.conninfo
+    assert parse_postgres_url("postgresql://", namespace="m", timeout_ms=3000).conninfo == (
+        "postgresql://?connect_timeout=3"
+    )
+
+
+def test_a_wrong_url_is_not_retryable_and_an_unreachable_server_is(
+    postgres: Any, tmp_path: Path
+) -> None:
+    """A database or role that does not exist, or a parameter libpq does not take, is the
+    URL's fault (`InvalidArgumentError`: retrying cannot help); a server that cannot be
+    reached is `UnavailableError` (retryable)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(postgres.url())
+    where = f"{parts.hostname}:{parts.port}"
+    for bad, why in (
+        (f"postgresql://{parts.username}@{where}/no_such_db", "does not exist"),
+        (f"postgresql://no_such_role@{where}{parts.path}", "does not exist"),
+        (postgres.url(frobnicate="1"), "frobnicate"),
+        (postgres.url(sslmode="maybe"), "sslmode"),
+    ):
+        with pytest.raises(InvalidArgumentError, match=why) as err:
+            s3stream.open(tmp_path / "s", wal="memory://", metadata=bad)
+        assert not err.value.retryable
+
+
+def test_tables_of_another_application_are_never_written(postgres: Any, tmp_path: Path) -> None:
+    """A schema that holds another application's table of one of the log's names (here
+    ``schema_version``) is refused, for writers and readers, before anything is written."""
+    schema = f"app_{uuid.uuid4().hex[:8]}"
+    _sql(postgres, f"CREATE SCHEMA {schema}")
+    _sql(postgres, f"CREATE TABLE {schema}.schema_version (version int PRIMARY KEY, note text)")
+    _sql(postgres, f"INSERT INTO {schema}.schema_version VALUES (7, 'the app''s own')")
+    url = postgres.url(namespace=_namespace(), schema=schema)
+    with pytest.raises(InvalidArgumentError, match="'schema_version' that is not s3stream's"):
+        s3stream.open(tmp_path / "s", wal="memory://", metadata=url)
+    with pytest.raises(InvalidArgumentError, match="not s3stream's"):
+        s3stream.open_reader(tmp_path / "s", metadata=url)
+    assert _sql(postgres, f"SELECT * FROM {schema}.schema_version") == [(7, "the app's own")]
+    tables = _sql(
+        postgres, "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
+        schema,
+    )  # fmt: skip
+    assert tables == [("schema_version",)]
 
 
 def test_metadata_urls_are_checked_before_anything_is_opened(tmp_path: Path) -> None:
@@ -163,6 +218,43 @@ def test_a_server_that_stops_answering_hits_the_call_deadline(postgres: Any) -> 
         assert m.create_stream({}).stream_id == m.seq - 1
     finally:
         log.close()
+
+
+def test_close_keeps_its_deadline_while_a_commit_waits_on_a_frozen_server(
+    postgres: Any, tmp_path: Path
+) -> None:
+    """The uploader's commit is stuck on a server process that stopped answering (it waits
+    up to the statement timeout and its margin): `close(timeout_s)` still returns or raises
+    within its deadline, instead of waiting for that call to give the connection back."""
+    url = postgres.url(namespace=_namespace(), statement_timeout="20s")
+    settings = {"call_timeout_ms": 3000, "upload_interval_ms": 50}
+    c = s3stream.open(tmp_path / "s", wal="memory://", metadata=url, settings=settings)
+    s = c.create_stream()
+    s.append(RecordBatch(b"x"))
+    c.flush()
+    log = c._meta.log  # the client's PostgreSQL log
+    backends = [
+        r[0]
+        for r in _sql(
+            postgres,
+            "SELECT pid FROM pg_stat_activity WHERE application_name = 's3stream' "
+            "AND pid <> pg_backend_pid()",
+        )
+    ]
+    assert backends
+    for pid in backends:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        s.append(RecordBatch(b"y"))
+        time.sleep(0.5)  # the uploader's commit is now waiting on a stopped process
+        started = time.monotonic()
+        with pytest.raises(UnavailableError):
+            c.close(timeout_s=2)
+        assert time.monotonic() - started < 2.5
+    finally:
+        for pid in backends:
+            os.kill(pid, signal.SIGCONT)
+    log.close()
 
 
 def test_a_slow_statement_ends_at_the_statement_timeout(postgres: Any) -> None:

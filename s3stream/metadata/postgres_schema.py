@@ -33,7 +33,7 @@ from ..errors import InvalidArgumentError
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["SCHEMA_VERSION", "check_version", "create_tables", "table"]
+__all__ = ["SCHEMA_VERSION", "check_layout", "check_version", "create_tables", "table"]
 
 #: The layout this code reads and writes.
 SCHEMA_VERSION = 1
@@ -71,6 +71,61 @@ _DDL = (
 )
 
 
+#: Each table's columns as PostgreSQL names their types (``format_type``), in order: a table
+#: of one of these names that differs is another application's, never written to.
+_LAYOUT: dict[str, tuple[tuple[str, str], ...]] = {
+    "schema_version": (("version", "integer"), ("installed_at", "timestamp with time zone")),
+    "namespaces": (
+        ("namespace", "text"),
+        ("namespace_id", "text"),
+        ("store_id", "text"),
+        ("object_store", "text"),
+        ("created_at", "timestamp with time zone"),
+    ),
+    "log_entries": (
+        ("namespace", "text"),
+        ("seq", "bigint"),
+        ("payload", "bytea"),
+        ("created_at", "timestamp with time zone"),
+    ),
+    "checkpoints": (
+        ("namespace", "text"),
+        ("seq", "bigint"),
+        ("payload", "bytea"),
+        ("created_at", "timestamp with time zone"),
+    ),
+    "checkpoint_pointers": (("namespace", "text"), ("seq", "bigint")),
+}
+
+_COLUMNS = """SELECT c.relname, c.relkind, a.attname, format_type(a.atttypid, a.atttypmod)
+    FROM pg_class c
+    JOIN pg_namespace n ON n.oid = c.relnamespace
+    LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+    WHERE n.nspname = %s AND c.relname = ANY(%s)
+    ORDER BY c.relname, a.attnum"""
+
+
+def check_layout(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> None:
+    """Refuse, before anything is read or written, a schema where a relation of one of the
+    log's table names is not the log's table (another application's ``schema_version``, say):
+    `InvalidArgumentError` naming it. Missing tables are fine (created by the first writer)."""
+    found: dict[str, list[tuple[str, str]]] = {}
+    kinds: dict[str, str] = {}
+    for name, kind, column, type_name in conn.execute(_COLUMNS, (schema, list(_LAYOUT))):
+        kinds[str(name)] = str(kind)
+        if column is not None:
+            found.setdefault(str(name), []).append((str(column), str(type_name)))
+    for name, kind in sorted(kinds.items()):
+        if kind in ("r", "p") and tuple(found.get(name, ())) == _LAYOUT[name]:
+            continue
+        raise InvalidArgumentError(
+            f"schema {schema!r} holds a {'table' if kind in ('r', 'p') else 'relation'} "
+            f"named {name!r} that is not s3stream's (columns "
+            f"{', '.join(f'{c} {t}' for c, t in found.get(name, [])) or 'none'}): "
+            "give the metadata URL a schema of its own (?schema=...)"
+        )
+
+
 def table(schema: str, name: str) -> sql.Identifier:
     """``"schema"."name"``, quoted."""
     return sql.Identifier(schema, name)
@@ -80,6 +135,7 @@ def create_tables(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> 
     """Create the schema's tables if missing (one transaction), then `check_version`."""
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_DDL_LOCK,))
+        check_layout(conn, schema)
         for statement in _DDL:
             conn.execute(
                 sql.SQL(statement).format(
@@ -90,8 +146,10 @@ def create_tables(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> 
 
 
 def check_version(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> None:
-    """Refuse a database laid out by a newer s3stream (`UndefinedTable` if there are no
-    tables yet: the caller decides what that means)."""
+    """Refuse a database laid out by a newer s3stream, or tables of the log's names that
+    are not the log's (`check_layout`); `UndefinedTable` if there are no tables yet: the
+    caller decides what that means."""
+    check_layout(conn, schema)
     row = conn.execute(
         sql.SQL("SELECT max(version) FROM {}").format(table(schema, "schema_version"))
     ).fetchone()

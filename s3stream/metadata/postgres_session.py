@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -80,12 +81,20 @@ class PostgresSession:
             except BaseException:
                 self._end_transaction(conn)
                 raise
+            finally:
+                if self._closed:
+                    self._drop()  # closed while this call was under way (see `close`)
 
     def close(self) -> None:
-        """Close the connection. Idempotent."""
-        with self._lock:
-            self._closed = True
-            self._drop()
+        """Close the connection, at once: a call under way (a thread waiting up to
+        `call_deadline_s` for a server that stopped answering) is not waited for, and drops
+        the connection when it ends. Idempotent."""
+        self._closed = True
+        if self._lock.acquire(blocking=False):
+            try:
+                self._drop()
+            finally:
+                self._lock.release()
 
     def _connection(self) -> _DeadlineConnection:
         if self._conn is not None and self._pid != os.getpid():
@@ -103,10 +112,7 @@ class PostgresSession:
                 t.conninfo, autocommit=True, application_name="s3stream"
             )
         except psycopg.Error as exc:
-            raise UnavailableError(
-                f"cannot connect to the PostgreSQL metadata store at {t.host} ({t.display}) "
-                f"within {t.connect_timeout_s} s: {_first_line(exc)}"
-            ) from exc
+            raise connect_error(exc, t) from exc
         conn.deadline_s = t.call_deadline_s
         ms = str(t.statement_timeout_ms)
         # A lock wait ends a little before the statement would be cancelled, so that it is
@@ -146,6 +152,35 @@ class PostgresSession:
         # It failed already: closing is best effort.
         with contextlib.suppress(Exception):
             conn.close()
+
+
+#: What a server says when the URL itself is wrong (SQLSTATE classes 28: invalid
+#: authorization, 3D: invalid catalog name; 42: a role or option that does not exist):
+#: retrying cannot help.
+_PERMANENT_CONNECT_CLASSES = ("28", "3D", "42")
+#: libpq's and the server's words for a URL that cannot work, whatever the retries (the
+#: server's FATAL at connect time comes without a SQLSTATE in psycopg's error).
+_PERMANENT_CONNECT = re.compile(
+    r"password authentication failed|no pg_hba\.conf entry|"
+    r'(database|role) ".*" does not exist|invalid connection option|invalid sslmode value|'
+    r"invalid percent-encoded token|invalid integer value|invalid port number|"
+    r"invalid URI query parameter",
+    re.IGNORECASE,
+)
+
+
+def connect_error(exc: psycopg.Error, target: PostgresTarget) -> S3StreamError:
+    """The s3stream error for a failed connect: `InvalidArgumentError` when the URL is wrong
+    (bad password, unknown database or role, a parameter libpq does not take), retryable
+    `UnavailableError` when the server could not be reached or was not ready."""
+    text = _first_line(exc)
+    where = f"the PostgreSQL metadata store at {target.host} ({target.display})"
+    state = getattr(exc, "sqlstate", None) or ""
+    if state[:2] in _PERMANENT_CONNECT_CLASSES or _PERMANENT_CONNECT.search(str(exc)):
+        return InvalidArgumentError(f"{where} refused the metadata URL: {text}")
+    return UnavailableError(
+        f"cannot connect to {where} within {target.connect_timeout_s} s: {text}"
+    )
 
 
 def map_error(exc: psycopg.Error, target: PostgresTarget) -> S3StreamError:

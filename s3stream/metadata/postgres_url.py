@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from ..errors import InvalidArgumentError
 from ..settings_parse import parse_duration_ms, parse_int
@@ -64,7 +64,7 @@ class PostgresTarget:
 def parse_postgres_url(url: str, *, namespace: str, timeout_ms: int) -> PostgresTarget:
     """Read `url`; `namespace` and `timeout_ms` are the defaults the URL may override."""
     check_text("metadata URL", url, allow_empty=False)
-    parts = urlsplit(url)
+    parts = _split(url)
     if parts.scheme.lower() not in SCHEMES:
         raise InvalidArgumentError(f"not a PostgreSQL URL (postgresql://...): {_safe(url)!r}")
     if parts.fragment:
@@ -80,12 +80,16 @@ def parse_postgres_url(url: str, *, namespace: str, timeout_ms: int) -> Postgres
             rest.append((key, value))
     ns = ours.get("namespace", namespace)
     check_text("namespace", ns, allow_empty=False, max_bytes=200)
+    if "\x00" in ns:
+        raise InvalidArgumentError(f"namespace cannot hold a NUL character, got {ns!r}")
     schema = ours.get("schema", DEFAULT_SCHEMA)
     if _SCHEMA.fullmatch(schema) is None:
         raise InvalidArgumentError(
             f"schema must be a plain lower-case PostgreSQL name (letters, digits, _; at most "
             f"63), got {schema!r}"
         )
+    if schema.startswith("pg_") or schema == "information_schema":
+        raise InvalidArgumentError(f"schema {schema!r} is PostgreSQL's own: name another")
     statement_ms = (
         parse_duration_ms(ours["statement_timeout"], name="statement_timeout")
         if "statement_timeout" in ours
@@ -104,7 +108,10 @@ def parse_postgres_url(url: str, *, namespace: str, timeout_ms: int) -> Postgres
         connect_s = min(_MAX_DEFAULT_CONNECT_S, math.ceil(statement_ms / 1000))
         rest.append(("connect_timeout", str(connect_s)))
     connect_s = max(_MIN_CONNECT_S, connect_s)
-    conninfo = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(rest), ""))
+    # Joined by hand: urlunsplit drops the "//" of an empty host (the local socket's URL,
+    # ``postgresql:///dbname``), which libpq then cannot read.
+    query = urlencode(rest)
+    conninfo = f"{parts.scheme}://{parts.netloc}{parts.path}" + (f"?{query}" if query else "")
     host = parts.netloc.rpartition("@")[2] or "localhost (the local socket)"
     user = parts.netloc.rpartition("@")[0].partition(":")[0]
     display = f"postgresql://{user + '@' if user else ''}{parts.netloc.rpartition('@')[2]}"
@@ -120,9 +127,23 @@ def parse_postgres_url(url: str, *, namespace: str, timeout_ms: int) -> Postgres
     )
 
 
+def _split(url: str) -> SplitResult:
+    """`urlsplit`, its `ValueError` (an unclosed IPv6 bracket, a bad port) as
+    `InvalidArgumentError`."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - parsed on access: a bad port raises here
+    except ValueError as exc:
+        raise InvalidArgumentError(f"not a usable PostgreSQL URL: {exc}") from None
+    return parts
+
+
 def _safe(url: str) -> str:
     """`url` without a password, for messages."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
     userinfo, at, hostinfo = parts.netloc.rpartition("@")
     if not at:
         return url
