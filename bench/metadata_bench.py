@@ -30,7 +30,7 @@ change side by side in one session, on this noisy machine.
 
     .venv/bin/python bench/metadata_bench.py [--seconds 10] [--writers 1,2,4,8,16]
         [--backends store,postgres] [--postgres-url URL] [--put-latency-ms MS]
-        [--get-latency-ms MS] [--seaweedfs] [--code DIR] [--out FILE]
+        [--get-latency-ms MS] [--seaweedfs] [--code DIR] [--objects-dir DIR] [--out FILE]
 
 ``--seaweedfs`` puts the store on a SeaweedFS S3 server on loopback (a fresh prefix per row)
 instead of a local directory; with ``--put-latency-ms`` it is the S3-like profile.
@@ -221,8 +221,9 @@ def run(
     s3: Any = None,
     server_pid: int | None = None,
     code: Path = ROOT,
+    objects_dir: Path | None = None,
 ) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="s3stream-metabench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="s3stream-metabench-", dir=objects_dir) as tmp:
         store = str(Path(tmp) / "store")
         options: dict[str, Any] | None = None
         if s3 is not None:  # a fresh prefix on the SeaweedFS server instead
@@ -394,6 +395,14 @@ def main() -> None:
         help="the tree whose s3stream package the writers import (a copy of another version, "
         "to measure two side by side in one session)",
     )
+    p.add_argument(
+        "--objects-dir",
+        type=Path,
+        default=None,
+        help="where the local-directory store lives (default: the temp directory), e.g. "
+        "/dev/shm to take the kernel's file create and fsync of each object out of the "
+        "figures (the PostgreSQL server stays in the temp directory, fsync on)",
+    )
     p.add_argument("--out", type=Path, default=None)
     a = p.parse_args()
     sys.path.insert(0, str(ROOT))
@@ -432,7 +441,11 @@ def main() -> None:
                     if a.pg_optimistic:
                         metadata += "&optimistic"
                 pid = server.pid if server is not None and backend == "postgres" else None
-                row = run(backend, n, a.seconds, metadata, latency, s3, pid, a.code.resolve())
+                row = run(
+                    backend, n, a.seconds, metadata, latency, s3, pid, a.code.resolve(),
+                    a.objects_dir,
+                )  # fmt: skip
+                row["objects_dir"] = str(a.objects_dir) if a.objects_dir else "temp directory"
                 rows.append(row)
                 f = row["flush_ms"]
                 print(

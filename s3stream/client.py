@@ -753,7 +753,9 @@ class StreamClient(Closeable):
 
     def close(self, timeout_s: float | None = None) -> None:
         """Graceful shutdown: wait for in-flight appends, upload everything, release this
-        client's streams (others may open them without a take-over), close the WAL.
+        client's streams (others may open them without a take-over; also those the metadata
+        says this node owns without a handle here, e.g. not reopened after a restart), close
+        the WAL.
 
         Afterwards every stream handle raises `StreamClosedError`, and a new client on the
         same URL sees every acknowledged batch. Returns or raises within `timeout_s`
@@ -791,7 +793,9 @@ class StreamClient(Closeable):
             self._limiter.close()
             self._compactor.stop()
             try:
-                self._storage.close(timeout, on_flushed=lambda: self._release_streams(owned))
+                self._storage.close(
+                    timeout, on_flushed=lambda: self._release_streams(owned, unattached=True)
+                )
             finally:
                 self._block_cache.close()
                 self._store.close()
@@ -802,9 +806,21 @@ class StreamClient(Closeable):
         finally:
             self._close_done.set()
 
-    def _release_streams(self, owned: list[tuple[int, int]]) -> None:
-        """Close, in one metadata entry, the streams this client still owns (all uploaded)."""
-        if not owned:
+    def _release_streams(self, owned: list[tuple[int, int]], *, unattached: bool = False) -> None:
+        """Close, in one metadata entry, the streams this client still owns (all uploaded).
+        With `unattached`, also the streams the metadata says this node owns that have no
+        handle here (opened by this node before a restart, whose recovery uploaded their
+        data, or created by a commit that landed after its call gave up): nothing of theirs
+        is in this client's WAL, and they would otherwise stay owned until a take-over."""
+        handled = {sid for sid, _ in owned}
+        if unattached:
+            # As the state read last says; no entry at all when there is nothing to release
+            # (an entry would queue behind any commit still in flight).
+            unattached = any(
+                s.state is StreamState.OPEN and s.owner == self._node_id and sid not in handled
+                for sid, s in self._meta.state.streams.items()
+            )
+        if not owned and not unattached:
             return
 
         def build(state: MetadataState) -> list[CloseStream]:
@@ -813,6 +829,14 @@ class StreamClient(Closeable):
                 s = state.streams.get(sid)
                 if s is not None and s.state is StreamState.OPEN and s.epoch == epoch:
                     ops.append(CloseStream(sid, epoch))
+            if unattached:
+                ops += [
+                    CloseStream(sid, s.epoch)
+                    for sid, s in state.streams.items()
+                    if s.state is StreamState.OPEN
+                    and s.owner == self._node_id
+                    and sid not in handled
+                ]
             return ops
 
         try:
@@ -912,8 +936,8 @@ class _ClientStreams:
     def release(self, stream: Stream) -> None:
         """Upload what `stream` has pending, stop its appends, release it in the metadata.
         Raises if the release failed (the stream stays owned); calling again retries it.
-        `FencedError` once the handle is done all the same: appends were dropped, or another
-        client has the stream."""
+        `FencedError` when another client has the stream (the handle is done all the same),
+        naming what was dropped if that was not reported yet."""
         with self._lock:
             if self.closed_how is not None:
                 return
@@ -923,55 +947,55 @@ class _ClientStreams:
             # acknowledged after the close), and upload what was acknowledged in between,
             # which the closed stream would refuse later. Tailers read on until the writer
             # stops. Again after a failed release: the writer is gone, the flushes are cheap.
-            # A drop report (appends of a fenced stream, this one or another) does not stop
-            # the release; it is raised once the handle is done.
-            dropped: FencedError | None = None
-            try:
-                self._storage.flush()
-            except FencedError as exc:
-                dropped = exc
+            # Drop reports (appends of fenced streams) are left to `flush` and `close` of the
+            # client, unless this stream turns out fenced itself: a release that fails
+            # afterwards must not have used them up.
+            self._storage.flush(report_dropped=False)
             self._storage.release_writer(
                 stream.stream_id, StreamClosedError(f"stream {stream.stream_id} is closed")
             )
-            try:
-                self._storage.flush()
-            except FencedError as exc:
-                dropped = dropped or exc
+            self._storage.flush(report_dropped=False)
             try:
                 self._meta.close_stream(stream.stream_id, stream.epoch)
             except (FencedError, StreamNotFoundError) as exc:
                 # Another client has opened or deleted the stream: nothing of this handle's
                 # is left to release, and the handle is done.
                 self._streams.pop(stream.stream_id, None)
-                if dropped is None:
-                    dropped = FencedError(
-                        f"stream {stream.stream_id} was not released: "
-                        f"{fenced_by(self._meta.state, stream.stream_id)} (this handle's "
-                        f"epoch is {stream.epoch})"
-                    )
-                raise dropped from exc
+                self._storage.raise_dropped()
+                raise FencedError(
+                    f"stream {stream.stream_id} was not released: "
+                    f"{fenced_by(self._meta.state, stream.stream_id)} (this handle's epoch "
+                    f"is {stream.epoch}; what it had not uploaded, if anything, is reported "
+                    "dropped by flush and close)"
+                ) from exc
             except S3StreamError as exc:
                 # Still listed as this client's: its close() tries the release again.
                 raise _release_failed([stream.stream_id], self._node_id, exc) from exc
             self._streams.pop(stream.stream_id, None)
-            if dropped is not None:
-                raise dropped
 
     def destroy(self, stream: Stream) -> None:
         """Delete `stream` and its data."""
         with self._lock:
             self._check_open()
-            released = self._storage.release_writer(
-                stream.stream_id,
-                StreamClosedError(f"stream {stream.stream_id} was destroyed"),
-                discard=True,
-            )
-            self._streams.pop(stream.stream_id, None)
-            try:
-                self._meta.delete_stream(stream.stream_id, stream.epoch)
-            except FencedError:
-                # Another client took the stream first: what this handle had not uploaded
-                # was lost to that owner, not deleted by this call.
-                if released is not None:
-                    self._storage.report_fenced(stream.stream_id, released)
-                raise
+            # No upload commits between the discard and the deletion: what the discard
+            # took is then exactly what was not committed, if the deletion finds the stream
+            # taken.
+            with self._storage.commits_held():
+                released = self._storage.release_writer(
+                    stream.stream_id,
+                    StreamClosedError(f"stream {stream.stream_id} was destroyed"),
+                    discard=True,
+                )
+                self._streams.pop(stream.stream_id, None)
+                try:
+                    self._meta.delete_stream(stream.stream_id, stream.epoch)
+                except (FencedError, StreamNotFoundError) as exc:
+                    # Another client took or deleted the stream first: what this handle had
+                    # not uploaded was lost to that owner, not deleted by this call.
+                    if released is not None:
+                        self._storage.report_fenced(stream.stream_id, released)
+                    raise FencedError(
+                        f"stream {stream.stream_id} was not destroyed: "
+                        f"{fenced_by(self._meta.state, stream.stream_id)} (this handle's "
+                        f"epoch is {stream.epoch})"
+                    ) from exc

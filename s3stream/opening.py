@@ -15,17 +15,21 @@ the first of these that gives it wins:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import os
 import random
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ._bounded import within_deadline
 from ._registry import split_scheme
 from .client import StreamClient, WalFactory
 from .clock import Clock, SystemClock
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, UnavailableError
 from .metadata.base import MetadataLogStore
 from .metadata.registry import check_metadata_url
 from .objectstore.base import ObjectStore
@@ -44,6 +48,7 @@ from .validation import (
     check_text,
 )
 from .wal.base import WriteAheadLog
+from .wal.file import FileWal
 from .wal.holder import WalHolderLock
 from .wal.memory import MemoryWal
 from .wal.object import ObjectWal
@@ -326,6 +331,12 @@ def open(
     obstore is installed; a small PUT, the WAL's latency, costs about half as much) or
     ``"boto3"``. The default WAL falls back to boto3, the data store's client, when the store's
     `storage_options` need boto3 (``profile_name``, a ready ``client``) and none was named.
+
+    An open on a local device (a local directory, a file WAL) returns or raises within
+    `call_timeout_ms`: when the device stops answering (a write or sync blocked in the kernel)
+    it raises `UnavailableError`, and what is stuck finishes in a thread of its own, which
+    then lets go of the WAL (until it has, opening the node again raises `NodeInUseError`).
+    Other opens are sequences of store calls, each bounded by `store_timeout_ms`.
     """
     if not isinstance(metadata, MetadataLogStore):
         check_metadata_url(metadata)
@@ -354,6 +365,87 @@ def open(
         local_default_wal=wal is None and scheme == "file",
     )
     clock = clock if clock is not None else SystemClock()
+    build = functools.partial(
+        _build_client,
+        url,
+        scheme=scheme,
+        wal=wal,
+        node_id=node_id,
+        storage_options=storage_options,
+        resolved=resolved,
+        clock=clock,
+        rng=rng,
+        accept_wal_loss=accept_wal_loss,
+        metadata=metadata,
+        wal_client=wal_client,
+    )
+    if not _on_local_device(scheme, wal):
+        # Only store calls, each bounded by `store_timeout_ms` (docs/architecture.md).
+        return build(None)
+    # A local directory or file WAL: a device that stops answering holds any write or sync in
+    # the kernel uninterruptibly, so the open runs in a thread of its own and this call keeps
+    # `call_timeout_ms` (docs/file-wal.md, "Write path: group commit", on opening).
+    given_up = threading.Event()
+    return within_deadline(
+        lambda: build(given_up),
+        clock=clock,
+        deadline=clock.monotonic() + resolved.call_timeout_ms / 1000,
+        name=f"s3stream-open:{node_id}",
+        timeout_error=lambda: UnavailableError(
+            f"opening node {node_id!r} did not finish within call_timeout_ms "
+            f"({resolved.call_timeout_ms} ms): the device of its WAL or store directory is not "
+            "answering; the open goes on in the background and lets go of the WAL (its lock) "
+            "once the device answers: open again later"
+        ),
+        abandoned=_close_abandoned,
+        given_up=given_up,
+    )
+
+
+def _on_local_device(scheme: str, wal: str | WriteAheadLog | None) -> bool:
+    """Whether an open touches a local device: a store in a local directory, or a WAL in a
+    file (a file WAL, or an object WAL in a local directory)."""
+    if scheme == "file":
+        return True
+    if isinstance(wal, WriteAheadLog):
+        return isinstance(wal, FileWal)
+    if wal is None:
+        return False
+    wal_scheme = split_scheme(wal)[0]
+    return wal_scheme == "file" or wal_scheme == f"{OBJECT_PREFIX}file"
+
+
+def _close_abandoned(client: StreamClient) -> None:
+    """Close a client whose open finished after its caller's deadline (nobody else has it)."""
+    client.close()
+
+
+def _check_not_given_up(given_up: threading.Event | None, node_id: str) -> None:
+    """Stop an open whose caller stopped waiting (its deadline passed) before its next step."""
+    if given_up is not None and given_up.is_set():
+        raise UnavailableError(
+            f"the open of node {node_id!r} was given up at its deadline; not going on"
+        )
+
+
+def _build_client(
+    url: str,
+    given_up: threading.Event | None,
+    *,
+    scheme: str,
+    wal: str | WriteAheadLog | None,
+    node_id: str,
+    storage_options: Mapping[str, Any] | None,
+    resolved: ClientSettings,
+    clock: Clock,
+    rng: random.Random | None,
+    accept_wal_loss: bool,
+    metadata: str | MetadataLogStore | None,
+    wal_client: str | None,
+) -> StreamClient:
+    """`open`'s work once its arguments are checked and its settings resolved: the store, the
+    WAL's holder lock, the client (which registers the node, opens and recovers the WAL).
+    `given_up`: set when `open`'s caller stopped waiting; then nothing new is started."""
     raw_store = open_object_store(url, storage_options)
     # The client's one store stack, built here so that an object WAL in the same store shares
     # it (one boto3 client; its traffic in `client.metrics`); the client takes it as it is.
@@ -397,6 +489,7 @@ def open(
         # A file WAL of this node that a live process holds must fail the open here, before
         # the client registers the node: that would fence the live process.
         try:
+            _check_not_given_up(given_up, node_id)
             held = lock_file_wal(target if isinstance(target, str) else target(node_id), node_id)
         except BaseException:
             store.close()
@@ -411,6 +504,17 @@ def open(
             accept_wal_loss=accept_wal_loss,
             s3_client=wal_client,
         )
+    try:
+        _check_not_given_up(given_up, node_id)
+    except BaseException:
+        # Before the client exists: let go of what it would have owned.
+        if held is not None:
+            held.release()
+        if isinstance(wal_arg, WriteAheadLog):
+            with contextlib.suppress(Exception):
+                wal_arg.close()
+        store.close()
+        raise
     try:
         return StreamClient(
             store,

@@ -647,6 +647,33 @@ def test_wal_records_recovered_after_crash(tmp_path: Path) -> None:
     client2.close()
 
 
+def test_close_after_a_restart_releases_the_streams_the_node_did_not_reopen(
+    tmp_path: Path,
+) -> None:
+    """A node restarted after a crash recovers its WAL (everything uploaded) and reopens only
+    some of its streams: `close()` releases the others too (the metadata says this node owns
+    them and nothing of theirs is in its WAL), so another node opens them without a
+    take-over; a stream another node owns is left alone."""
+    root = tmp_path / "store"
+    a = s3stream.open(root, node_id="n")
+    kept, left = a.create_stream(), a.create_stream()
+    kept.append(RecordBatch(b"kept"))
+    left.append(RecordBatch(b"left"))
+    a.abandon()  # crash
+    other = s3stream.open(root, node_id="other")
+    theirs = other.create_stream()
+    again = s3stream.open(root, node_id="n")
+    assert again.recovery.uploaded_batches == 2
+    again.open_stream(kept.stream_id).append(RecordBatch(b"kept 2"))
+    again.close()
+    info = other.stream_info(left.stream_id)
+    assert info.state is s3stream.StreamState.CLOSED
+    s = other.open_stream(left.stream_id)  # no StreamOwnedError: released by n's close
+    assert [b.payload for b in read_all(s)] == [b"left"]
+    assert other.stream_info(theirs.stream_id).state is s3stream.StreamState.OPEN
+    other.close()
+
+
 def test_backpressure_when_uploads_fail_then_nothing_lost(
     tmp_path: Path, stuck_uploads_client: Callable[[int], Any]
 ) -> None:

@@ -465,5 +465,179 @@ def test_destroying_a_fenced_stream_reports_what_it_dropped(
         a.close()
 
 
+def _paused_after(obj: Any, name: str, when: Callable[..., bool]) -> tuple[Any, Any]:
+    """Wrap `obj.name` so that a call for which `when(*args)` holds sets the first event
+    after the call and waits for the second before returning: a window held open where a
+    thread of the library is between two steps (here, in the client's own threads)."""
+    reached, go = threading.Event(), threading.Event()
+    original = getattr(obj, name)
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        if when(*args):
+            reached.set()
+            go.wait(10)
+        return out
+
+    setattr(obj, name, wrapped)
+    return reached, go
+
+
+def test_an_append_acknowledged_as_its_stream_is_dropped_is_reported(tmp_path: Path) -> None:
+    """An append in the LogCache but not yet acknowledged when `open_stream` drops the
+    fenced handle's entries is acknowledged afterwards: the report must cover it (the
+    writer's confirm offset, read as it stopped, lags it)."""
+    import s3stream
+    from s3stream.errors import FencedError
+    from s3stream.types import RecordBatch
+
+    root = tmp_path / "store"
+    a = s3stream.open(root, node_id="a")  # the file WAL acknowledges from its completion
+    s = a.create_stream()
+    s.append(RecordBatch(b"a0"))
+    a.flush()
+    inserted, go = _paused_after(a._storage.log_cache, "put", lambda *args: args[6] == b"late")
+    with s3stream.open(root, node_id="b") as b:
+        b.open_stream(s.stream_id, force=True).close()
+    acked: list[Any] = []
+    t = threading.Thread(target=lambda: acked.append(s.append(RecordBatch(b"late"))))
+    t.start()
+    assert inserted.wait(10)
+    new = a.open_stream(s.stream_id)  # drops the fenced handle's entries, "late" among them
+    go.set()
+    t.join()
+    assert acked and acked[0].base_offset == 1  # acknowledged...
+    with pytest.raises(FencedError, match=r"offsets \[1, 2\)"):
+        a.flush()  # ...and reported lost
+    new.close()
+    with pytest.raises(FencedError):
+        a.close()
+
+
+@pytest.mark.parametrize("how", ["reopen", "destroy"])
+def test_entries_committed_just_before_a_drop_are_not_reported_lost(
+    tmp_path: Path, how: str
+) -> None:
+    """An upload whose commit has landed but whose entries are not marked uploaded yet, when
+    another thread drops the fenced stream's entries (`open_stream` after a force-open
+    elsewhere, or `destroy`): the committed offsets are readable, so they must not be
+    reported as dropped (drops wait for the commit's bookkeeping)."""
+    import s3stream
+    from s3stream.errors import FencedError
+    from s3stream.types import RecordBatch
+
+    root = tmp_path / "store"
+    a = s3stream.open(root, node_id="a")
+    reached, go = _paused_after(a._storage.log_cache, "mark_uploaded", lambda *args: True)
+    s = a.create_stream()
+    for i in range(3):
+        s.append(RecordBatch(b"a%d" % i))
+    errors: list[BaseException] = []
+
+    def flush() -> None:
+        try:
+            a.flush()
+        except BaseException as exc:
+            errors.append(exc)
+
+    flusher = threading.Thread(target=flush)
+    flusher.start()
+    assert reached.wait(10)  # offsets [0, 3) committed, not yet marked uploaded
+    b = s3stream.open(root, node_id="b")
+    theirs = b.open_stream(s.stream_id, force=True)
+    assert theirs.next_offset == 3
+    done = threading.Event()
+    outcome: list[BaseException | None] = []
+
+    def drop() -> None:
+        try:
+            if how == "reopen":
+                a.open_stream(s.stream_id, force=True)
+            else:
+                s.destroy()
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+        finally:
+            done.set()
+
+    dropper = threading.Thread(target=drop)
+    dropper.start()
+    assert not done.wait(0.3)  # the drop waits for the commit's bookkeeping
+    go.set()
+    dropper.join()
+    flusher.join()
+    if how == "reopen":
+        assert outcome == [None]
+    else:
+        assert isinstance(outcome[0], FencedError) and "not destroyed" in str(outcome[0])
+    a.flush()  # nothing was lost: no report
+    assert not errors
+    assert _payloads(b, s.stream_id) == [b"a0", b"a1", b"a2"]
+    a.close()
+    b.close()
+
+
+def test_destroying_a_stream_deleted_elsewhere_reports_what_it_held(tmp_path: Path) -> None:
+    """`destroy` of a handle whose stream another client deleted: `FencedError`, the handle
+    closed, and its acknowledged, not uploaded append reported dropped (as `close` does)."""
+    import s3stream
+    from s3stream.errors import FencedError
+    from s3stream.types import RecordBatch
+
+    root = tmp_path / "store"
+    a = s3stream.open(root, node_id="a")
+    s = a.create_stream()
+    s.append(RecordBatch(b"a0"))
+    a.flush()
+    with s3stream.open(root, node_id="b") as b:
+        b.open_stream(s.stream_id, force=True).destroy()
+    s.append(RecordBatch(b"lost"))
+    with pytest.raises(FencedError, match="it was deleted"):
+        s.destroy()
+    assert s.closed
+    with pytest.raises(FencedError, match=r"offsets \[1, 2\) \(it was deleted\)"):
+        a.flush()
+    with pytest.raises(FencedError):
+        a.close()
+
+
+def test_a_failed_release_does_not_use_up_a_drop_report(tmp_path: Path) -> None:
+    """Closing stream Y flushes; when Y's release then fails (the metadata unreachable), a
+    drop report of another stream X that this flush saw is still raised by the next flush."""
+    import s3stream
+    from s3stream.errors import FencedError, UnavailableError
+    from s3stream.types import RecordBatch
+
+    root = tmp_path / "store"
+    a = s3stream.open(root, node_id="a")
+    x, y = a.create_stream(), a.create_stream()
+    x.append(RecordBatch(b"x0"))
+    y.append(RecordBatch(b"y0"))
+    a.flush()
+    b = s3stream.open(root, node_id="b")
+    b.open_stream(x.stream_id, force=True)
+    x.append(RecordBatch(b"x-lost"))
+    meta = a._meta
+    close_stream = meta.close_stream
+    failures = [UnavailableError("the metadata store is unreachable (a stand-in outage)")]
+
+    def failing_once(*args: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return close_stream(*args)
+
+    meta.close_stream = failing_once  # type: ignore[method-assign]
+    with pytest.raises(UnavailableError, match="stay owned"):
+        y.close()
+    assert not y.closed
+    with pytest.raises(FencedError, match=rf"stream {x.stream_id} offsets \[1, 2\)"):
+        a.flush()
+    y.close()
+    with pytest.raises(FencedError):
+        a.close()
+    b.close()
+
+
 if __name__ == "__main__":
     _child_main(sys.argv[1], json.loads(sys.argv[2]))

@@ -8,6 +8,7 @@ trims the WAL below the upload.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 
 from ..cache.log_cache import BASE, COUNT, EPOCH, WALPOS, CachedBatch, LogCache, Taken
@@ -61,6 +62,10 @@ class Committer:
         self._node_epoch = node_epoch
         self._ins = instruments
         self._log = status.log
+        #: Held from a commit until its entries are marked uploaded (and the fenced ones
+        #: dropped), and by whoever drops a fenced writer's entries from another thread: so a
+        #: drop never takes a committed entry for a lost one.
+        self.lock = threading.RLock()
 
     def commit(
         self,
@@ -75,10 +80,11 @@ class Committer:
         first = {sid: lst[0] for sid, lst in groups.items()}
         fenced: set[int] = set()
         build = self._builder(first, objects, fenced)
-        _, state = self._meta.commit(build)
-        self._cache.mark_uploaded(entries, fenced)
-        for sid in sorted(fenced):
-            self._drop_fenced(sid, groups[sid], state)
+        with self.lock:
+            _, state = self._meta.commit(build)
+            self._cache.mark_uploaded(entries, fenced)
+            for sid in sorted(fenced):
+                self._drop_fenced(sid, groups[sid], state)
         dead = [o.key for o in objects if all(r[0] in fenced for r in o.ranges)]
         if dead:
             self._store.delete_many(dead)
@@ -161,14 +167,15 @@ class Committer:
         and remember the loss for flush/close. Nothing is done, or reported twice, when this
         client appends to the stream at another epoch now (it reopened the stream after an
         earlier drop) or let the epoch go itself (it destroyed the stream)."""
-        released = self._appender.release_writer(
-            sid,
-            FencedError(f"stream {sid} is owned by a newer epoch: {by}"),
-            epoch=epoch,
-            discard=True,
-        )
-        if released is not None:
-            self.report_dropped(sid, released, by, taken)
+        with self.lock:
+            released = self._appender.release_writer(
+                sid,
+                FencedError(f"stream {sid} is owned by a newer epoch: {by}"),
+                epoch=epoch,
+                discard=True,
+            )
+            if released is not None:
+                self.report_dropped(sid, released, by, taken)
 
     def report_dropped(
         self, sid: int, released: Released, by: str, taken: tuple[int, int] | None = None
@@ -182,9 +189,10 @@ class Committer:
         if not spans:
             return  # everything this writer acknowledged is committed: nothing was lost
         lo = min(a for a, _ in spans)
-        hi = max(b for _, b in spans)
-        if released.confirm_offset is not None:
-            hi = released.confirm_offset
+        # Every acknowledged append is in the LogCache before it is acknowledged, so the
+        # entries bound the loss; the writer's confirm offset, read when it stopped, may lag
+        # an acknowledgement completing at that moment.
+        hi = max([b for _, b in spans] + [released.confirm_offset or 0])
         if hi <= lo:
             return
         what = f"stream {sid} offsets [{lo}, {hi}) ({by})"

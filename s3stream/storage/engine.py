@@ -25,12 +25,13 @@ fatal error (fenced, corrupted, a bug in a background thread) stops the client f
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+from .._bounded import within_deadline
 from ..cache.block_cache import BlockCache, Readahead
 from ..cache.log_cache import LogCache
 from ..clock import Clock
@@ -321,13 +322,14 @@ class Storage:
             lambda: self._uploader.upload_sync(deadline, trim=False),
         )
 
-    def flush(self, timeout_s: float | None = None) -> None:
+    def flush(self, timeout_s: float | None = None, *, report_dropped: bool = True) -> None:
         """Upload and commit everything acknowledged so far.
 
         Raises `UnavailableError` (retryable) when uploads keep failing or the deadline
         (`timeout_s`, else `call_timeout_ms`) passes, the client's fatal error if it has one,
         and `FencedError` if acknowledged appends were dropped since the last flush because
-        another client took their stream over.
+        another client took their stream over (unless not `report_dropped`: the report is
+        then left for the next flush).
         """
         target = self._cache.last_seq
         deadline = self._deadline(timeout_s)
@@ -358,7 +360,19 @@ class Storage:
                 # Woken by every finished upload attempt and by the uploader's death; the
                 # timeout only bounds the wait by the deadline.
                 status.cond.wait(remaining)
-            status.raise_dropped()
+            if report_dropped:
+                status.raise_dropped()
+
+    def raise_dropped(self) -> None:
+        """`FencedError` if acknowledged appends were dropped since the last report (which
+        this makes)."""
+        with self._status.cond:
+            self._status.raise_dropped()
+
+    def commits_held(self) -> contextlib.AbstractContextManager[object]:
+        """While inside, no upload commits (nor drops what another owner fenced): what the
+        LogCache holds of a stream is then exactly what is not committed of it."""
+        return self._committer.lock
 
     def _deadline(self, timeout_s: float | None) -> float:
         if timeout_s is None:
@@ -437,26 +451,17 @@ class Storage:
             # wait for this one.
             wal.close()
             return
-        done = threading.Event()
-        failure: list[BaseException] = []
-
-        def close() -> None:
-            try:
-                self._wal.close()
-            except BaseException as exc:
-                failure.append(exc)
-            finally:
-                done.set()
-
-        threading.Thread(target=close, name="s3stream-wal-close", daemon=True).start()
-        if not done.wait(max(0.0, deadline - self._clock.monotonic())):
-            raise UnavailableError(
-                f"{self._wal.describe()} did not close by the deadline (its device is not "
+        within_deadline(
+            wal.close,
+            clock=self._clock,
+            deadline=deadline,
+            name="s3stream-wal-close",
+            timeout_error=lambda: UnavailableError(
+                f"{wal.describe()} did not close by the deadline (its device is not "
                 "answering); it finishes closing in the background when the device answers, "
                 "and what it holds is recovered by the next open"
-            )
-        if failure:
-            raise failure[0]
+            ),
+        )
 
     def abandon(self) -> None:
         """Stop background work without uploading (tests: simulate a crash in-process)."""

@@ -52,8 +52,7 @@ _SWAPPER = -1
 @contextlib.contextmanager
 def _commits_paused(wal: FileWal) -> Iterator[None]:
     with wal._cond:
-        while wal._committer is not None:
-            wal._cond.wait()
+        wal.wait_for_committer_role()
         wal._committer = _SWAPPER
     try:
         yield

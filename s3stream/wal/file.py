@@ -192,6 +192,8 @@ class FileWal(PipelinedWal):
         self._writer_running = False
         #: The thread writing and completing a group now (the writer, or a caller in `drive`).
         self._committer: int | None = None
+        #: Threads in `wait_for_committer_role`, which a commit that ended well must wake.
+        self._role_waiters = 0
         #: Where the next frame goes: above every position handed out.
         self._tail = 0
         self._requested_start = 0
@@ -835,8 +837,8 @@ class FileWal(PipelinedWal):
             finally:
                 with self._cond:
                     self._committer = None
-                    if self._failed is not None:
-                        self._cond.notify_all()  # a `reset` may wait for the committer role
+                    if self._failed is not None or self._role_waiters:
+                        self._cond.notify_all()  # `wait_for_committer_role` waits for it
 
     def drive(self, future: Future[WalPosition]) -> None:
         """Commit pending records in the calling thread when no commit is under way.
@@ -863,8 +865,23 @@ class FileWal(PipelinedWal):
         finally:
             with self._cond:
                 self._committer = None
-                if self._has_work() or self._closing or self._failed is not None:
+                if (
+                    self._has_work()
+                    or self._closing
+                    or self._failed is not None
+                    or self._role_waiters
+                ):
                     self._cond.notify_all()
+
+    def wait_for_committer_role(self) -> None:
+        """Wait (lock held) until no thread holds the committer role: whoever gives it up
+        wakes this waiter (a commit that ended well wakes nobody otherwise)."""
+        self._role_waiters += 1
+        try:
+            while self._committer is not None:
+                self._cond.wait()
+        finally:
+            self._role_waiters -= 1
 
     def _commit_and_complete(self, group: Group, start_target: int) -> None:
         """Commit `group` (committer role held), then complete its futures in order (or fail
@@ -960,8 +977,7 @@ class FileWal(PipelinedWal):
         with self._cond:
             # The failed group's committer may still be completing its futures; then nothing
             # is in flight (appends fail at once while failed).
-            while self._committer is not None:
-                self._cond.wait()
+            self.wait_for_committer_role()
             h = self._header
             # Above every position handed out (the failed records included), on a block
             # boundary so that an O_DIRECT writer starts on a fresh block (no bytes to carry).
