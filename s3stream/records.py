@@ -265,7 +265,9 @@ def records_batch(
     payload = encode_records(records, compression=compression, zstd_level=zstd_level)
     stamps = [r.timestamp for r in records if r.timestamp is not None]
     base = max(stamps) if len(stamps) == len(records) else None
-    return RecordBatch(payload, count=len(records), base_timestamp=base, kind=BatchKind.RECORDS)
+    return RecordBatch(
+        payload, count=len(records), base_timestamp=base, kind=BatchKind.RECORDS, _verified=True
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,16 +11,17 @@ from typing import Protocol
 from ._closeable import Closeable
 from .clock import Clock
 from .errors import (
+    CorruptionError,
     FencedError,
     InvalidArgumentError,
     OffsetOutOfRangeError,
     StreamClosedError,
 )
-from .records import Record, batch_records, records_batch, records_in
+from .records import Record, batch_records, decode_columns, records_batch, records_in
 from .storage.engine import Storage, WriterState
 from .storage.producers import check_unreserved, stamp_batch
 from .storage.seek import check_timestamp
-from .types import AppendResult, FetchedBatch, FetchResult, RecordBatch
+from .types import AppendResult, BatchKind, FetchedBatch, FetchResult, RecordBatch
 from .validation import (
     check_instance,
     check_int,
@@ -428,6 +429,8 @@ def _checked(
     something to say (the hot path)."""
     if not isinstance(batch, RecordBatch):
         check_instance("batch", batch, RecordBatch)
+    if batch.kind is BatchKind.RECORDS and not batch._verified:
+        _check_records_payload(batch)
     if batch.properties:
         check_unreserved(batch.properties)
     if expected_offset is not None:
@@ -435,6 +438,18 @@ def _checked(
     if producer_id is None and sequence is None:
         return batch, None
     return _idempotent(batch, producer_id, sequence)
+
+
+def _check_records_payload(batch: RecordBatch) -> None:
+    """Refuse a RECORDS batch made by hand whose payload is not a records payload of `count`
+    records (readers would find it corrupt; Arrow and Polars scans would fail on it)."""
+    try:
+        decode_columns(batch.payload, expected_count=batch.count, location="the appended batch")
+    except CorruptionError as exc:
+        raise InvalidArgumentError(
+            f"a batch of kind RECORDS must hold a records payload (s3stream.records."
+            f"records_batch makes one): {exc}"
+        ) from None
 
 
 def _idempotent(

@@ -64,6 +64,10 @@ class RecordBatch:
     base_timestamp: int | None = None
     properties: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     kind: BatchKind = BatchKind.RAW
+    #: Set by `s3stream.records.records_batch`, whose encoder made the payload: a RECORDS
+    #: batch built any other way is decoded once at append, so that a payload that is not
+    #: a records payload is refused there instead of failing every later scan of the store.
+    _verified: bool = field(default=False, repr=False, compare=False, kw_only=True)
 
     def __post_init__(self) -> None:
         payload = self.payload

@@ -272,3 +272,27 @@ def test_numpy_columns_are_views_of_the_payload() -> None:
     assert isinstance(cols.value_lengths, np.ndarray) and cols.value_lengths.dtype == np.int64
     assert cols.value_data.obj is not None and len(cols.value_data) == 10_000
     assert struct.calcsize("<BBBBBBBBIIq") == RECORDS_HEADER.size
+
+
+def test_a_hand_made_records_batch_that_is_not_one_is_refused_at_append(tmp_path: Path) -> None:
+    """A batch labelled RECORDS whose payload is not a records payload (or holds another
+    number of records than `count` says) is refused at the append with
+    `InvalidArgumentError`, writing nothing: stored, it would make every later scan of the
+    store (Arrow, Polars, `read_records`) fail. A valid hand-made one is taken."""
+    with s3stream.open(tmp_path, wal="memory://") as client:
+        s = client.create_stream()
+        one = encode_records([Record(value=b"a")])
+        for bad in (
+            RecordBatch(b"\x00not records", kind=BatchKind.RECORDS),
+            RecordBatch(one, count=2, kind=BatchKind.RECORDS),
+            RecordBatch(one[:-1], kind=BatchKind.RECORDS),
+        ):
+            with pytest.raises(InvalidArgumentError, match="must hold a records payload"):
+                s.append(bad)
+            with pytest.raises(InvalidArgumentError, match="must hold a records payload"):
+                s.append_async(bad)
+        assert s.next_offset == 0
+        s.append(RecordBatch(one, kind=BatchKind.RECORDS))
+        s.append_records([Record(value=b"b")])
+        client.flush()
+        assert [r.value for _, r in s.read_records(0)] == [b"a", b"b"]
