@@ -1170,3 +1170,62 @@ def test_seaweedfs_200_uploads_of_50_streams_compact_tenfold(s3_store: ObjectSto
         assert len(data_keys(s3_store)) == after_objects  # replaced ones deleted (delay 0)
         for sid in model:
             assert read_stream(client, sid) == model[sid]
+
+
+def test_a_compaction_whose_session_ended_before_its_commit_aborts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Job 1 has PUT a compaction output and not committed it yet when job 2 registers the
+    same node id (two `s3stream compact` runs overlapping) and, past the grace period, sweeps
+    the output as an orphan of an ended session. Job 1's commit must then abort (the output
+    is gone), not reference a deleted object while the originals get purged: every batch
+    stays readable."""
+    from s3stream.clock import ManualClock
+
+    root = tmp_path / "store"
+    with s3stream.open(root, node_id="w") as w:
+        streams = [w.create_stream() for _ in range(3)]
+        for rnd in range(4):
+            for s in streams:
+                s.append(RecordBatch(b"%d:%d" % (s.stream_id, rnd)))
+            w.flush()
+    put_done, release = threading.Event(), threading.Event()
+    put = LocalObjectStore.put
+
+    def held_put(self: LocalObjectStore, key: str, data: bytes) -> None:
+        put(self, key, data)
+        if key.startswith("data/compactor/") and not put_done.is_set():
+            put_done.set()
+            release.wait(30)
+
+    monkeypatch.setattr(LocalObjectStore, "put", held_put)
+    quiet = {"compaction.bytes_per_s": 0, "compaction.orphan_sweep_interval_ms": 0}
+    job1 = s3stream.open(root, node_id="compactor", wal="memory://", settings=quiet)
+    reports: list[Any] = []
+    t = threading.Thread(target=lambda: reports.append(job1.compact()))
+    t.start()
+    assert put_done.wait(30)
+    outputs = sorted((root / "data" / "compactor").rglob("*.s3o"))
+    assert outputs
+    clock = ManualClock(int(time.time() * 1000))
+    no_merge = dict(
+        quiet, **{"compaction.stream_set_min_objects": 1000, "compaction.stream_set_max_age_ms": 0}
+    )
+    job2 = s3stream.open(root, node_id="compactor", wal="memory://", settings=no_merge, clock=clock)
+    assert job2.node_epoch > job1.node_epoch
+    assert job2.compact(sweep_orphans=True).orphans_deleted == 0  # first seen now
+    clock.advance(25 * 3600)  # past orphan_grace_ms (24 h)
+    assert job2.compact(sweep_orphans=True).orphans_deleted == len(outputs)
+    job2.close()
+    release.set()
+    t.join(30)
+    assert reports[0].aborted == 1 and not reports[0].tasks
+    job1.close()
+    job3 = s3stream.open(root, node_id="compactor", wal="memory://", settings=no_merge, clock=clock)
+    clock.advance(3600)  # past the deletion delay: nothing was replaced, nothing is purged
+    assert job3.compact().objects_purged == 0
+    job3.close()
+    with s3stream.open_reader(root) as reader:
+        for s in streams:
+            got = [b.payload for b in reader.read(s.stream_id, 0).batches]
+            assert got == [b"%d:%d" % (s.stream_id, rnd) for rnd in range(4)]

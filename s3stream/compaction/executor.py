@@ -176,7 +176,14 @@ class CompactionExecutor:
         new_objects = tuple(metas)
         replaced_keys = tuple(o.key for o in task.replaced)
 
+        keys_made = self._keys
+
         def build(latest: MetadataState) -> list[CompactObjects]:
+            if keys_made.session_ended(latest):
+                # Its node was taken over or registered again (another job with this node
+                # id): the orphan sweep of the new session may have deleted these outputs
+                # already, as objects of an ended session nobody references.
+                raise _Aborted(f"the session of node {self._node_id!r} ended meanwhile")
             for key in replaced_keys:
                 obj = latest.objects.get(key)
                 if obj is None or not obj.live:

@@ -36,6 +36,7 @@ from ..format.block import BlockInfo
 from ..format.objects import ObjectWriter
 from ..format.timestamps import time_range
 from ..metadata.model import ObjectKind
+from ..metadata.state import MetadataState
 from ..settings import ClientSettings
 from ..types import BatchKind
 from ..validation import check_node_id, is_node_id
@@ -97,7 +98,9 @@ class KeyFactory:
 
     def __init__(self, node_id: str, node_epoch: int, prefix: str = DEFAULT_DATA_PREFIX) -> None:
         self._prefix = prefix
-        self._base = f"{prefix}/{check_node_id(node_id)}/{node_epoch:08d}"
+        self._node_id = check_node_id(node_id)
+        self._node_epoch = node_epoch
+        self._base = f"{prefix}/{node_id}/{node_epoch:08d}"
         self._counter = itertools.count()
         self._lock = threading.Lock()
 
@@ -105,6 +108,13 @@ class KeyFactory:
     def prefix(self) -> str:
         """The data prefix of the keys made (`data_prefix_for`)."""
         return self._prefix
+
+    def session_ended(self, state: MetadataState) -> bool:
+        """Whether the session these keys belong to has ended in `state` (its node taken
+        over or registered again since): the orphan sweep may then delete any object whose
+        key this factory made and no entry references."""
+        node = state.nodes.get(self._node_id)
+        return node is None or node.epoch != self._node_epoch
 
     def next_key(self, kind: ObjectKind) -> str:
         """A key never used before by any client on the same store."""
