@@ -6,7 +6,11 @@ without blocking the loop and without a second implementation of anything:
 
 - appends call `Stream.append_async` on the loop and await its future
   (`asyncio.wrap_future`): no thread hop per append, and appends from many tasks are
-  group-committed as appends from many threads are;
+  group-committed as appends from many threads are. An append that would wait for room (the
+  upload backlog or the WAL full, the WAL under repair: asked before appending, with the
+  batch's size) is made by the sync `Stream.append` in a thread instead, with what is left
+  of the call's deadline, so the loop never waits for room and the deadline covers the
+  whole call;
 - every other call runs the sync method in a thread of the handle's own small pool, closed
   with the handle (`open` and `open_reader`, before there is a handle, in the loop's default
   executor);
@@ -28,24 +32,26 @@ import contextvars
 import functools
 import inspect
 import itertools
+import logging
+import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
-from typing import Any, ParamSpec, Protocol, Self, TypeVar
+from typing import Any, Generic, ParamSpec, Protocol, Self, TypeVar
 
 from . import opening
 from .client import StreamClient, WalFactory
 from .compaction import CompactionReport, Progress
-from .errors import InvalidArgumentError, StreamClosedError, UnavailableError
+from .errors import BackpressureError, InvalidArgumentError, StreamClosedError, UnavailableError
 from .failover import TakeOverReport
 from .metadata import MetadataState
 from .reader import ObjectSummary, StreamReader
 from .reader import open_reader as _open_reader
-from .records import Record, batch_records
+from .records import Record, batch_records, records_batch
 from .settings import ClientSettings
 from .stream import Stream
 from .types import AppendResult, FetchedBatch, FetchResult, RecordBatch, StreamInfo
-from .validation import check_int, check_timeout
+from .validation import check_instance, check_int, check_timeout
 
 __all__ = ["AsyncStream", "AsyncStreamClient", "AsyncStreamReader", "open", "open_reader"]
 
@@ -53,8 +59,18 @@ P = ParamSpec("P")
 T = TypeVar("T")
 R = TypeVar("R")
 
+log = logging.getLogger(__name__)
+
 #: Records handed from a thread to the loop at a time by `read_records`.
 _RECORDS_PER_HOP = 1024
+#: `append_records` encodes up to this many records, of up to this many key and value bytes,
+#: on the loop (well under a millisecond); larger inputs are encoded in a thread.
+_RECORDS_ENCODED_ON_LOOP = 256
+_BYTES_ENCODED_ON_LOOP = 64 << 10
+#: An append made in a thread gets this much less than what is left of its call's deadline
+#: (at most a tenth of the call's time), so that its own answer (`BackpressureError` when no
+#: room came: nothing written) reaches the loop before the loop stops waiting for it.
+_THREAD_LEAD_S = 0.01
 
 
 class _Closes(Protocol):
@@ -75,6 +91,33 @@ class _Threads:
         self._calls = ThreadPoolExecutor(threads, f"s3stream-aio-{name}")
         self._polls = ThreadPoolExecutor(poll_threads, f"s3stream-aio-{name}-poll")
         self.closed = False
+        #: Appends submitted to a thread and not finished there (queued or running).
+        self._appends = 0
+        self._appends_lock = threading.Lock()
+
+    @property
+    def appending(self) -> bool:
+        """Whether appends wait in threads now (queued or running): a later one goes there
+        too rather than race them to the room they wait for on the loop."""
+        return self._appends > 0
+
+    def submit_append(self, job: Callable[[], T]) -> Future[T]:
+        """`job` (an append that may wait for room) in a thread of the poll pool, counted in
+        `appending` until it has finished or was dropped from the queue."""
+        ctx = contextvars.copy_context()
+        with self._appends_lock:
+            self._appends += 1
+        try:
+            future = self._polls.submit(ctx.run, job)
+        except RuntimeError:  # the pool is shut down: the handle was closed
+            self._append_done(None)
+            raise StreamClosedError(f"the {self._what} is closed") from None
+        future.add_done_callback(self._append_done)
+        return future
+
+    def _append_done(self, _: object) -> None:
+        with self._appends_lock:
+            self._appends -= 1
 
     async def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """``fn(*args, **kwargs)`` in a thread of the call pool."""
@@ -118,18 +161,68 @@ async def _opened(fn: Callable[[], C]) -> C:
     """``fn()`` in a thread; if the awaiting task is cancelled, what `fn` opens is closed."""
     loop = asyncio.get_running_loop()
     ctx = contextvars.copy_context()
-    job = loop.run_in_executor(None, ctx.run, fn)
+    opening_ = _Opening(fn)
+    job = loop.run_in_executor(None, ctx.run, opening_.run)
     try:
         return await asyncio.shield(job)
     except asyncio.CancelledError:
-        job.add_done_callback(_close_abandoned)
+        opening_.abandon()
         raise
 
 
-def _close_abandoned(job: asyncio.Future[Any]) -> None:
-    """Close, in a thread, what an opener returned after its caller stopped waiting."""
-    if not job.cancelled() and job.exception() is None:
-        job.get_loop().run_in_executor(None, job.result().close)
+class _Opening(Generic[C]):
+    """An opener run in a thread, handing what it opens to its caller or, once the caller
+    stopped waiting, to a close. The close needs neither the loop nor its executor (both may
+    be gone by then: `asyncio.run` shuts the default executor down on its way out): it runs
+    in the opener's own thread, or, if the opener had finished, in a daemon thread of its
+    own."""
+
+    def __init__(self, fn: Callable[[], C]) -> None:
+        self._fn = fn
+        self._lock = threading.Lock()
+        self._made: C | None = None
+        self._abandoned = False
+
+    def run(self) -> C:
+        made = self._fn()
+        with self._lock:
+            if not self._abandoned:
+                self._made = made  # the caller may still stop waiting before it gets it
+                return made
+        _close_abandoned(made)
+        return made
+
+    def abandon(self) -> None:
+        """The caller stopped waiting: close what was opened, now or once it is."""
+        with self._lock:
+            self._abandoned = True
+            made, self._made = self._made, None
+        if made is not None:
+            threading.Thread(
+                target=_close_abandoned, args=(made,), name="s3stream-close-abandoned", daemon=True
+            ).start()
+
+
+def _close_abandoned(made: _Closes) -> None:
+    """Close what an opener returned after its caller stopped waiting (errors logged)."""
+    try:
+        made.close()
+    except Exception:
+        log.warning("closing %r, opened for a cancelled caller, failed", made, exc_info=True)
+
+
+def _encoded_on_loop(records: Sequence[Record]) -> bool:
+    """Whether `records` are few and small enough to encode on the loop (anything that is
+    not a sequence of records is: it is refused at once)."""
+    if not isinstance(records, Sequence):
+        return True
+    if len(records) > _RECORDS_ENCODED_ON_LOOP:
+        return False
+    size = 0
+    for r in records:
+        if isinstance(r, Record):
+            size += len(r.value or b"") + len(r.key or b"")
+    return size <= _BYTES_ENCODED_ON_LOOP
 
 
 def _take(items: Iterator[T], n: int) -> list[T]:
@@ -232,23 +325,24 @@ class AsyncStream:
         `producer_id` and `sequence` included (a mismatch or an out-of-order sequence raises
         at once, nothing written).
 
-        Calls `Stream.append_async` on the loop, where it returns at once; while the client
-        holds appends back (the upload backlog at ``max_pending_bytes``, a full WAL, a WAL
-        under repair) or a reopened stream's producers must be read first
-        (`Stream.append_would_wait`), the call is made in a thread instead, so the loop never
-        waits for room. Waits at most `timeout_s` (default ``call_timeout_ms``) for
-        durability, then raises `UnavailableError`; the batch may still become durable, as
-        after a cancelled await.
+        Calls `Stream.append_async` on the loop, where it returns at once. An append that
+        would wait in the call (the upload backlog at ``max_pending_bytes``, no room in the WAL
+        for this batch or an append already waiting there for room, a WAL under repair, or a
+        reopened stream's producers to read first), and every append while others wait so,
+        is made by `Stream.append` in a thread instead: the loop never waits for room.
+
+        `timeout_s` (default ``call_timeout_ms``) bounds the whole call, the wait for room
+        and for a thread included, as the sync `append`: an append that gets no room in
+        time is refused with `BackpressureError` (`WalFullError`) and nothing is written; one
+        not acknowledged in time raises `UnavailableError`, and then the batch may still
+        become durable, as after a cancelled await.
         """
         timeout = check_timeout("timeout_s", timeout_s)
-        call = functools.partial(
-            self._stream.append_async,
-            batch,
-            expected_offset=expected_offset,
-            producer_id=producer_id,
-            sequence=sequence,
-        )
-        return await self._durable(await self._submit(call, producer_id, sequence), timeout)
+        limit = self._call_timeout_s if timeout is None else timeout
+        deadline = asyncio.get_running_loop().time() + limit
+        if not isinstance(batch, RecordBatch):
+            check_instance("batch", batch, RecordBatch)
+        return await self._append(batch, deadline, limit, expected_offset, producer_id, sequence)
 
     async def append_records(
         self,
@@ -261,37 +355,110 @@ class AsyncStream:
         sequence: int | None = None,
     ) -> AppendResult:
         """Pack `records` into one RECORDS batch, append it and wait until it is durable, as
-        `Stream.append_records` (and on the loop, as `append`)."""
+        `Stream.append_records` (and as `append`: `timeout_s` bounds the whole call). Up to
+        a few hundred small records are encoded on the loop, larger inputs in a thread."""
         timeout = check_timeout("timeout_s", timeout_s)
-        call = functools.partial(
-            self._stream.append_records_async,
-            records,
-            compression=compression,
-            expected_offset=expected_offset,
-            producer_id=producer_id,
-            sequence=sequence,
-        )
-        return await self._durable(await self._submit(call, producer_id, sequence), timeout)
+        limit = self._call_timeout_s if timeout is None else timeout
+        deadline = asyncio.get_running_loop().time() + limit
+        if _encoded_on_loop(records):
+            batch = records_batch(records, compression=compression)
+        else:
+            batch = await self._threads.call(records_batch, records, compression=compression)
+        return await self._append(batch, deadline, limit, expected_offset, producer_id, sequence)
 
-    async def _submit(
+    async def _append(
         self,
-        call: Callable[[], Future[AppendResult]],
-        producer_id: object,
-        sequence: object,
-    ) -> Future[AppendResult]:
-        """`call()` (an `append_async`) on the loop, or in a thread if it would wait."""
+        batch: RecordBatch,
+        deadline: float,
+        limit: float,
+        expected_offset: int | None,
+        producer_id: str | None,
+        sequence: int | None,
+    ) -> AppendResult:
+        """`batch` appended on the loop, or in a thread if it would wait there; `deadline`
+        (on the loop's clock, `limit` s after the call) bounds it all."""
         idempotent = producer_id is not None or sequence is not None
-        if self._stream.append_would_wait(idempotent=idempotent):
-            # The long-wait pool: appends waiting for room do not hold up flush and friends.
-            return await self._threads.poll(call)
-        return call()
+        if self._threads.appending or self._would_wait(batch, idempotent):
+            return await self._append_in_thread(
+                batch, deadline, limit, expected_offset, producer_id, sequence
+            )
+        future = self._stream.append_async(
+            batch, expected_offset=expected_offset, producer_id=producer_id, sequence=sequence
+        )
+        return await self._durable(future, deadline, limit)
 
-    async def _durable(self, future: Future[AppendResult], timeout: float | None) -> AppendResult:
+    def _would_wait(self, batch: RecordBatch, idempotent: bool) -> bool:
+        """`Stream.append_would_wait`, asked with the batch, whose size the WAL's room is
+        checked for."""
+        return self._stream.append_would_wait(idempotent=idempotent, batch=batch)
+
+    async def _append_in_thread(
+        self,
+        batch: RecordBatch,
+        deadline: float,
+        limit: float,
+        expected_offset: int | None,
+        producer_id: str | None,
+        sequence: int | None,
+    ) -> AppendResult:
+        """`Stream.append` in a thread of the poll pool (appends waiting for room must not
+        hold up flush and friends), with what is left of the call's deadline once the
+        thread takes it, so the room wait and the pool's queue count against it. Past the
+        deadline: `BackpressureError` if no thread took it (nothing written), else
+        `UnavailableError` (it may still become durable)."""
+        loop = asyncio.get_running_loop()
+        stream = self._stream
+        lead = min(_THREAD_LEAD_S, limit / 10)
+
+        def append() -> AppendResult:
+            # The loop's clock, read in a thread (asyncio's: time.monotonic, thread safe).
+            remaining = deadline - lead - loop.time()
+            if remaining <= 0:
+                raise self._no_thread_in_time(limit)
+            return stream.append(
+                batch,
+                timeout_s=remaining,
+                expected_offset=expected_offset,
+                producer_id=producer_id,
+                sequence=sequence,
+            )
+
+        job = self._threads.submit_append(append)
+        try:
+            async with asyncio.timeout_at(deadline) as timer:
+                try:
+                    return await asyncio.wrap_future(job)
+                except asyncio.CancelledError:
+                    task = asyncio.current_task()
+                    if task is not None and task.cancelling():
+                        raise  # the caller's cancellation, or the deadline
+                    # Not this task's cancellation: `close` dropped the queued call.
+                    raise StreamClosedError("the client is closed") from None
+        except TimeoutError:
+            if not timer.expired():
+                raise
+            if job.cancel():  # still queued: dropped, nothing written
+                raise self._no_thread_in_time(limit) from None
+            if job.done():
+                return job.result()  # finished just now: its own outcome
+            raise UnavailableError(
+                f"append to stream {self.stream_id} was not acknowledged within {limit} s; "
+                "it may still become durable (a retry can then duplicate it)"
+            ) from None
+
+    def _no_thread_in_time(self, limit: float) -> BackpressureError:
+        return BackpressureError(
+            f"append to stream {self.stream_id} waited for a thread (appends are held back) "
+            f"past its deadline of {limit} s; nothing was written, retry later"
+        )
+
+    async def _durable(
+        self, future: Future[AppendResult], deadline: float, limit: float
+    ) -> AppendResult:
         if future.done():
             return future.result()  # the WAL acknowledged in the call (a memory WAL)
-        limit = self._call_timeout_s if timeout is None else timeout
         try:
-            async with asyncio.timeout(limit):
+            async with asyncio.timeout_at(deadline):
                 # Shielded: cancelling the await must not cancel the append's own future,
                 # which the client resolves when the WAL acknowledges.
                 return await asyncio.shield(asyncio.wrap_future(future))
@@ -564,7 +731,12 @@ class AsyncStreamClient:
 async def open(*args: Any, **kwargs: Any) -> AsyncStreamClient:
     """`s3stream.open` for asyncio: the same arguments; the client opens in a thread (it
     loads the metadata log and recovers the WAL) and comes back as an `AsyncStreamClient`.
-    If the awaiting task is cancelled meanwhile, the client is closed once it has opened."""
+
+    If the awaiting task is cancelled meanwhile (`asyncio.wait_for` timing out), the client
+    is closed once it has opened, in the opening thread (`asyncio.run`, shutting its default
+    executor down on the way out, waits for that) or in a daemon thread of its own, never
+    through the loop. Until that close has ended the node is still held: opening it again
+    right after the cancel may raise `NodeInUseError`."""
     client = await _opened(functools.partial(opening.open, *args, **kwargs))
     return AsyncStreamClient(client)
 

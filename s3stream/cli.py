@@ -732,7 +732,14 @@ def _verify_wals(client: StreamReader, args: argparse.Namespace) -> int:
     from .wal.file_scan import check_file_wal
 
     url = str(args.url)
-    paths = list(dict.fromkeys(Path(w).resolve() for w in args.wal))
+    paths = list(dict.fromkeys(Path(w).expanduser().resolve() for w in args.wal))
+    for path in paths:
+        # Named on the command line: a mistake there is the user's to fix (exit 2), said
+        # with the path, not the OS's "Is a directory" of a read.
+        if path.is_dir():
+            raise InvalidArgumentError(f"--wal {str(path)!r} is a directory, not a WAL file")
+        if not path.exists():
+            raise InvalidArgumentError(f"--wal {str(path)!r}: no such file")
     default_dir = default_wal_path(url, "x")
     if default_dir is not None and default_dir.parent.is_dir():
         paths += sorted(p for p in default_dir.parent.glob("*.wal") if p not in paths)
@@ -740,9 +747,10 @@ def _verify_wals(client: StreamReader, args: argparse.Namespace) -> int:
     for path in paths:
         try:
             check = check_file_wal(path)
-        except S3StreamError as exc:
+        except (S3StreamError, OSError) as exc:
             bad += 1
-            print(f"wal {path}: FAILED: {exc}")
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            print(f"wal {path}: FAILED: {reason}")
             continue
         checked.add(check.node_id)
         if not check.formatted:
@@ -814,8 +822,9 @@ def _compact(args: argparse.Namespace) -> int:
     compaction = CompactionSettings(
         deletion_delay_ms=args.deletion_delay_ms, orphan_grace_ms=args.orphan_grace_ms, **limit
     )
-    # A typo in a local path must not create an empty store to work on.
-    _require_existing_directory(args.url)
+    # A typo in a local path must not create an empty store to work on, nor a directory of
+    # somebody else's files get a metadata log beside them.
+    _require_existing_directory(args.url, store=True)
     if args.nice and hasattr(os, "nice"):
         # A batch job: the processes it shares the machine with (the writers appending to
         # the streams, the object store) should win any contention for the CPU.
@@ -868,6 +877,24 @@ def _positive(value: str) -> int:
     return _whole_number(value, 1)
 
 
+#: Largest ``demo --batch-bytes``: a batch is one WAL record, and a WAL takes records of
+#: `WalCapabilities.max_record_bytes` (64 MiB) at most, its header included; 4 KiB is room
+#: for the header (the demo's properties are a few bytes).
+_DEMO_MAX_BATCH_BYTES = (64 << 20) - 4096
+
+
+def _batch_bytes(value: str) -> int:
+    number = _positive(value)
+    if number > _DEMO_MAX_BATCH_BYTES:
+        # Checked before anything is written: the demo would build the payload first (a
+        # MemoryError for a huge one) and then have the WAL refuse it.
+        raise argparse.ArgumentTypeError(
+            f"must be at most {_DEMO_MAX_BATCH_BYTES} (a batch is one WAL record, of 64 MiB "
+            f"at most), got {number}"
+        )
+    return number
+
+
 def _seconds(value: str) -> float:
     try:
         number = float(value)
@@ -888,14 +915,28 @@ def _stream_id(value: str) -> int:
 
 
 def _take_over(args: argparse.Namespace) -> int:
+    from .failover import has_open_streams
     from .opening import default_wal_url
+    from .wal.registry import check_take_over_wal
 
     options = _storage_options(args, args.url)
-    # A typo in a local path must not create an empty store to work on.
-    _require_existing_directory(args.url)
+    # A typo in a local path must not create an empty store to work on, nor a directory of
+    # somebody else's files get a metadata log beside them.
+    _require_existing_directory(args.url, store=True)
     wal = args.wal or default_wal_url(args.url, args.node)
     if wal is None:
         raise InvalidArgumentError(f"no default WAL for {args.url!r}: name it with --wal")
+    # Read-only first: an unknown node or a WAL that is not there must not even register
+    # this tool's node in the log (the library checks again, under its own open).
+    with _open_ro(args) as reader:
+        state = reader.metadata.state
+        if args.node not in state.nodes:
+            raise InvalidArgumentError(
+                f"node {args.node!r} is not registered in the metadata log of {args.url!r}"
+            )
+        check_take_over_wal(
+            wal, args.node, open_streams=has_open_streams(state, args.node), accept_loss=False
+        )
     client = open_client(
         args.url,
         node_id=args.node_id,
@@ -933,7 +974,9 @@ def _take_over(args: argparse.Namespace) -> int:
 
 def _open_ro(args: argparse.Namespace) -> StreamReader:
     """The read-only tools' view: a `StreamReader`, which never writes to the store (nor
-    creates a missing local directory)."""
+    creates a missing local directory). A local directory must hold a store: calling one
+    that does not an empty store would hide the mistake (a wrong path)."""
+    _require_existing_directory(args.url, store=True)
     return open_reader(
         args.url,
         storage_options=_storage_options(args, args.url) or None,
@@ -1099,7 +1142,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     d.add_argument(
         "--batch-bytes",
-        type=_positive,
+        type=_batch_bytes,
         default=1024,
         help="payload bytes of each batch (default: %(default)s)",
     )

@@ -705,8 +705,17 @@ class StreamClient(Closeable):
         if node_id == self._node_id:
             raise InvalidArgumentError(f"a client cannot take over its own node {node_id!r}")
         factory: WalFactory
+        check_wal: Callable[[bool], None] | None = None
         if isinstance(wal, str):
-            from .wal.registry import url_wal_factory
+            from .wal.registry import check_take_over_wal, url_wal_factory
+
+            url = wal
+
+            def check_wal(open_streams: bool) -> None:
+                # A WAL named by URL: a typo must not fence the node nor create a WAL there.
+                check_take_over_wal(
+                    url, node_id, open_streams=open_streams, accept_loss=accept_wal_loss
+                )
 
             # The WAL settings this client was opened with apply to the node's WAL as well
             # (the URL's query overriding single fields).
@@ -737,6 +746,7 @@ class StreamClient(Closeable):
             block_cache=self._block_cache,
             limiter=self._limiter,
             data_prefix=self._data_prefix,
+            check_wal=check_wal,
         )
 
     def flush(self, timeout_s: float | None = None) -> None:

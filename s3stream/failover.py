@@ -92,6 +92,7 @@ def take_over_node(
     block_cache: BlockCache | None = None,
     limiter: PriorityRateLimiter | None = None,
     data_prefix: str = DEFAULT_DATA_PREFIX,
+    check_wal: Callable[[bool], None] | None = None,
 ) -> TakeOverReport:
     """Fence `node_id`, replay and commit its WAL, and release its streams.
 
@@ -99,11 +100,17 @@ def take_over_node(
     if another client registered the node in the meantime, and whatever the WAL's recovery or
     the uploads raise (the take-over can then simply be run again: everything it did is
     idempotent or fenced).
+
+    `check_wal` is called with whether the node has streams open before anything is written:
+    it refuses a WAL that cannot be the node's (`wal.registry.check_take_over_wal`), so that
+    a mistake in its name neither fences the node nor creates a WAL.
     """
     check_node_id(node_id)
     meta.refresh()
     if node_id not in meta.state.nodes:
         raise InvalidArgumentError(f"node {node_id!r} is not registered in the metadata log")
+    if check_wal is not None:
+        check_wal(has_open_streams(meta.state, node_id))
     epoch = meta.register_node(node_id)
     # `take_over`: a file WAL a live process still holds is opened anyway (the open fences
     # that process) instead of refused with `NodeInUseError`.

@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import os
 import random
+import shutil
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -29,13 +30,17 @@ from ._bounded import within_deadline
 from ._registry import split_scheme
 from .client import StreamClient, WalFactory
 from .clock import Clock, SystemClock
-from .errors import InvalidArgumentError, UnavailableError
+from .errors import InvalidArgumentError, S3StreamError, UnavailableError
 from .metadata.base import MetadataLogStore
+from .metadata.log import MetadataLog
+from .metadata.model import RegisterNode
 from .metadata.registry import check_metadata_url
 from .objectstore.base import ObjectStore
+from .objectstore.local import TEMP_PREFIX, LocalObjectStore
 from .objectstore.registry import open_object_store
 from .objectstore.stack import store_stack
 from .objectstore.wrappers import MetricsObjectStore
+from .reader import foreign_entries
 from .settings import ClientSettings, FileWalSettings, ObjectWalSettings
 from .settings_parse import parse_size, settings_from_environ, settings_from_mapping
 from .validation import (
@@ -55,6 +60,7 @@ from .wal.object import ObjectWal
 from .wal.registry import (
     OBJECT_PREFIX,
     S3_WAL_CLIENTS,
+    check_wal_target,
     default_s3_wal_client,
     lock_file_wal,
     open_s3_wal_store,
@@ -428,10 +434,142 @@ def _check_not_given_up(given_up: threading.Event | None, node_id: str) -> None:
         )
 
 
+@dataclasses.dataclass
+class _Created:
+    """What an open creates on a local disk, so that an open that fails removes it again (it
+    leaves nothing behind): the store directory (`store`) when the open made it (`root`:
+    the outermost directory it made, the store's or a parent's) or found it empty
+    (`was_empty`), the holder lock of its file WAL (whose lock file it may have made), and
+    the WAL file when it was new."""
+
+    store: Path | None = None
+    root: Path | None = None
+    was_empty: bool = False
+    held: WalHolderLock | None = None
+    wal_file: Path | None = None
+
+    def undo(self, node_id: str) -> None:
+        """Remove what the failed open created (never what was there before it)."""
+        if self.held is not None:
+            self.held.discard(also=(self.wal_file,) if self.wal_file is not None else ())
+        store = self.store
+        if store is None or not (self.root is not None or self.was_empty):
+            return
+        top = self.root if self.root is not None else store
+        if not _only_this_open(top, store, node_id):
+            return
+        if self.root is not None:
+            shutil.rmtree(self.root, ignore_errors=True)
+            return
+        for child in store.iterdir():
+            if child.is_dir():
+                shutil.rmtree(child, ignore_errors=True)
+            else:
+                child.unlink(missing_ok=True)
+
+
+def _only_this_open(top: Path, store: Path, node_id: str) -> bool:
+    """Whether the files under `top` are only what an open of node `node_id` writes into the
+    store directory `store`: the node's registration as entry 1 of the metadata log, its WAL
+    and lock file, temporary files of a write cut short. Anything else (another process
+    opening the same new store at the same moment) keeps it all."""
+    ours = {Path("wal", f"{node_id}.wal"), Path("wal", f"{node_id}.wal.lock")}
+    for path in top.rglob("*"):
+        if path.is_dir() or path.name.startswith(TEMP_PREFIX):
+            continue
+        if not path.is_relative_to(store):
+            return False
+        relative = path.relative_to(store)
+        if relative in ours:
+            continue
+        if relative.parts[:2] == ("meta", "log") and _registers_only(store, node_id):
+            continue
+        return False
+    return True
+
+
+def _registers_only(store_root: Path, node_id: str) -> bool:
+    """Whether the store's metadata log is entry 1 alone, registering `node_id`."""
+    with LocalObjectStore(store_root, fsync=False) as store:
+        log = MetadataLog(store)
+        if log.has_entry(2):
+            return False
+        try:
+            entry, _ = log.read_entry(1)
+        except S3StreamError:
+            return False
+        return all(isinstance(op, RegisterNode) and op.node_id == node_id for op in entry.ops)
+
+
 def _build_client(
     url: str,
     given_up: threading.Event | None,
     *,
+    scheme: str,
+    wal: str | WriteAheadLog | None,
+    node_id: str,
+    **rest: Any,
+) -> StreamClient:
+    """`_build_client_in` once everything that can be checked without writing is checked
+    (`_check_before_writing`); when it fails, what it created is removed (`_Created`)."""
+    created = _check_before_writing(url, scheme, wal, node_id)
+    try:
+        return _build_client_in(
+            url, given_up, scheme=scheme, wal=wal, node_id=node_id, created=created, **rest
+        )
+    except BaseException:
+        with contextlib.suppress(Exception):  # the open's own error is the one to see
+            created.undo(node_id)
+        raise
+
+
+def _check_before_writing(
+    url: str, scheme: str, wal: str | WriteAheadLog | None, node_id: str
+) -> _Created:
+    """Check the store directory and the WAL without writing anything (an unknown WAL scheme,
+    a WAL path that is a directory or somebody's file, a directory of somebody else's files
+    are refused before a directory, a lock file or a node registration is made), and note
+    what the open is about to create (`_Created`)."""
+    created = _Created()
+    if scheme == "file":
+        given = split_scheme(url)[1]
+        if "\0" in given:
+            raise InvalidArgumentError(f"a store directory cannot hold a NUL byte, got {url!r}")
+        root = Path(given).expanduser().absolute()
+        created.store = root
+        if root.exists() and not root.is_dir():
+            raise InvalidArgumentError(f"{str(root)!r} exists and is not a directory")
+        if root.is_dir():
+            others = foreign_entries(root)  # first: it names a directory it cannot list
+            if others:
+                raise InvalidArgumentError(
+                    f"{str(root)!r} is a directory that holds other files and no s3stream store "
+                    f"(such as {', '.join(repr(n) for n in others[:3])}): s3stream would write "
+                    "meta/, data/ and wal/ beside them; open a store in an empty or new "
+                    "directory, or in the directory of an existing store"
+                )
+            created.was_empty = not any(root.iterdir())
+        else:
+            # The outermost directory missing: the store's root or a parent of it.
+            missing = [p for p in (*reversed(root.parents), root) if not p.exists()]
+            created.root = missing[0] if missing else None
+    target: str | None = None
+    if isinstance(wal, str):
+        target = wal
+    elif wal is None and scheme == "file":
+        target = default_wal_url(url, node_id, capacity=None)
+    if target is not None:
+        wal_path = check_wal_target(target)
+        if wal_path is not None and not wal_path.exists():
+            created.wal_file = wal_path
+    return created
+
+
+def _build_client_in(
+    url: str,
+    given_up: threading.Event | None,
+    *,
+    created: _Created,
     scheme: str,
     wal: str | WriteAheadLog | None,
     node_id: str,
@@ -491,6 +629,7 @@ def _build_client(
         try:
             _check_not_given_up(given_up, node_id)
             held = lock_file_wal(target if isinstance(target, str) else target(node_id), node_id)
+            created.held = held
         except BaseException:
             store.close()
             raise

@@ -11,6 +11,7 @@ CLI's ``inspect``, ``dump`` and ``verify`` use it.
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 from collections.abc import Iterable, Iterator, Mapping
@@ -28,13 +29,16 @@ from .errors import (
 )
 from .metadata import ExternalMetadataLog, MetadataLogStore, MetadataManager, MetadataState
 from .metadata.binding import bind_log
-from .metadata.marker import check_not_bound_elsewhere
+from .metadata.log import MetadataLog
+from .metadata.marker import check_not_bound_elsewhere, marker_key
 from .metadata.registry import check_metadata_url, open_metadata_log
 from .objectstore.base import ObjectStore
+from .objectstore.local import LocalObjectStore
 from .objectstore.registry import open_object_store
 from .objectstore.stack import store_stack
 from .records import Record, batch_records, records_in
 from .settings import ClientSettings
+from .storage.packing import DEFAULT_DATA_PREFIX
 from .storage.reader import ObjectDataReader
 from .storage.seek import check_timestamp, seek_committed
 from .types import FetchedBatch, FetchResult, StreamInfo
@@ -55,6 +59,8 @@ if TYPE_CHECKING:
 __all__ = [
     "ObjectSummary",
     "StreamReader",
+    "foreign_entries",
+    "holds_store",
     "open_reader",
     "open_reader_store",
     "read_committed_range",
@@ -458,7 +464,12 @@ def open_reader(
         check_metadata_url(metadata)
     clock = clock if clock is not None else SystemClock()
     store = open_reader_store(
-        url, storage_options=storage_options, settings=settings, clock=clock, rng=rng
+        url,
+        storage_options=storage_options,
+        settings=settings,
+        clock=clock,
+        rng=rng,
+        metadata_prefix=metadata_prefix,
     )
     try:
         return StreamReader(
@@ -480,18 +491,21 @@ def open_reader_store(
     settings: ClientSettings | None = None,
     clock: Clock | None = None,
     rng: random.Random | None = None,
+    metadata_prefix: str = "meta",
 ) -> ObjectStore:
     """The object store `open_reader` reads through (retries and timeouts of `settings`),
     without loading the metadata: for a reader of planned objects that builds a
     `StreamReader` on it only when it needs the metadata (a Spark task). The same checks as
-    `open_reader`; the caller closes it."""
+    `open_reader` (`metadata_prefix` tells a store directory from somebody else's); the
+    caller closes it."""
     if isinstance(url, Path):
         url = str(url)
     check_text("url", url, allow_empty=False)
     check_instance("settings", settings, ClientSettings, allow_none=True)
     check_instance("clock", clock, Clock, allow_none=True)
     check_instance("rng", rng, random.Random, allow_none=True)
-    _require_existing_directory(url)
+    check_text("metadata_prefix", metadata_prefix, allow_empty=False)
+    _require_existing_directory(url, metadata_prefix=metadata_prefix)
     return store_stack(
         open_object_store(url, storage_options),
         clock=clock if clock is not None else SystemClock(),
@@ -500,7 +514,71 @@ def open_reader_store(
     )
 
 
-def _require_existing_directory(url: str) -> None:
+#: Top-level names of a local store directory that s3stream writes itself: the metadata log
+#: (``meta``), the data objects (``data``, `DEFAULT_DATA_PREFIX`), the WALs (``wal``,
+#: `opening.OBJECT_WAL_DIR`, not imported: opening imports this module). ``lost+found`` is
+#: there when the store is the root of a file system of its own.
+_STORE_NAMES = frozenset({"meta", DEFAULT_DATA_PREFIX, "wal", "lost+found"})
+
+
+def holds_store(store: ObjectStore, metadata_prefix: str = "meta") -> bool:
+    """Whether `store` holds an s3stream store: the first entry of its metadata log (every
+    writing client's open registers its node there, and entries are never deleted), or the
+    marker of a log kept elsewhere (`binding.bind_log` writes it at the first open). Two
+    HEADs at most; writes nothing."""
+    if MetadataLog(store, metadata_prefix).has_entry(1):
+        return True
+    return store.head(marker_key(metadata_prefix)) is not None
+
+
+def foreign_entries(root: Path, metadata_prefix: str = "meta") -> list[str]:
+    """The names in the existing directory `root` that say it is somebody else's: those that
+    are not s3stream's own (`_STORE_NAMES`), when `root` holds no store. Empty for an empty
+    directory, a store, and what an interrupted first open leaves (``meta/``, ``wal/``)."""
+    try:
+        names = sorted(os.listdir(root))
+    except OSError as exc:
+        raise InvalidArgumentError(
+            f"cannot list the directory {str(root)!r}: {exc.strerror}"
+        ) from exc
+    own = _STORE_NAMES | {metadata_prefix.split("/", 1)[0]}
+    others = [n for n in names if n not in own]
+    if not others:
+        return []
+    with LocalObjectStore(root, fsync=False) as store:  # an existing directory: creates nothing
+        return [] if holds_store(store, metadata_prefix) else others
+
+
+def _require_existing_directory(
+    url: str, *, store: bool = False, metadata_prefix: str = "meta"
+) -> None:
+    """Refuse a local directory that is missing, or that holds somebody else's files and no
+    store (`foreign_entries`): reading it as an empty store would hide the mistake, and a
+    tool that writes would add a store beside those files. `store` (a command that needs an
+    existing store: the CLI's): refuse any directory without one, an empty one too."""
     scheme, rest = split_scheme(url)
-    if scheme == "file" and not Path(rest).expanduser().is_dir():
+    if scheme != "file":
+        return
+    root = Path(rest).expanduser()
+    if not root.is_dir():
         raise InvalidArgumentError(f"{url!r} is not a directory holding a store")
+    if store:
+        with LocalObjectStore(root, fsync=False) as local:
+            if holds_store(local, metadata_prefix):
+                return
+        raise InvalidArgumentError(
+            f"{url!r} holds no s3stream store (no metadata log under {metadata_prefix}/): "
+            "name the directory of an existing store"
+        )
+    others = foreign_entries(root, metadata_prefix)
+    if others:
+        raise InvalidArgumentError(
+            f"{url!r} holds no s3stream store but other files ({_some(others)}): name the "
+            "directory of a store"
+        )
+
+
+def _some(names: list[str], most: int = 3) -> str:
+    """A few of `names` for a message."""
+    shown = ", ".join(repr(n) for n in names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")

@@ -196,13 +196,18 @@ class Stream(Closeable):
         self._check_open()
         return self._storage.append(self._w, batch, expected_offset, ident)
 
-    def append_would_wait(self, *, idempotent: bool = False) -> bool:
-        """Whether `append_async` would wait in the call right now rather than return its
-        future at once: the upload backlog or the WAL is full, or the WAL is under repair;
-        with `idempotent`, also the first idempotent append of a reopened stream (it reads
-        the stream's newest batches). For event loops, which must not block (`s3stream.aio`
-        makes such calls in a thread). A hint: the state may change just after."""
-        return self._storage.append_would_wait(self._w, idempotent=idempotent)
+    def append_would_wait(
+        self, *, idempotent: bool = False, batch: RecordBatch | None = None
+    ) -> bool:
+        """Whether `append_async` (of `batch`, if given: the WAL's room is checked for its
+        size) would wait in the call right now rather than return its future at once: the
+        upload backlog or the WAL is full, or the WAL is under repair; with `idempotent`,
+        also the first idempotent append of a reopened stream (it reads the stream's newest
+        batches). For event loops, which must not block (`s3stream.aio` makes such calls in
+        a thread). A hint: the state may change just after."""
+        if batch is not None:
+            check_instance("batch", batch, RecordBatch)
+        return self._storage.append_would_wait(self._w, idempotent=idempotent, batch=batch)
 
     # ------------------------------------------------------------------ reads
 

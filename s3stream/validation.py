@@ -18,7 +18,7 @@ import re
 import reprlib
 import threading
 from collections.abc import Callable, Collection, Iterator, Mapping
-from typing import Any, TypeGuard, TypeVar
+from typing import Any, SupportsIndex, TypeGuard, TypeVar
 
 import zstandard
 
@@ -108,10 +108,24 @@ def _show(value: object) -> str:
 
 
 def check_int(name: str, value: object, *, minimum: int = 0, maximum: int = I64_MAX) -> int:
-    """`value` if it is an int (not a bool) in ``[minimum, maximum]``."""
-    if type(value) is not int or not minimum <= value <= maximum:
+    """`value` if it is an int (exactly: not a bool, nor numpy's integers) in
+    ``[minimum, maximum]``.
+
+    Only a plain int is taken, since callers keep the value they passed (offsets, counts,
+    epochs end up in arithmetic and in encoders that take plain ints only); an integer of
+    another type (``numpy.int64`` out of an array or a data frame) is refused with a hint to
+    convert it."""
+    if type(value) is not int or value < minimum:
         bound = f">= {minimum}" if maximum == I64_MAX else f"in [{minimum}, {maximum}]"
-        raise InvalidArgumentError(f"{name} must be an int {bound}, got {_show(value)}")
+        hint = ""
+        if not isinstance(value, bool) and isinstance(value, SupportsIndex):
+            hint = f" (an integer of type {type(value).__name__}: pass int(...) of it)"
+        raise InvalidArgumentError(f"{name} must be an int {bound}, got {_show(value)}{hint}")
+    if value > maximum:
+        # Said as such: "must be >= 0" for 10**30 would send the caller looking for a sign.
+        raise InvalidArgumentError(
+            f"{name} is too large: it must be an int <= {maximum}, got {_show(value)}"
+        )
     return value
 
 

@@ -384,3 +384,228 @@ def test_an_append_held_back_waits_in_a_thread_not_on_the_loop(
             await client.close()
 
     asyncio.run(main())
+
+
+# ---------------------------------------------------------------------------------------------
+# Appends held back: the loop never waits for room, `timeout_s` bounds the whole call
+
+
+class _RefusingStore:
+    """Wraps an object store: data PUTs fail while `full` is set (uploads then retry)."""
+
+    @staticmethod
+    def make(root: Path) -> Any:
+        from s3stream.errors import UnavailableError
+        from s3stream.objectstore.local import LocalObjectStore
+        from s3stream.objectstore.wrappers import ForwardingObjectStore
+
+        class Refusing(ForwardingObjectStore):
+            full = True
+
+            def put(self, key: str, data: bytes) -> None:
+                if self.full and key.startswith("data"):
+                    raise UnavailableError("no space left (test)")
+                super().put(key, data)
+
+        return Refusing(LocalObjectStore(root))
+
+
+def _ticker(gaps: list[float]) -> asyncio.Task[None]:
+    async def tick() -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    return asyncio.create_task(tick())
+
+
+def test_appends_while_the_file_wal_is_full_never_block_the_loop(tmp_path: Path) -> None:
+    """Uploads fail, so the file WAL fills. Appends that do not fit are sent to threads
+    before they reach the WAL (its room is checked with each batch's size), where they
+    wait for room: the loop goes on ticking. Uploads then work again and every append that
+    was not refused ends up durable."""
+    from s3stream.settings import FileWalSettings
+    from s3stream.wal.file import FileWal
+
+    store = _RefusingStore.make(tmp_path / "store")
+    # full_wait_ms: how long a WAL append waits for room (the loop, before the fix).
+    wal = FileWal(
+        tmp_path / "n.wal",
+        node_id="local",
+        settings=FileWalSettings(capacity_bytes=1 << 20, full_wait_ms=5000),
+    )
+    settings = ClientSettings(
+        upload_threshold_bytes=64 * 1024, upload_interval_ms=20, call_timeout_ms=20_000
+    )
+    sync = s3stream.StreamClient(store, wal, settings=settings)
+
+    async def main() -> None:
+        client = aio.AsyncStreamClient(sync)
+        stream = await client.create_stream()
+        gaps: list[float] = []
+        ticker = _ticker(gaps)
+        heal = threading.Timer(1.5, lambda: setattr(store, "full", False))
+        heal.start()
+        t0 = time.monotonic()
+
+        async def one(i: int) -> int | None:
+            try:
+                return (await stream.append(RecordBatch(bytes([i]) * 100_000))).base_offset
+            except s3stream.BackpressureError:
+                return None
+
+        offsets = await asyncio.gather(*(one(i) for i in range(30)))
+        took = time.monotonic() - t0
+        ticker.cancel()
+        heal.join()
+        assert took >= 1.0, "some appends did wait for room"
+        assert max(gaps) < 0.5, f"the loop was blocked {max(gaps):.2f} s while the WAL was full"
+        acked = sorted(o for o in offsets if o is not None)
+        assert acked == list(range(len(acked))) and len(acked) >= 20
+        await client.flush()
+        assert stream.confirm_offset == len(acked)
+        read = await client.read(stream.stream_id, 0, max_bytes=16 << 20)
+        assert read.next_offset == len(acked)
+        await client.close()
+
+    asyncio.run(main())
+
+
+def test_append_timeout_covers_the_wait_for_room_and_for_a_thread(
+    stuck_uploads_client: Callable[[int], Any],
+) -> None:
+    """Uploads fail, the backlog is full: appends wait for room in threads (two of them, so
+    most wait for a thread first). Each `append(timeout_s=...)` ends by its deadline, as
+    the sync `append` does, though room would be waited for 4 s; one refused with
+    `BackpressureError` wrote nothing."""
+    from s3stream import BackpressureError, UnavailableError
+
+    sync, faulty = stuck_uploads_client(4000)
+    timeout = 0.5
+
+    async def main() -> None:
+        client = aio.AsyncStreamClient(sync, poll_threads=2)
+        stream = await client.create_stream()
+        with pytest.raises(BackpressureError):
+            for i in range(1000):  # fill the backlog (max_pending_bytes)
+                await stream.append(RecordBatch(bytes([i % 256]) * 1000), timeout_s=0.2)
+        before = stream.next_offset
+        gaps: list[float] = []
+        ticker = _ticker(gaps)
+
+        async def one(i: int) -> tuple[float, str]:
+            t0 = time.monotonic()
+            try:
+                await stream.append(RecordBatch(b"late %d" % i), timeout_s=timeout)
+                outcome = "ok"
+            except (BackpressureError, UnavailableError) as exc:
+                outcome = type(exc).__name__
+            return time.monotonic() - t0, outcome
+
+        results = await asyncio.gather(*(one(i) for i in range(12)))
+        ticker.cancel()
+        took = max(t for t, _ in results)
+        assert took < timeout + 0.25, f"an append took {took:.2f} s (timeout_s={timeout})"
+        assert {o for _, o in results} <= {"BackpressureError", "WalFullError"}, results
+        assert max(gaps) < 0.3
+        assert stream.next_offset == before, "a refused append wrote nothing"
+        with faulty.healthy():
+            await client.close()
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_open_closes_the_client_it_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`asyncio.run` ends (shutting the default executor down) right after a cancelled
+    `aio.open`: the client the open still made is closed all the same, so its WAL writer
+    and uploader threads end and the directory opens again."""
+    from s3stream import opening
+
+    real_open = opening.open
+
+    def slow_open(*args: Any, **kwargs: Any) -> s3stream.StreamClient:
+        time.sleep(0.3)
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr(opening, "open", slow_open)
+    before = set(threading.enumerate())
+
+    async def main() -> None:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(aio.open(str(tmp_path), settings=SMALL), 0.05)
+
+    asyncio.run(main())
+    started = [t for t in threading.enumerate() if t not in before]
+    for t in started:
+        t.join(10)
+    assert [t.name for t in started if t.is_alive()] == []
+    monkeypatch.setattr(opening, "open", real_open)
+    with s3stream.open(str(tmp_path)) as again:  # the node is free: the close has ended
+        assert again.list_streams() == []
+
+
+def test_large_record_lists_are_encoded_off_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from s3stream import records
+
+    threads: list[str] = []
+
+    def records_batch(*args: Any, **kwargs: Any) -> RecordBatch:
+        threads.append(threading.current_thread().name)
+        return records.records_batch(*args, **kwargs)
+
+    monkeypatch.setattr(aio, "records_batch", records_batch)
+
+    async def main() -> None:
+        async with await open_dir(tmp_path) as client:
+            s = await client.create_stream()
+            await s.append_records([Record(b"small")])
+            await s.append_records([Record(b"%d" % i) for i in range(5000)], compression="zstd")
+            await s.append_records([Record(b"x" * 100_000)] * 2)
+            assert s.confirm_offset == 5003
+            assert [(o, r.value) async for o, r in s.read_records(1, 3)] == [
+                (1, b"0"),
+                (2, b"1"),
+            ]
+
+    asyncio.run(main())
+    main_thread = threading.main_thread().name
+    assert threads[0] == main_thread  # a few small records: on the loop
+    assert main_thread not in threads[1:]
+
+
+def test_the_wal_says_before_an_append_whether_it_would_wait_for_room(tmp_path: Path) -> None:
+    """`PipelinedWal.has_room`, which `Stream.append_would_wait` (and so the aio append)
+    asks: False once a record of that size no longer fits, and for every size while an
+    append waits for room; True again once a trim made room."""
+    from s3stream.settings import FileWalSettings
+    from s3stream.wal.file import FileWal
+
+    wal = FileWal(
+        tmp_path / "n.wal",
+        settings=FileWalSettings(capacity_bytes=64 * 1024, full_wait_ms=10_000),
+    )
+    wal.reset()
+    try:
+        assert wal.has_room(60_000)  # empty: any record it takes
+        last = None
+        while wal.has_room(10_000):
+            last = wal.append(b"x" * 10_000).result(10)
+        assert last is not None and wal.has_room(100)
+        waiting = threading.Thread(target=lambda: wal.append(b"y" * 30_000).result(10))
+        waiting.start()
+        deadline = time.monotonic() + 10
+        while wal.has_room(100) and time.monotonic() < deadline:
+            time.sleep(0.01)  # until the thread waits for room
+        assert not wal.has_room(1), "an append waits for room: any other one would queue"
+        wal.trim(last)
+        waiting.join(10)
+        assert not waiting.is_alive() and wal.has_room(10_000)
+    finally:
+        wal.close()

@@ -474,11 +474,12 @@ def test_owner_with_a_stale_view_rereads_after_another_process_compacted() -> No
 
 
 def _executor(client: StreamClient, store: ObjectStore, node: str) -> CompactionExecutor:
+    """An executor of a session of its own (`node` registered now, as a client would)."""
     cache = BlockCache(store, capacity_bytes=0)
     return CompactionExecutor(
         store=store,
         meta=client.metadata,
-        keys=KeyFactory(node, 1),
+        keys=KeyFactory(node, client.metadata.register_node(node)),
         index_of=lambda o: cache.index(o.key, o.size),
         clock=ManualClock(),
         node_id=node,
@@ -511,6 +512,7 @@ def test_coverage_check_fails_loudly_and_changes_nothing() -> None:
     with client_on(store) as client:
         streams = [client.create_stream() for _ in range(3)]
         model = fill(client, streams, 6, lambda i: 300)
+        buggy = _executor(client, store, "buggy")
         state = client.metadata.state
         (task,) = plan_stream_set_compaction(
             state, client.settings.compaction, lambda o: client._block_cache.index(o.key), 0
@@ -521,7 +523,7 @@ def test_coverage_check_fails_loudly_and_changes_nothing() -> None:
         )
         keys_before = data_keys(store)
         with pytest.raises(CorruptionError, match="lose live data"):
-            _executor(client, store, "buggy").execute(broken, state)
+            buggy.execute(broken, state)
         assert data_keys(store) == keys_before
         assert client.metadata.state is state
         check_all(client, model)
@@ -540,6 +542,7 @@ def test_replacing_an_object_without_copying_it_fails_loudly(
             state, client.settings.compaction, lambda o: client._block_cache.index(o.key), 0
         )
         fill(client, streams, 1, lambda i: 300, model)
+        buggy = _executor(client, store, "buggy")
         state = client.metadata.state
         # A buggy plan: replace one more object than the outputs copy.
         extra = next(o for o in live(client) if o.key not in {r.key for r in task.replaced})
@@ -550,7 +553,7 @@ def test_replacing_an_object_without_copying_it_fails_loudly(
         keys_before = data_keys(store)
         match = "lose live data" if own_check else "invariants"
         with pytest.raises(CorruptionError, match=match):
-            _executor(client, store, "buggy").execute(bad, state)
+            buggy.execute(bad, state)
         assert data_keys(store) == keys_before
         assert client.metadata.state is state
         check_all(client, model)
@@ -568,6 +571,9 @@ def test_orphans_are_deleted_after_the_grace_period_only() -> None:
         s = client.create_stream()
         model = fill(client, [s], 5, lambda i: 300)
         client.compact()
+        # A node whose first session ended (registered again): its unreferenced keys go.
+        client.metadata.register_node("ghost")
+        client.metadata.register_node("ghost")
         orphans = {f"data/ghost/00000001/{i:012d}-m.s3o" for i in range(4)}
         for k in orphans:
             store.put(k, b"never committed")
@@ -606,6 +612,9 @@ def test_the_sweeper_deletes_only_its_own_keys_of_ended_sessions() -> None:
         "data/.w/00000001/000000000007-m.s3o",
         "data/w/00000001/000000000007-x.s3o",
         "data/notes.txt",
+        # The library's shape, but of a node this store's metadata never registered (a copy
+        # brought in from another store): no client of this store made it.
+        "data/backup/00000001/000000000001-s.s3o",
     ]
     for key in foreign:
         store.put(key, b"not ours")

@@ -166,12 +166,14 @@ class OrphanSweeper:
         return due
 
     def _sweepable(self, key: str, state: MetadataState) -> bool:
-        """Ours (made by `KeyFactory` under this prefix) and of a session that has ended."""
+        """Ours (made by `KeyFactory` under this prefix, for a node this store registered:
+        nodes are never forgotten, and every key is made after its node's registration) and
+        of a session that has ended."""
         parsed = parse_object_key(key, self._prefix)
         if parsed is None:
             return False
         node = state.nodes.get(parsed.node_id)
-        return node is None or node.epoch > parsed.node_epoch
+        return node is not None and node.epoch > parsed.node_epoch
 
     def _load(self) -> _Record:
         try:

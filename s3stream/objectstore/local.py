@@ -77,6 +77,9 @@ class LocalObjectStore(ObjectStore):
     def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True) -> None:
         if not isinstance(root, (str, os.PathLike)) or not os.fspath(root):
             raise InvalidArgumentError(f"root must be a non-empty path, got {root!r}")
+        if "\0" in os.fspath(root):
+            # The OS cannot name such a file: say so instead of the ValueError `mkdir` raises.
+            raise InvalidArgumentError(f"root cannot hold a NUL byte, got {os.fspath(root)!r}")
         self._root = Path(root).expanduser().absolute()
         self._root_str = str(self._root)
         self._fsync = bool(fsync)

@@ -26,7 +26,13 @@ from ..errors import (
     UnavailableError,
     WalFullError,
 )
-from ..format.batch import WAL_PREFIX, WAL_RECORD_VERSION, encode_batch, encode_batch_head
+from ..format.batch import (
+    BATCH_HEADER,
+    WAL_PREFIX,
+    WAL_RECORD_VERSION,
+    encode_batch,
+    encode_batch_head,
+)
 from ..metrics.components import StorageInstruments
 from ..settings import ClientSettings
 from ..types import AppendResult, RecordBatch
@@ -454,9 +460,16 @@ class Appender:
             return earlier
         return earlier, None, None
 
-    def would_wait(self) -> bool:
-        """Whether an append would wait in the call now: the WAL under repair, or no room."""
-        return self._status.wal_error is not None or self._no_room()
+    def would_wait(self, batch: RecordBatch | None = None, *, stamped: bool = False) -> bool:
+        """Whether an append of `batch` would wait in the call now: the WAL under repair, the
+        upload backlog full, the WAL found full, or (asked of a WAL on the pipeline core
+        before appending: `WriteAheadLog.has_room`) no room in the WAL for its record or an
+        append already waiting there for room. Without `batch`: room for a small record.
+        `stamped`: the batch will carry a producer id and sequence (an idempotent append).
+        A look at this instant, for callers that must not block (an event loop)."""
+        if self._status.wal_error is not None or self._no_room():
+            return True
+        return not self._wal.has_room(_record_bound(batch, stamped))
 
     def _no_room(self) -> bool:
         """Whether an append must wait for an upload first: the WAL refused one for want of
@@ -681,6 +694,24 @@ class Appender:
                     )
                 # Every committed upload notifies.
                 status.cond.wait(remaining)
+
+
+#: More than a WAL record holds besides its payload and properties (its prefix and batch
+#: header), and the msgpack overhead of a properties map.
+_RECORD_HEAD_BOUND = WAL_PREFIX.size + BATCH_HEADER.size + 16
+#: More than the properties an idempotent append adds (a producer id of up to 255 bytes, a
+#: sequence) take.
+_STAMP_BOUND = 512
+
+
+def _record_bound(batch: RecordBatch | None, stamped: bool) -> int:
+    """At least the bytes of the WAL record `batch` makes (cheap: nothing is encoded)."""
+    size = _RECORD_HEAD_BOUND + (_STAMP_BOUND if stamped else 0)
+    if batch is None:
+        return size
+    # msgpack: a str is at most 5 header bytes and 4 UTF-8 bytes a character.
+    props = sum(10 + 4 * (len(k) + len(v)) for k, v in batch.properties.items())
+    return size + props + len(batch.payload)
 
 
 def deadline_text(timeout_s: float | None, settings: ClientSettings) -> str:

@@ -223,10 +223,15 @@ class Storage:
             self.load_producers(w)
         return self._appender.append_and_wait(w, batch, timeout_s, expected, ident)
 
-    def append_would_wait(self, w: WriterState, *, idempotent: bool = False) -> bool:
-        """Whether `append` would wait in the call now (for room, a WAL under repair, or, for
-        an idempotent append, loading the stream's producers)."""
-        return (idempotent and w.producers is None) or self._appender.would_wait()
+    def append_would_wait(
+        self, w: WriterState, *, idempotent: bool = False, batch: RecordBatch | None = None
+    ) -> bool:
+        """Whether `append` (of `batch`, if given) would wait in the call now (for room in the
+        upload backlog or the WAL, a WAL under repair, or, for an idempotent append, loading
+        the stream's producers): `Appender.would_wait`."""
+        return (idempotent and w.producers is None) or self._appender.would_wait(
+            batch, stamped=idempotent
+        )
 
     def load_producers(self, w: WriterState) -> ProducerTable:
         """The stream's idempotent producers, rebuilt from its newest committed batches on

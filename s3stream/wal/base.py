@@ -105,6 +105,13 @@ class WriteAheadLog(Closeable):
         """
         return self.append_parts(head, tail).result()
 
+    def has_room(self, length: int) -> bool:
+        """Whether an append of a `length`-byte record would be taken now without waiting
+        for room (a look at this instant, for callers that must not block, such as an event
+        loop). The default says True: a WAL that never waits for room in `append`. A WAL
+        that may wait must not say True of an append that would wait now."""
+        return True
+
     def drive(self, future: Future[WalPosition]) -> None:
         """Called by a thread about to block on `future`, one of this WAL's append futures.
 

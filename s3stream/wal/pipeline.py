@@ -30,7 +30,8 @@ differ, the stricter or clearer behaviour, as `s3stream.testing.WalTests` checks
   The wait is a condition wait with that deadline, woken by trims, failures and close: no
   polling. Called from an append future's callback (the thread that must complete the next
   futures), an append that does not fit raises `WalFullError` at once and skips the queue of
-  waiting appenders, since waiting there could only deadlock.
+  waiting appenders, since waiting there could only deadlock. `has_room` tells, without
+  waiting, whether an append of a given size would wait for room now (for event loops).
 - *Order.* Groups are acknowledged in the order they were cut, whatever order their writes
   finish in; the futures of a group complete in position order. Once a group failed, every
   later one fails with the same error, so no hole is ever acknowledged. An interrupt raised
@@ -73,7 +74,14 @@ from .checks import (
     record_size_error,
     trim_past_acked_error,
 )
-from .framing import FRAME_ALIGN, FRAME_HEADER, body_crc, encode_frame_header, frame_size
+from .framing import (
+    BLOCK_BYTES,
+    FRAME_ALIGN,
+    FRAME_HEADER,
+    body_crc,
+    encode_frame_header,
+    frame_size,
+)
 
 __all__ = ["Group", "Pending", "PipelinedWal"]
 
@@ -157,6 +165,8 @@ class PipelinedWal(WriteAheadLog):
         self._cond = threading.Condition(self._lock)
         #: Serialises appenders, so that one waiting for room keeps its turn.
         self._order_lock = threading.Lock()
+        #: Appenders waiting for room in `_admit` (they hold `_order_lock`): read by `has_room`.
+        self._room_waiters = 0
         self._pending: deque[Pending] = deque()
         self._pending_bytes = 0
         #: Groups cut and not yet acknowledged, in cut order.
@@ -345,6 +355,15 @@ class PipelinedWal(WriteAheadLog):
             return pos
         if in_callback:
             raise WalFullError(self._full_message(size, 0.0))
+        self._room_waiters += 1
+        try:
+            return self._wait_for_room(size)
+        finally:
+            self._room_waiters -= 1
+
+    def _wait_for_room(self, size: int) -> int:
+        """(Lock held; counted in `_room_waiters`.) `_admit`'s wait: the position claimed,
+        -1 if the WAL failed, `WalFullError` after ``full_wait_ms``."""
         started = self._clock.monotonic()
         deadline = started + self._full_wait_s
         if self._on_full is not None:
@@ -364,6 +383,31 @@ class PipelinedWal(WriteAheadLog):
             if now >= deadline:
                 raise WalFullError(self._full_message(size, now - started))
             self._cond.wait(deadline - now)
+
+    def has_room(self, length: int) -> bool:
+        """Whether an append of a `length`-byte record would be taken now without waiting
+        for room: no appender waits for room (a later one would queue behind it) and a frame
+        of that size fits, with room to spare for any medium's alignment (a block at each end
+        of the live bytes). Asked before an append by callers that must not block (an event
+        loop: `Appender.would_wait`); it never waits itself beyond the brief state lock.
+
+        Conservative: it may say False of a frame that would just fit (whose append then only
+        takes a slower path), never True of one that would wait now; but it is a look at this
+        instant: an append from another thread may take the room just after. A WAL that is
+        not ready, closing or failed says True: an append there fails at once, it does not
+        wait."""
+        if self._room_waiters:
+            return False
+        size = frame_size(length)
+        with self._cond:
+            if self._room_waiters:
+                return False
+            if not self._ready or self._closing or self._failed is not None:
+                return True
+            used, capacity = self._room()
+        # An empty WAL takes any record it takes at all (one larger than `max_record_bytes`
+        # is refused at once, it never waits).
+        return used == 0 or used + size + FRAME_ALIGN + 2 * BLOCK_BYTES <= capacity
 
     def _call_on_full(self) -> None:
         assert self._on_full is not None

@@ -40,6 +40,7 @@ from ..settings_parse import parse_size, settings_from_query
 from ..validation import check_choice
 from .base import WriteAheadLog
 from .file import FileWal
+from .framing import DATA_START, HEADER_MAGIC
 from .holder import WalHolderLock
 from .loss import check_open_node_wal
 from .memory import MemoryWal
@@ -47,6 +48,8 @@ from .memory import MemoryWal
 __all__ = [
     "ENTRY_POINT_GROUP",
     "S3_WAL_CLIENTS",
+    "check_take_over_wal",
+    "check_wal_target",
     "default_s3_wal_client",
     "lock_file_wal",
     "open_s3_wal",
@@ -318,6 +321,71 @@ def lock_file_wal(url: str, node_id: str) -> WalHolderLock | None:
     # A mistake in the settings must fail here too, before anything is registered.
     settings_from_query(FileWalSettings, query, url=url)
     return WalHolderLock.acquire(path, node_id)
+
+
+def check_wal_target(url: str) -> Path | None:
+    """Check what can be checked of the WAL `url` names without writing anything, so that an
+    open refuses a mistake before it creates a store, registers a node or takes a lock: the
+    scheme is known and, for a file WAL (the built-in factory), its path is not a directory,
+    has no file where a directory must be, and is not a file holding something other than a
+    WAL (an existing WAL, a device and a file of zeros are for the WAL to judge). Returns the
+    file WAL's path (None for other kinds), `InvalidArgumentError` naming it otherwise."""
+    scheme, _ = split_scheme(url)
+    if scheme.startswith(OBJECT_PREFIX):
+        return None  # the object store's URL is checked when that store is opened
+    if _registry.resolve(scheme) is not open_file_wal:
+        return None
+    raw_path, query = _file_target(url)
+    settings_from_query(FileWalSettings, query, url=url)
+    path = Path(raw_path).expanduser()
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise InvalidArgumentError(
+                    f"the WAL {str(path)!r} cannot be created: {str(parent)!r} is not a directory"
+                )
+            break
+    if path.is_dir():
+        raise InvalidArgumentError(
+            f"the WAL {str(path)!r} is a directory: name a file (for example "
+            f"{str(path / 'node.wal')!r}), which the WAL creates"
+        )
+    if path.is_file() and not _may_be_wal(path):
+        raise InvalidArgumentError(
+            f"{str(path)!r} is not an s3stream WAL (no header magic where a WAL has one); "
+            "refusing to use it: name a new file or an existing WAL"
+        )
+    return path
+
+
+def _may_be_wal(path: Path) -> bool:
+    """Whether the regular file `path` may be a WAL, as `FileWal` would judge it: empty, all
+    zeros where the headers go (a creation cut short), or holding the header magic (a WAL,
+    whole or damaged). Unreadable: left to the WAL to report."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(DATA_START)
+    except OSError:
+        return True
+    return not head.strip(b"\0") or HEADER_MAGIC in head or HEADER_MAGIC.startswith(head[:8])
+
+
+def check_take_over_wal(url: str, node_id: str, *, open_streams: bool, accept_loss: bool) -> None:
+    """Before a take-over registers anything: a file WAL named explicitly must exist. A node
+    with streams open may have acknowledged appends in it: missing, that is the loss
+    `CorruptionError` of `_check_wal_present` (unless `accept_loss`); with every stream
+    closed there is nothing to recover, and the path is more likely a typo than a WAL to
+    create (a 2 GiB one, by default): `InvalidArgumentError`, "no WAL at ..."."""
+    path = check_wal_target(url)
+    if path is None or path.exists():
+        return
+    if open_streams:
+        _check_wal_present(path, node_id, accept_loss)
+        return
+    raise InvalidArgumentError(
+        f"no WAL at {str(path)!r} for node {node_id!r} (its streams are all closed, so it has "
+        "nothing to recover): check the path, or leave the WAL out to use the default"
+    )
 
 
 def _file_target(url: str) -> tuple[str, str]:

@@ -1,0 +1,242 @@
+"""s3stream touches nothing but its own files: a directory of somebody else's files, a WAL path
+that is a directory or somebody's file, a typo in a take-over's WAL, a failed open: each is
+refused with a library error (the CLI: one line, exit 2) and leaves nothing behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import s3stream
+from s3stream import InvalidArgumentError, RecordBatch
+from s3stream.cli import _DEMO_MAX_BATCH_BYTES
+from s3stream.errors import CorruptionError
+from s3stream.validation import check_int
+from s3stream.wal.base import WalCapabilities
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = {"file_wal.capacity_bytes": "1MiB"}
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("S3STREAM_")}
+    return subprocess.run(
+        [sys.executable, "-m", "s3stream", *args],
+        capture_output=True,
+        text=True,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        timeout=120,
+        check=False,
+    )
+
+
+def one_line(result: subprocess.CompletedProcess[str], status: int, *needles: str) -> None:
+    assert result.returncode == status, (result.returncode, result.stdout, result.stderr)
+    lines = [line for line in result.stderr.splitlines() if not line.startswith((" ", "usage"))]
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+def tree(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+@pytest.fixture
+def foreign(tmp_path: Path) -> Path:
+    """A user's directory: files of its own, no store."""
+    other = tmp_path / "other"
+    (other / "sub").mkdir(parents=True)
+    (other / "readme.txt").write_text("x\n")
+    return other
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    """A store whose node 'w' closed its streams (its WAL is in memory)."""
+    root = tmp_path / "store"
+    with s3stream.open(root, node_id="w", wal="memory://") as client:
+        client.create_stream().append(RecordBatch(b"a"))
+    return root
+
+
+# -- 1. the CLI's commands that need a store ----------------------------------------------------
+
+
+def test_commands_refuse_a_directory_without_a_store(foreign: Path, tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    before = tree(foreign)
+    for where in (foreign, empty):
+        for argv in (
+            ["compact", str(where), "--nice", "0"],
+            ["take-over", str(where), "n1"],
+            ["inspect", str(where)],
+            ["verify", str(where)],
+            ["dump", str(where), "0"],
+        ):
+            one_line(run(*argv), 2, str(where), "holds no s3stream store")
+    assert tree(foreign) == before
+    assert tree(empty) == set()
+
+
+def test_take_over_of_an_unknown_node_writes_nothing(store: Path) -> None:
+    entries = tree(store / "meta" / "log")
+    one_line(run("take-over", str(store), "nobody"), 2, "'nobody' is not registered")
+    assert tree(store / "meta" / "log") == entries
+
+
+# -- 2. open on somebody else's directory -------------------------------------------------------
+
+
+def test_open_refuses_a_directory_of_other_files(foreign: Path) -> None:
+    before = tree(foreign)
+    with pytest.raises(InvalidArgumentError, match="empty or new directory") as info:
+        s3stream.open(foreign)
+    assert str(foreign) in str(info.value) and "readme.txt" in str(info.value)
+    with pytest.raises(InvalidArgumentError, match="holds no s3stream store"):
+        s3stream.open_reader(foreign)
+    assert tree(foreign) == before
+
+
+def test_open_takes_an_empty_a_missing_and_a_store_directory(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for where in (empty, tmp_path / "new" / "deeper"):
+        with s3stream.open(where, settings=SMALL) as client:
+            client.create_stream().append(RecordBatch(b"x"))
+        with s3stream.open(where, settings=SMALL) as client:  # its own store, reopened
+            assert len(client.list_streams()) == 1
+        with s3stream.open_reader(where) as reader:
+            assert len(reader.list_streams()) == 1
+
+
+def test_what_an_interrupted_first_open_left_is_not_foreign(tmp_path: Path) -> None:
+    """A first open killed before it registered its node leaves ``wal/`` (a lock file): that
+    directory is still the store's."""
+    root = tmp_path / "s"
+    (root / "wal").mkdir(parents=True)
+    (root / "wal" / "local.wal.lock").write_text("1\nlocal\n")
+    with s3stream.open(root, settings=SMALL) as client:
+        client.create_stream()
+
+
+# -- 3. an open checks before it writes, and a failed open removes what it created ------------
+
+
+@pytest.mark.parametrize("kind", ["scheme", "directory", "not-a-wal", "parent-is-a-file"])
+def test_a_bad_wal_is_refused_before_anything_is_written(
+    tmp_path: Path, foreign: Path, kind: str
+) -> None:
+    wal = {
+        "scheme": "zzz://x",
+        "directory": (tmp_path / "walsdir").as_uri(),
+        "not-a-wal": (foreign / "readme.txt").as_uri(),
+        "parent-is-a-file": f"{(foreign / 'readme.txt').as_uri()}/x.wal",
+    }[kind]
+    (tmp_path / "walsdir").mkdir()
+    before = tree(tmp_path)
+    with pytest.raises(InvalidArgumentError):
+        s3stream.open(tmp_path / "store", wal=wal)
+    assert tree(tmp_path) == before  # no store, no meta/log, no .lock anywhere
+    assert (foreign / "readme.txt").read_text() == "x\n"
+
+
+def test_a_failed_open_removes_the_store_and_lock_it_created(tmp_path: Path) -> None:
+    """Refused after the node registered (the WAL belongs to another node): the new store
+    directory (and its new parents), the new WAL directory and the lock file go; an empty
+    directory given stays, empty; the other node's WAL and lock stay."""
+    with s3stream.open(tmp_path / "s1", node_id="a", settings=SMALL):
+        pass
+    theirs = (tmp_path / "s1" / "wal" / "a.wal").as_uri()
+    (tmp_path / "empty").mkdir()
+    for where in (tmp_path / "new" / "x", tmp_path / "empty"):
+        with pytest.raises(InvalidArgumentError, match="belongs to node 'a'"):
+            s3stream.open(where, node_id="b", wal=theirs, settings=SMALL)
+    assert not (tmp_path / "new").exists()
+    assert list((tmp_path / "empty").iterdir()) == []
+    assert sorted(os.listdir(tmp_path / "s1" / "wal")) == ["a.wal", "a.wal.lock"]
+    assert sorted(os.listdir(tmp_path)) == ["empty", "s1"]
+
+
+# -- 4. take-over with a WAL that is not there ---------------------------------------------------
+
+
+def test_take_over_of_a_missing_named_wal_is_refused_and_creates_nothing(
+    store: Path, tmp_path: Path
+) -> None:
+    typo = tmp_path / "x" / "typo.wal"
+    entries = tree(store / "meta" / "log")
+    with s3stream.open(store, node_id="n2", wal="memory://") as client:
+        entries = tree(store / "meta" / "log")
+        with pytest.raises(InvalidArgumentError, match="no WAL at"):
+            client.take_over("w", wal=typo.as_uri())
+        assert tree(store / "meta" / "log") == entries  # not even fenced
+    assert not (tmp_path / "x").exists()
+    one_line(run("take-over", str(store), "w", "--wal", str(typo)), 2, "no WAL at", str(typo))
+    assert not (tmp_path / "x").exists()
+
+
+def test_take_over_of_a_missing_wal_of_open_streams_is_still_damage(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    crashed = s3stream.open(root, node_id="w", settings=SMALL)
+    crashed.create_stream().append(RecordBatch(b"acked"))
+    crashed.abandon()
+    gone = tmp_path / "gone.wal"
+    with (
+        s3stream.open(root, node_id="n2", wal="memory://") as client,
+        pytest.raises(CorruptionError, match="still has streams open"),
+    ):
+        client.take_over("w", wal=gone.as_uri())
+    assert not gone.exists()
+
+
+# -- 5. demo --batch-bytes ------------------------------------------------------------------------
+
+
+def test_demo_refuses_a_batch_larger_than_a_wal_record(tmp_path: Path) -> None:
+    limit = next(
+        f.default for f in WalCapabilities.__dataclass_fields__.values()
+        if f.name == "max_record_bytes"
+    )  # fmt: skip
+    assert limit > _DEMO_MAX_BATCH_BYTES
+    for size in ("99999999999999", str(_DEMO_MAX_BATCH_BYTES + 1)):
+        result = run("demo", str(tmp_path / "d"), "--batch-bytes", size)
+        assert result.returncode == 2 and "argument --batch-bytes" in result.stderr
+        assert "Traceback" not in result.stderr and "MemoryError" not in result.stderr
+    assert not (tmp_path / "d").exists()
+
+
+# -- 6. NUL in a path, a directory as --wal ------------------------------------------------------
+
+
+def test_nul_paths_and_a_directory_as_verify_wal(tmp_path: Path, store: Path) -> None:
+    with pytest.raises(InvalidArgumentError, match="NUL"):
+        s3stream.open(f"{tmp_path}/a\x00b")
+    with pytest.raises(InvalidArgumentError):
+        s3stream.open_reader(f"{tmp_path}/a\x00b")
+    one_line(run("verify", str(store), "--wal", str(tmp_path)), 2, str(tmp_path), "directory")
+
+
+# -- 7. integers of other types -------------------------------------------------------------------
+
+
+def test_numpy_integers_are_refused_with_a_hint_and_huge_ones_too_large() -> None:
+    """Only plain ints are taken (callers keep what they passed, and encoders take plain
+    ints only): a numpy integer is refused, saying to convert it; 10**30 is "too large"."""
+    for bad in (np.int64(5), np.uint8(3)):
+        with pytest.raises(InvalidArgumentError, match=r"pass int\(\.\.\.\) of it"):
+            check_int("stream_id", bad)
+    for bad in (True, np.True_, 1.0, "1", None):
+        with pytest.raises(InvalidArgumentError, match="must be an int >= 0"):
+            check_int("n", bad)
+    with pytest.raises(InvalidArgumentError, match="n is too large: it must be an int <= "):
+        check_int("n", 10**30)
+    with pytest.raises(InvalidArgumentError, match="must be an int >= 0"):
+        check_int("n", -1)
+    assert check_int("n", 5) == 5
