@@ -164,17 +164,17 @@ def _open_on(layout: str, tmp_path: Path, device: Path, **kwargs: object) -> s3s
     )
 
 
-def _open_in_thread(
-    layout: str, tmp_path: Path, device: Path
+def _opened_in_thread(
+    open_client: Callable[[], s3stream.StreamClient],
 ) -> tuple[float, BaseException | None, bool]:
-    """Open as `_open_on` does, in a thread (a test that fails must not hang on the device):
-    (seconds it took, what it raised or None, whether it still runs)."""
+    """`open_client()` (then closed) in a thread, so that a test that fails does not hang on
+    the device: (seconds it took, what it raised or None, whether it still runs)."""
     outcome: list[BaseException | None] = []
     started = time.monotonic()
 
     def run() -> None:
         try:
-            _open_on(layout, tmp_path, device).close()
+            open_client().close()
             outcome.append(None)
         except BaseException as exc:
             outcome.append(exc)
@@ -183,6 +183,13 @@ def _open_in_thread(
     t.start()
     t.join(CALL_S + SLACK_S + 5)
     return time.monotonic() - started, outcome[0] if outcome else None, t.is_alive()
+
+
+def _open_in_thread(
+    layout: str, tmp_path: Path, device: Path
+) -> tuple[float, BaseException | None, bool]:
+    """Open as `_open_on` does, in a thread (`_opened_in_thread`)."""
+    return _opened_in_thread(lambda: _open_on(layout, tmp_path, device))
 
 
 def _open_when_free(layout: str, tmp_path: Path, device: Path) -> s3stream.StreamClient:
@@ -349,27 +356,13 @@ def test_open_keeps_its_deadline_when_the_device_freezes_during_it(
             stream.append(RecordBatch(b"before %d" % i))
         client.abandon()  # the batches are in the WAL only
         trigger[0] = when
-        outcome: list[BaseException | None] = []
-        started = time.monotonic()
-
-        def run() -> None:
-            try:
-                open_client().close()
-                outcome.append(None)
-            except BaseException as exc:
-                outcome.append(exc)
-
-        t = threading.Thread(target=run, daemon=True)
-        t.start()
-        t.join(CALL_S + SLACK_S + 5)
-        took = time.monotonic() - started
-        alive = t.is_alive()
+        took, error, alive = _opened_in_thread(open_client)
         frozen = trigger[0] is None
         freezer.thaw()
         assert frozen, "the device was not frozen during the open"
         assert not alive, "open() is blocked on the frozen device"
         assert took <= CALL_S + SLACK_S, took
-        assert len(outcome) == 1 and isinstance(outcome[0], UnavailableError), outcome
+        assert isinstance(error, UnavailableError), error
         deadline = time.monotonic() + 20
         while True:
             try:
