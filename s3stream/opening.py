@@ -20,7 +20,6 @@ import dataclasses
 import functools
 import os
 import random
-import shutil
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -30,13 +29,10 @@ from ._bounded import within_deadline
 from ._registry import split_scheme
 from .client import StreamClient, WalFactory
 from .clock import Clock, SystemClock
-from .errors import InvalidArgumentError, S3StreamError, UnavailableError
+from .errors import InvalidArgumentError, UnavailableError
 from .metadata.base import MetadataLogStore
-from .metadata.log import MetadataLog
-from .metadata.model import RegisterNode
 from .metadata.registry import check_metadata_url
 from .objectstore.base import ObjectStore
-from .objectstore.local import TEMP_PREFIX, LocalObjectStore
 from .objectstore.registry import open_object_store
 from .objectstore.stack import store_stack
 from .objectstore.wrappers import MetricsObjectStore
@@ -434,73 +430,6 @@ def _check_not_given_up(given_up: threading.Event | None, node_id: str) -> None:
         )
 
 
-@dataclasses.dataclass
-class _Created:
-    """What an open creates on a local disk, so that an open that fails removes it again (it
-    leaves nothing behind): the store directory (`store`) when the open made it (`root`:
-    the outermost directory it made, the store's or a parent's) or found it empty
-    (`was_empty`), the holder lock of its file WAL (whose lock file it may have made), and
-    the WAL file when it was new."""
-
-    store: Path | None = None
-    root: Path | None = None
-    was_empty: bool = False
-    held: WalHolderLock | None = None
-    wal_file: Path | None = None
-
-    def undo(self, node_id: str) -> None:
-        """Remove what the failed open created (never what was there before it)."""
-        if self.held is not None:
-            self.held.discard(also=(self.wal_file,) if self.wal_file is not None else ())
-        store = self.store
-        if store is None or not (self.root is not None or self.was_empty):
-            return
-        top = self.root if self.root is not None else store
-        if not _only_this_open(top, store, node_id):
-            return
-        if self.root is not None:
-            shutil.rmtree(self.root, ignore_errors=True)
-            return
-        for child in store.iterdir():
-            if child.is_dir():
-                shutil.rmtree(child, ignore_errors=True)
-            else:
-                child.unlink(missing_ok=True)
-
-
-def _only_this_open(top: Path, store: Path, node_id: str) -> bool:
-    """Whether the files under `top` are only what an open of node `node_id` writes into the
-    store directory `store`: the node's registration as entry 1 of the metadata log, its WAL
-    and lock file, temporary files of a write cut short. Anything else (another process
-    opening the same new store at the same moment) keeps it all."""
-    ours = {Path("wal", f"{node_id}.wal"), Path("wal", f"{node_id}.wal.lock")}
-    for path in top.rglob("*"):
-        if path.is_dir() or path.name.startswith(TEMP_PREFIX):
-            continue
-        if not path.is_relative_to(store):
-            return False
-        relative = path.relative_to(store)
-        if relative in ours:
-            continue
-        if relative.parts[:2] == ("meta", "log") and _registers_only(store, node_id):
-            continue
-        return False
-    return True
-
-
-def _registers_only(store_root: Path, node_id: str) -> bool:
-    """Whether the store's metadata log is entry 1 alone, registering `node_id`."""
-    with LocalObjectStore(store_root, fsync=False) as store:
-        log = MetadataLog(store)
-        if log.has_entry(2):
-            return False
-        try:
-            entry, _ = log.read_entry(1)
-        except S3StreamError:
-            return False
-        return all(isinstance(op, RegisterNode) and op.node_id == node_id for op in entry.ops)
-
-
 def _build_client(
     url: str,
     given_up: threading.Event | None,
@@ -511,32 +440,27 @@ def _build_client(
     **rest: Any,
 ) -> StreamClient:
     """`_build_client_in` once everything that can be checked without writing is checked
-    (`_check_before_writing`); when it fails, what it created is removed (`_Created`)."""
-    created = _check_before_writing(url, scheme, wal, node_id)
-    try:
-        return _build_client_in(
-            url, given_up, scheme=scheme, wal=wal, node_id=node_id, created=created, **rest
-        )
-    except BaseException:
-        with contextlib.suppress(Exception):  # the open's own error is the one to see
-            created.undo(node_id)
-        raise
+    (`_check_before_writing`). An open that fails later leaves what it made (the store's
+    directories, the node's registration, its WAL and lock file): those are s3stream's own
+    files of that store, which the next open uses; nothing is deleted on a guess that it
+    was this open's (another process may be opening the same store at that moment)."""
+    _check_before_writing(url, scheme, wal, node_id)
+    return _build_client_in(url, given_up, scheme=scheme, wal=wal, node_id=node_id, **rest)
 
 
 def _check_before_writing(
     url: str, scheme: str, wal: str | WriteAheadLog | None, node_id: str
-) -> _Created:
-    """Check the store directory and the WAL without writing anything (an unknown WAL scheme,
-    a WAL path that is a directory or somebody's file, a directory of somebody else's files
-    are refused before a directory, a lock file or a node registration is made), and note
-    what the open is about to create (`_Created`)."""
-    created = _Created()
+) -> None:
+    """Check the store directory and the WAL without writing anything: an unknown WAL
+    scheme, a WAL path that is a directory or somebody's file, a directory of somebody
+    else's files are refused before a directory, a lock file or a node registration is
+    made."""
     if scheme == "file":
         given = split_scheme(url)[1]
         if "\0" in given:
             raise InvalidArgumentError(f"a store directory cannot hold a NUL byte, got {url!r}")
-        root = Path(given).expanduser().absolute()
-        created.store = root
+        # Lexically normalised, as the store's own mkdir will see it ("new/../mine" is mine).
+        root = Path(os.path.abspath(os.path.expanduser(given)))
         if root.exists() and not root.is_dir():
             raise InvalidArgumentError(f"{str(root)!r} exists and is not a directory")
         if root.is_dir():
@@ -548,28 +472,18 @@ def _check_before_writing(
                     "meta/, data/ and wal/ beside them; open a store in an empty or new "
                     "directory, or in the directory of an existing store"
                 )
-            created.was_empty = not any(root.iterdir())
-        else:
-            # The outermost directory missing: the store's root or a parent of it.
-            missing = [p for p in (*reversed(root.parents), root) if not p.exists()]
-            created.root = missing[0] if missing else None
-    target: str | None = None
     if isinstance(wal, str):
-        target = wal
+        check_wal_target(wal)
     elif wal is None and scheme == "file":
-        target = default_wal_url(url, node_id, capacity=None)
-    if target is not None:
-        wal_path = check_wal_target(target)
-        if wal_path is not None and not wal_path.exists():
-            created.wal_file = wal_path
-    return created
+        default = default_wal_url(url, node_id, capacity=None)
+        if default is not None:
+            check_wal_target(default)
 
 
 def _build_client_in(
     url: str,
     given_up: threading.Event | None,
     *,
-    created: _Created,
     scheme: str,
     wal: str | WriteAheadLog | None,
     node_id: str,
@@ -629,7 +543,6 @@ def _build_client_in(
         try:
             _check_not_given_up(given_up, node_id)
             held = lock_file_wal(target if isinstance(target, str) else target(node_id), node_id)
-            created.held = held
         except BaseException:
             store.close()
             raise

@@ -519,6 +519,9 @@ def open_reader_store(
 #: `opening.OBJECT_WAL_DIR`, not imported: opening imports this module). ``lost+found`` is
 #: there when the store is the root of a file system of its own.
 _STORE_NAMES = frozenset({"meta", DEFAULT_DATA_PREFIX, "wal", "lost+found"})
+#: What desktops leave in any folder they show (Finder, Explorer, a trash): not somebody's
+#: files in the sense that matters here.
+_DESKTOP_NAMES = frozenset({".DS_Store", "Thumbs.db", "desktop.ini", ".directory"})
 
 
 def holds_store(store: ObjectStore, metadata_prefix: str = "meta") -> bool:
@@ -542,7 +545,9 @@ def foreign_entries(root: Path, metadata_prefix: str = "meta") -> list[str]:
             f"cannot list the directory {str(root)!r}: {exc.strerror}"
         ) from exc
     own = _STORE_NAMES | {metadata_prefix.split("/", 1)[0]}
-    others = [n for n in names if n not in own]
+    others = [
+        n for n in names if n not in own and n not in _DESKTOP_NAMES and not n.startswith(".Trash-")
+    ]
     if not others:
         return []
     with LocalObjectStore(root, fsync=False) as store:  # an existing directory: creates nothing

@@ -1,6 +1,7 @@
 """s3stream touches nothing but its own files: a directory of somebody else's files, a WAL path
 that is a directory or somebody's file, a typo in a take-over's WAL, a failed open: each is
-refused with a library error (the CLI: one line, exit 2) and leaves nothing behind."""
+refused with a library error (the CLI: one line, exit 2) before anything is written, and a
+failed open deletes nothing (another process may be opening the same store)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 import s3stream
 from s3stream import InvalidArgumentError, RecordBatch
 from s3stream.cli import _DEMO_MAX_BATCH_BYTES
-from s3stream.errors import CorruptionError
+from s3stream.errors import CorruptionError, NodeInUseError
 from s3stream.validation import check_int
 from s3stream.wal.base import WalCapabilities
 
@@ -101,7 +102,18 @@ def test_open_refuses_a_directory_of_other_files(foreign: Path) -> None:
     assert str(foreign) in str(info.value) and "readme.txt" in str(info.value)
     with pytest.raises(InvalidArgumentError, match="holds no s3stream store"):
         s3stream.open_reader(foreign)
+    # The same directory by a path through a directory that does not exist ("new/.."):
+    with pytest.raises(InvalidArgumentError, match="empty or new directory"):
+        s3stream.open(f"{foreign.parent}/not-there/../{foreign.name}")
     assert tree(foreign) == before
+    assert not (foreign.parent / "not-there").exists()
+
+
+def test_what_a_desktop_leaves_in_a_folder_is_not_somebodys_files(tmp_path: Path) -> None:
+    for name in (".DS_Store", "Thumbs.db"):
+        (tmp_path / name).write_bytes(b"\0")
+    with s3stream.open(tmp_path, settings=SMALL) as client:
+        client.create_stream()
 
 
 def test_open_takes_an_empty_a_missing_and_a_store_directory(tmp_path: Path) -> None:
@@ -126,7 +138,7 @@ def test_what_an_interrupted_first_open_left_is_not_foreign(tmp_path: Path) -> N
         client.create_stream()
 
 
-# -- 3. an open checks before it writes, and a failed open removes what it created ------------
+# -- 3. an open checks before it writes, and a failed open deletes nothing -----------------------
 
 
 @pytest.mark.parametrize("kind", ["scheme", "directory", "not-a-wal", "parent-is-a-file"])
@@ -147,21 +159,27 @@ def test_a_bad_wal_is_refused_before_anything_is_written(
     assert (foreign / "readme.txt").read_text() == "x\n"
 
 
-def test_a_failed_open_removes_the_store_and_lock_it_created(tmp_path: Path) -> None:
-    """Refused after the node registered (the WAL belongs to another node): the new store
-    directory (and its new parents), the new WAL directory and the lock file go; an empty
-    directory given stays, empty; the other node's WAL and lock stay."""
+def test_a_failed_open_deletes_nothing(tmp_path: Path) -> None:
+    """An open refused after it began writing deletes nothing: not the other node's WAL and
+    lock (the WAL belongs to node 'a'), not a live client's store, WAL or lock (a second
+    open of the same node, which loses with `NodeInUseError`)."""
     with s3stream.open(tmp_path / "s1", node_id="a", settings=SMALL):
         pass
     theirs = (tmp_path / "s1" / "wal" / "a.wal").as_uri()
-    (tmp_path / "empty").mkdir()
-    for where in (tmp_path / "new" / "x", tmp_path / "empty"):
-        with pytest.raises(InvalidArgumentError, match="belongs to node 'a'"):
-            s3stream.open(where, node_id="b", wal=theirs, settings=SMALL)
-    assert not (tmp_path / "new").exists()
-    assert list((tmp_path / "empty").iterdir()) == []
+    with pytest.raises(InvalidArgumentError, match="belongs to node 'a'"):
+        s3stream.open(tmp_path / "new", node_id="b", wal=theirs, settings=SMALL)
     assert sorted(os.listdir(tmp_path / "s1" / "wal")) == ["a.wal", "a.wal.lock"]
-    assert sorted(os.listdir(tmp_path)) == ["empty", "s1"]
+    live = s3stream.open(tmp_path / "s2", settings=SMALL)
+    s = live.create_stream()
+    with pytest.raises(NodeInUseError):
+        s3stream.open(tmp_path / "s2", settings=SMALL)
+    assert sorted(os.listdir(tmp_path / "s2" / "wal")) == ["local.wal", "local.wal.lock"]
+    s.append(RecordBatch(b"still the live client's"))
+    live.close()
+    with s3stream.open(tmp_path / "s2", settings=SMALL) as again:
+        assert [b.payload for b in again.read(s.stream_id, 0).batches] == [
+            b"still the live client's"
+        ]
 
 
 # -- 4. take-over with a WAL that is not there ---------------------------------------------------

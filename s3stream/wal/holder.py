@@ -92,10 +92,6 @@ class WalHolderLock:
         self._fd = fd
         self._held = held
         self._guard = threading.Lock()
-        #: What `acquire` created, for `discard`: the lock file (its identity) and the missing
-        #: directories above it, outermost first.
-        self._created_file: tuple[int, int] | None = None
-        self._created_dirs: list[Path] = []
 
     # ------------------------------------------------------------------ acquiring
 
@@ -123,22 +119,13 @@ class WalHolderLock:
     @classmethod
     def _acquire_file(cls, path: Path, node_id: str, *, take_over: bool) -> WalHolderLock:
         lock_path = lock_path_for(path)
-        missing = [p for p in reversed(path.parents) if not p.exists()]
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise os_error("cannot create the directory of WAL", path, exc) from exc
         for _ in range(_ACQUIRE_ATTEMPTS):
-            created = True
             try:
-                # Exclusive first, to know whether this call made the file (`discard`).
-                fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-            except FileExistsError:
-                created = False
-                try:
-                    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-                except OSError as exc:
-                    raise os_error("cannot open the lock file of WAL", path, exc) from exc
+                fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             except OSError as exc:
                 raise os_error("cannot open the lock file of WAL", path, exc) from exc
             try:
@@ -167,11 +154,7 @@ class WalHolderLock:
             except OSError as exc:
                 os.close(fd)
                 raise os_error("cannot write the lock file of WAL", path, exc) from exc
-            lock = cls(path, node_id, device=False, fd=fd, held=True)
-            if created:
-                lock._created_file = (mine.st_dev, mine.st_ino)
-                lock._created_dirs = [p for p in missing if p.is_dir()]
-            return lock
+            return cls(path, node_id, device=False, fd=fd, held=True)
         raise UnavailableError(
             f"cannot lock WAL {path}: its lock file {lock_path} kept being replaced "
             "(concurrent take-overs)"
@@ -289,57 +272,9 @@ class WalHolderLock:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
-    def discard(self, *, also: tuple[Path, ...] = ()) -> None:
-        """Undo `acquire` for an open that failed, so that it leaves nothing behind: remove
-        the files in `also` (a WAL file the failed open created), the lock file if `acquire`
-        created it, and the directories it created if they are empty; then let go.
-
-        Files are removed only under the lock (taken again if the WAL let it go, and only if
-        it is still the file this lock created): a process that has the lock now owns them,
-        and removing a lock file somebody holds would let a third opener in beside it."""
-        if self._device or self._created_file is None:
-            self.release()
-            return
-        lock_path = lock_path_for(self._wal_path)
-        with self._guard:
-            fd, self._fd = self._fd, -1
-            self._held = False
-        if fd < 0:
-            fd = _reopen_if_free(lock_path, self._created_file)
-        if fd >= 0:
-            try:
-                for path in (*also, lock_path):
-                    with contextlib.suppress(OSError):
-                        path.unlink()
-            finally:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-        for directory in reversed(self._created_dirs):
-            with contextlib.suppress(OSError):  # not empty (somebody else's files): kept
-                directory.rmdir()
-
     def __repr__(self) -> str:
         state = "held" if self._held else "not held"
         return f"WalHolderLock({str(self._wal_path)!r}, node {self._node_id!r}, {state})"
-
-
-def _reopen_if_free(lock_path: Path, identity: tuple[int, int]) -> int:
-    """A descriptor holding the lock of `lock_path` again, if it is still the file of
-    `identity` (device, inode) and nobody holds it; -1 otherwise."""
-    try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CLOEXEC)
-    except OSError:
-        return -1
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        st = os.fstat(fd)
-    except OSError:
-        os.close(fd)
-        return -1
-    if (st.st_dev, st.st_ino) != identity:
-        os.close(fd)
-        return -1
-    return fd
 
 
 def _write_holder(fd: int, node_id: str) -> None:
