@@ -50,7 +50,7 @@ from .reader import open_reader as _open_reader
 from .records import Record, batch_records, records_batch
 from .settings import ClientSettings
 from .stream import Stream
-from .types import AppendResult, FetchedBatch, FetchResult, RecordBatch, StreamInfo
+from .types import AppendResult, BatchKind, FetchedBatch, FetchResult, RecordBatch, StreamInfo
 from .validation import check_instance, check_int, check_timeout
 
 __all__ = ["AsyncStream", "AsyncStreamClient", "AsyncStreamReader", "open", "open_reader"]
@@ -389,7 +389,10 @@ class AsyncStream:
 
     def _would_wait(self, batch: RecordBatch, idempotent: bool) -> bool:
         """`Stream.append_would_wait`, asked with the batch, whose size the WAL's room is
-        checked for."""
+        checked for; or a RECORDS batch made by hand, which the append decodes once to check
+        it (up to a whole record limit of zstd: not on the loop)."""
+        if batch.kind is BatchKind.RECORDS and not batch.records_verified():
+            return True
         return self._stream.append_would_wait(idempotent=idempotent, batch=batch)
 
     async def _append_in_thread(

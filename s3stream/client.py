@@ -580,16 +580,29 @@ class StreamClient(Closeable):
         another client has opened (or deleted) the stream since: that handle is fenced, so
         what it acknowledged and did not upload is dropped (`flush` and `close` report it
         with `FencedError`), its appends raise `FencedError`, and the stream is opened
-        anew as any other.
+        anew as any other. A client whose node was registered again since (taken over, or
+        opened by another process) gets `FencedError`.
         """
         check_int("stream_id", stream_id)
         check_bool("force", force)
         with self._lock:
             self._check_open()
             self._meta.refresh()
+            node = self._meta.state.nodes.get(self._node_id)
+            if node is not None and node.epoch != self._node_epoch:
+                # Taken over (its WAL replayed and uploaded by the taker) or opened again
+                # elsewhere: this session may neither open streams nor call what it holds
+                # lost (the taker committed it).
+                raise FencedError(
+                    f"node {self._node_id!r} was registered again (its epoch is {node.epoch}, "
+                    f"this client's {self._node_epoch}): this client is fenced; open a new one"
+                )
             existing = self._streams.get(stream_id)
             if existing is not None and not existing.closed:
                 now = self._meta.state.streams.get(stream_id)
+                # The same epoch, even closed (a take-over of this node closes its streams
+                # at their epochs, after uploading what this client acknowledged): not
+                # another client's, and nothing of it is to be reported lost here.
                 if (
                     now is not None
                     and now.state is not StreamState.DELETED
@@ -839,7 +852,11 @@ class StreamClient(Closeable):
                 s = state.streams.get(sid)
                 if s is not None and s.state is StreamState.OPEN and s.epoch == epoch:
                     ops.append(CloseStream(sid, epoch))
-            if unattached:
+            node = state.nodes.get(self._node_id)
+            if unattached and node is not None and node.epoch == self._node_epoch:
+                # Only while this session is the node's current one: a stale session (the
+                # node restarted or was taken over meanwhile) must not close the streams
+                # the current session owns.
                 ops += [
                     CloseStream(sid, s.epoch)
                     for sid, s in state.streams.items()
@@ -958,8 +975,8 @@ class _ClientStreams:
             # which the closed stream would refuse later. Tailers read on until the writer
             # stops. Again after a failed release: the writer is gone, the flushes are cheap.
             # Drop reports (appends of fenced streams) are left to `flush` and `close` of the
-            # client, unless this stream turns out fenced itself: a release that fails
-            # afterwards must not have used them up.
+            # client, unless this stream turns out fenced itself (then they are all raised
+            # here, once): a release that fails afterwards must not have used them up.
             self._storage.flush(report_dropped=False)
             self._storage.release_writer(
                 stream.stream_id, StreamClosedError(f"stream {stream.stream_id} is closed")
@@ -987,6 +1004,15 @@ class _ClientStreams:
         """Delete `stream` and its data."""
         with self._lock:
             self._check_open()
+            current = self._streams.get(stream.stream_id)
+            if current is not None and current is not stream:
+                # A handle this client replaced (reopened, or opened anew after a fence):
+                # destroying through it would stop the current handle's writer and drop
+                # what that one acknowledged.
+                raise StreamClosedError(
+                    f"stream {stream.stream_id} is open through a newer handle of this client "
+                    f"(epoch {current.epoch}, this one's {stream.epoch}): destroy through that one"
+                )
             # No upload commits between the discard and the deletion: what the discard
             # took is then exactly what was not committed, if the deletion finds the stream
             # taken.
@@ -994,6 +1020,7 @@ class _ClientStreams:
                 released = self._storage.release_writer(
                     stream.stream_id,
                     StreamClosedError(f"stream {stream.stream_id} was destroyed"),
+                    epoch=stream.epoch,
                     discard=True,
                 )
                 self._streams.pop(stream.stream_id, None)

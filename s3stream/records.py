@@ -266,7 +266,11 @@ def records_batch(
     stamps = [r.timestamp for r in records if r.timestamp is not None]
     base = max(stamps) if len(stamps) == len(records) else None
     return RecordBatch(
-        payload, count=len(records), base_timestamp=base, kind=BatchKind.RECORDS, _verified=True
+        payload,
+        count=len(records),
+        base_timestamp=base,
+        kind=BatchKind.RECORDS,
+        _verified=(payload, len(records)),
     )
 
 

@@ -434,7 +434,7 @@ def _checked(
     something to say (the hot path)."""
     if not isinstance(batch, RecordBatch):
         check_instance("batch", batch, RecordBatch)
-    if batch.kind is BatchKind.RECORDS and not batch._verified:
+    if batch.kind is BatchKind.RECORDS and not batch.records_verified():
         _check_records_payload(batch)
     if batch.properties:
         check_unreserved(batch.properties)

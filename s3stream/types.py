@@ -64,10 +64,19 @@ class RecordBatch:
     base_timestamp: int | None = None
     properties: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     kind: BatchKind = BatchKind.RAW
-    #: Set by `s3stream.records.records_batch`, whose encoder made the payload: a RECORDS
-    #: batch built any other way is decoded once at append, so that a payload that is not
-    #: a records payload is refused there instead of failing every later scan of the store.
-    _verified: bool = field(default=False, repr=False, compare=False, kw_only=True)
+    #: Set by `s3stream.records.records_batch` to the (payload, count) its encoder made: a
+    #: RECORDS batch built any other way, or changed since (`dataclasses.replace`), is
+    #: decoded once at append (`records_verified`), so that a payload that is not a records
+    #: payload is refused there instead of failing every later scan of the store.
+    _verified: tuple[bytes, int] | None = field(
+        default=None, repr=False, compare=False, kw_only=True
+    )
+
+    def records_verified(self) -> bool:
+        """Whether this RECORDS batch's payload is known to be a records payload of `count`
+        records (made so by `records_batch`, and unchanged since)."""
+        made = getattr(self, "_verified", None)  # a batch unpickled from an older version
+        return made is not None and made[0] is self.payload and made[1] == self.count
 
     def __post_init__(self) -> None:
         payload = self.payload

@@ -118,7 +118,11 @@ def check_int(name: str, value: object, *, minimum: int = 0, maximum: int = I64_
     if type(value) is not int or value < minimum:
         bound = f">= {minimum}" if maximum == I64_MAX else f"in [{minimum}, {maximum}]"
         hint = ""
-        if not isinstance(value, bool) and isinstance(value, SupportsIndex):
+        if (
+            type(value) is not int
+            and not isinstance(value, bool)
+            and isinstance(value, SupportsIndex)
+        ):
             hint = f" (an integer of type {type(value).__name__}: pass int(...) of it)"
         raise InvalidArgumentError(f"{name} must be an int {bound}, got {_show(value)}{hint}")
     if value > maximum:

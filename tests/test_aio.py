@@ -609,3 +609,34 @@ def test_the_wal_says_before_an_append_whether_it_would_wait_for_room(tmp_path: 
         assert not waiting.is_alive() and wal.has_room(10_000)
     finally:
         wal.close()
+
+
+def test_the_room_check_never_waits_for_the_wals_state_lock(tmp_path: Path) -> None:
+    """A medium may hold its state lock across its own I/O (a file WAL writing its
+    clean-shutdown header, which a frozen device makes endless): `has_room` then answers
+    "it would wait" at once instead of blocking the event loop that asked."""
+    from s3stream.settings import FileWalSettings
+    from s3stream.wal.file import FileWal
+
+    wal = FileWal(tmp_path / "n.wal", settings=FileWalSettings(capacity_bytes=64 * 1024))
+    wal.reset()
+    try:
+        assert wal.has_room(100)
+        held, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with wal._cond:
+                held.set()
+                release.wait(10)
+
+        t = threading.Thread(target=hold)
+        t.start()
+        assert held.wait(10)
+        started = time.monotonic()
+        assert not wal.has_room(100)
+        assert time.monotonic() - started < 0.5
+        release.set()
+        t.join(10)
+        assert wal.has_room(100)
+    finally:
+        wal.close()

@@ -639,5 +639,51 @@ def test_a_failed_release_does_not_use_up_a_drop_report(tmp_path: Path) -> None:
     b.close()
 
 
+def test_a_stale_session_closing_leaves_the_current_sessions_streams(
+    tmp_path: Path, metadata_url: str | None
+) -> None:
+    """A client whose node was registered again meanwhile (a take-over, or a restart of the
+    node elsewhere) closes: it releases no stream the node's current session owns, and that
+    session keeps appending and closes cleanly."""
+    import s3stream
+    from s3stream.types import RecordBatch
+
+    root = tmp_path / "store"
+    stale = s3stream.open(root, node_id="n", wal="memory://", metadata=metadata_url)
+    current = s3stream.open(root, node_id="n", wal="memory://", metadata=metadata_url)
+    assert current.node_epoch > stale.node_epoch
+    s = current.create_stream()
+    s.append(RecordBatch(b"current"))
+    assert [i.stream_id for i in stale.list_streams()] == [s.stream_id]  # it sees the stream
+    stale.close()
+    with s3stream.open(root, node_id="other", wal="memory://", metadata=metadata_url) as other:
+        assert other.stream_info(s.stream_id).state is s3stream.StreamState.OPEN
+    s.append(RecordBatch(b"still current"))
+    current.close()
+    with s3stream.open(root, node_id="other", wal="memory://", metadata=metadata_url) as other:
+        assert _payloads(other, s.stream_id) == [b"current", b"still current"]
+
+
+def test_destroying_through_a_replaced_handle_leaves_the_current_one(tmp_path: Path) -> None:
+    """`destroy()` of a handle this client replaced (it reopened the stream) is refused: it
+    would stop the current handle's writer and drop what that one acknowledged."""
+    import s3stream
+    from s3stream.errors import StreamClosedError
+    from s3stream.types import RecordBatch
+
+    root = tmp_path / "store"
+    with s3stream.open(root, node_id="a") as a:
+        old = a.create_stream()
+        old.append(RecordBatch(b"a0"))
+        old.close()
+        new = a.open_stream(old.stream_id)
+        new.append(RecordBatch(b"a1"))  # acknowledged, not uploaded
+        with pytest.raises(StreamClosedError, match="newer handle"):
+            old.destroy()
+        new.append(RecordBatch(b"a2"))
+        a.flush()
+        assert _payloads(a, old.stream_id) == [b"a0", b"a1", b"a2"]
+
+
 if __name__ == "__main__":
     _child_main(sys.argv[1], json.loads(sys.argv[2]))

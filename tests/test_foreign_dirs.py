@@ -255,6 +255,7 @@ def test_numpy_integers_are_refused_with_a_hint_and_huge_ones_too_large() -> Non
             check_int("n", bad)
     with pytest.raises(InvalidArgumentError, match="n is too large: it must be an int <= "):
         check_int("n", 10**30)
-    with pytest.raises(InvalidArgumentError, match="must be an int >= 0"):
+    with pytest.raises(InvalidArgumentError, match="must be an int >= 0") as info:
         check_int("n", -1)
+    assert "pass int" not in str(info.value)  # a plain int needs no conversion hint
     assert check_int("n", 5) == 5

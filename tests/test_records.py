@@ -296,3 +296,24 @@ def test_a_hand_made_records_batch_that_is_not_one_is_refused_at_append(tmp_path
         s.append_records([Record(value=b"b")])
         client.flush()
         assert [r.value for _, r in s.read_records(0)] == [b"a", b"b"]
+
+
+def test_a_verified_records_batch_changed_since_is_checked_again(tmp_path: Path) -> None:
+    """`records_batch` marks its batch as a records payload of `count` records; a copy with
+    another payload or count (`dataclasses.replace`) is decoded at the append like any
+    hand-made RECORDS batch."""
+    import dataclasses
+
+    good = records_batch([Record(value=b"a")])
+    assert good.records_verified()
+    with s3stream.open(tmp_path, wal="memory://") as client:
+        s = client.create_stream()
+        for bad in (
+            dataclasses.replace(good, payload=b"\x00not records"),
+            dataclasses.replace(good, count=2),
+        ):
+            assert not bad.records_verified()
+            with pytest.raises(InvalidArgumentError, match="must hold a records payload"):
+                s.append(bad)
+        s.append(good)
+        assert s.next_offset == 1

@@ -120,7 +120,8 @@ def check_layout(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> N
             continue
         raise InvalidArgumentError(
             f"schema {schema!r} holds a {'table' if kind in ('r', 'p') else 'relation'} "
-            f"named {name!r} that is not s3stream's (columns "
+            f"named {name!r} that is not s3stream's layout {SCHEMA_VERSION} (another "
+            f"application's, or a newer s3stream's: columns "
             f"{', '.join(f'{c} {t}' for c, t in found.get(name, [])) or 'none'}): "
             "give the metadata URL a schema of its own (?schema=...)"
         )

@@ -67,6 +67,17 @@ class PostgresSession:
 
     def run(self, call: Callable[[Connection], T]) -> T:
         """`call(connection)`, with its psycopg errors mapped (see `map_error`)."""
+        try:
+            return self._run_locked(call)
+        finally:
+            if self._closed and self._conn is not None and self._lock.acquire(blocking=False):
+                # `close` came while this call held the lock: the connection goes now.
+                try:
+                    self._drop()
+                finally:
+                    self._lock.release()
+
+    def _run_locked(self, call: Callable[[Connection], T]) -> T:
         with self._lock:
             if self._closed:
                 raise S3StreamError(f"the metadata log at {self._target.display} was closed")
@@ -81,9 +92,6 @@ class PostgresSession:
             except BaseException:
                 self._end_transaction(conn)
                 raise
-            finally:
-                if self._closed:
-                    self._drop()  # closed while this call was under way (see `close`)
 
     def close(self) -> None:
         """Close the connection, at once: a call under way (a thread waiting up to

@@ -178,11 +178,17 @@ class Storage:
         return self._appender.register_writer(stream_id, epoch, end_offset)
 
     def release_writer(
-        self, stream_id: int, error: S3StreamError, *, discard: bool = False
+        self,
+        stream_id: int,
+        error: S3StreamError,
+        *,
+        epoch: int | None = None,
+        discard: bool = False,
     ) -> Released | None:
         """Stop appends to a stream (closed or destroyed); with `discard`, also drop what
-        the LogCache holds of it. What was stopped (see `Appender.release_writer`)."""
-        return self._appender.release_writer(stream_id, error, discard=discard)
+        the LogCache holds of it; with `epoch`, only this client's writer at that epoch.
+        What was stopped (see `Appender.release_writer`)."""
+        return self._appender.release_writer(stream_id, error, epoch=epoch, discard=discard)
 
     def report_fenced(self, stream_id: int, released: Released) -> None:
         """What `released` (of a destroy) had not uploaded went to another owner, who took

@@ -389,7 +389,7 @@ class PipelinedWal(WriteAheadLog):
         for room: no appender waits for room (a later one would queue behind it) and a frame
         of that size fits, with room to spare for any medium's alignment (a block at each end
         of the live bytes). Asked before an append by callers that must not block (an event
-        loop: `Appender.would_wait`); it never waits itself beyond the brief state lock.
+        loop: `Appender.would_wait`); it never waits itself (a busy state lock: False).
 
         Conservative: it may say False of a frame that would just fit (whose append then only
         takes a slower path), never True of one that would wait now; but it is a look at this
@@ -399,12 +399,19 @@ class PipelinedWal(WriteAheadLog):
         if self._room_waiters:
             return False
         size = frame_size(length)
-        with self._cond:
+        # Not waited for: a medium may hold the state lock across its own I/O (a file WAL
+        # writing its clean-shutdown header), which a device that stopped answering makes
+        # endless. Busy, the answer is "it would wait".
+        if not self._cond.acquire(blocking=False):
+            return False
+        try:
             if self._room_waiters:
                 return False
             if not self._ready or self._closing or self._failed is not None:
                 return True
             used, capacity = self._room()
+        finally:
+            self._cond.release()
         # An empty WAL takes any record it takes at all (one larger than `max_record_bytes`
         # is refused at once, it never waits).
         return used == 0 or used + size + FRAME_ALIGN + 2 * BLOCK_BYTES <= capacity
