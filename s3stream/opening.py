@@ -430,24 +430,6 @@ def _check_not_given_up(given_up: threading.Event | None, node_id: str) -> None:
         )
 
 
-def _build_client(
-    url: str,
-    given_up: threading.Event | None,
-    *,
-    scheme: str,
-    wal: str | WriteAheadLog | None,
-    node_id: str,
-    **rest: Any,
-) -> StreamClient:
-    """`_build_client_in` once everything that can be checked without writing is checked
-    (`_check_before_writing`). An open that fails later leaves what it made (the store's
-    directories, the node's registration, its WAL and lock file): those are s3stream's own
-    files of that store, which the next open uses; nothing is deleted on a guess that it
-    was this open's (another process may be opening the same store at that moment)."""
-    _check_before_writing(url, scheme, wal, node_id)
-    return _build_client_in(url, given_up, scheme=scheme, wal=wal, node_id=node_id, **rest)
-
-
 def _check_before_writing(
     url: str, scheme: str, wal: str | WriteAheadLog | None, node_id: str
 ) -> None:
@@ -480,7 +462,7 @@ def _check_before_writing(
             check_wal_target(default)
 
 
-def _build_client_in(
+def _build_client(
     url: str,
     given_up: threading.Event | None,
     *,
@@ -495,9 +477,15 @@ def _build_client_in(
     metadata: str | MetadataLogStore | None,
     wal_client: str | None,
 ) -> StreamClient:
-    """`open`'s work once its arguments are checked and its settings resolved: the store, the
-    WAL's holder lock, the client (which registers the node, opens and recovers the WAL).
-    `given_up`: set when `open`'s caller stopped waiting; then nothing new is started."""
+    """`open`'s work once its arguments are checked and its settings resolved: what can be
+    checked without writing (`_check_before_writing`), then the store, the WAL's holder lock,
+    the client (which registers the node, opens and recovers the WAL). `given_up`: set when
+    `open`'s caller stopped waiting; then nothing new is started. An open that fails after
+    it began writing leaves what it made (the store's directories, the node's registration,
+    its WAL and lock file): s3stream's own files of that store, which the next open uses;
+    nothing is deleted on a guess that it was this open's (another process may be opening
+    the same store at that moment)."""
+    _check_before_writing(url, scheme, wal, node_id)
     raw_store = open_object_store(url, storage_options)
     # The client's one store stack, built here so that an object WAL in the same store shares
     # it (one boto3 client; its traffic in `client.metrics`); the client takes it as it is.

@@ -364,16 +364,7 @@ def test_an_append_held_back_waits_in_a_thread_not_on_the_loop(
                 await stream.append(RecordBatch(bytes([i % 256]) * 1000))
         assert stream.sync.append_would_wait()
         gaps: list[float] = []
-
-        async def tick() -> None:
-            last = time.monotonic()
-            while True:
-                await asyncio.sleep(0.01)
-                now = time.monotonic()
-                gaps.append(now - last)
-                last = now
-
-        ticker = asyncio.create_task(tick())
+        ticker = _ticker(gaps)
         t0 = time.monotonic()
         with pytest.raises(BackpressureError):
             await stream.append(RecordBatch(b"held back"))

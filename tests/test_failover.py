@@ -342,6 +342,18 @@ def test_take_over_of_a_file_wal_given_by_path(tmp_path: Path, metadata_url: str
 # -- a handle fenced by another client, in-process ------------------------------------------------
 
 
+def _owner_of_a0(root: Path, metadata_url: str | None = None) -> tuple[Any, Any]:
+    """Client "a" on `root` and its new stream, holding b"a0" at offset 0, uploaded."""
+    import s3stream
+    from s3stream.types import RecordBatch
+
+    a = s3stream.open(root, node_id="a", metadata=metadata_url)
+    s = a.create_stream()
+    s.append(RecordBatch(b"a0"))
+    a.flush()
+    return a, s
+
+
 def _payloads(client: Any, sid: int) -> list[bytes]:
     info = client.stream_info(sid)
     return [b.payload for b in client.read(sid, info.start_offset, info.end_offset).batches]
@@ -359,11 +371,8 @@ def test_a_client_reopens_a_stream_another_client_fenced(
     from s3stream.types import RecordBatch
 
     root = tmp_path / "store"
-    a = s3stream.open(root, node_id="a", metadata=metadata_url)
-    old = a.create_stream()
+    a, old = _owner_of_a0(root, metadata_url)
     sid = old.stream_id
-    old.append(RecordBatch(b"a0"))
-    a.flush()
     b = s3stream.open(root, node_id="b", metadata=metadata_url)
     mine = b.open_stream(sid, force=True)
     mine.append(RecordBatch(b"b1"))
@@ -411,10 +420,7 @@ def test_closing_a_fenced_handle_closes_it(
     from s3stream.types import RecordBatch
 
     root = tmp_path / "store"
-    a = s3stream.open(root, node_id="a", metadata=metadata_url)
-    s = a.create_stream()
-    s.append(RecordBatch(b"a0"))
-    a.flush()
+    a, s = _owner_of_a0(root, metadata_url)
     with s3stream.open(root, node_id="b", metadata=metadata_url) as b:
         b.open_stream(s.stream_id, force=True).close()
     if pending:
@@ -446,10 +452,7 @@ def test_destroying_a_fenced_stream_reports_what_it_dropped(
     from s3stream.types import RecordBatch
 
     root = tmp_path / "store"
-    a = s3stream.open(root, node_id="a", metadata=metadata_url)
-    s = a.create_stream()
-    s.append(RecordBatch(b"a0"))
-    a.flush()
+    a, s = _owner_of_a0(root, metadata_url)
     with s3stream.open(root, node_id="b", metadata=metadata_url) as b:
         theirs = b.open_stream(s.stream_id, force=True)
         s.append(RecordBatch(b"a-lost"))
@@ -492,10 +495,7 @@ def test_an_append_acknowledged_as_its_stream_is_dropped_is_reported(tmp_path: P
     from s3stream.types import RecordBatch
 
     root = tmp_path / "store"
-    a = s3stream.open(root, node_id="a")  # the file WAL acknowledges from its completion
-    s = a.create_stream()
-    s.append(RecordBatch(b"a0"))
-    a.flush()
+    a, s = _owner_of_a0(root)  # the file WAL acknowledges from its completion
     inserted, go = _paused_after(a._storage.log_cache, "put", lambda *args: args[6] == b"late")
     with s3stream.open(root, node_id="b") as b:
         b.open_stream(s.stream_id, force=True).close()
@@ -586,10 +586,7 @@ def test_destroying_a_stream_deleted_elsewhere_reports_what_it_held(tmp_path: Pa
     from s3stream.types import RecordBatch
 
     root = tmp_path / "store"
-    a = s3stream.open(root, node_id="a")
-    s = a.create_stream()
-    s.append(RecordBatch(b"a0"))
-    a.flush()
+    a, s = _owner_of_a0(root)
     with s3stream.open(root, node_id="b") as b:
         b.open_stream(s.stream_id, force=True).destroy()
     s.append(RecordBatch(b"lost"))

@@ -185,11 +185,17 @@ def _opened_in_thread(
     return time.monotonic() - started, outcome[0] if outcome else None, t.is_alive()
 
 
-def _open_in_thread(
-    layout: str, tmp_path: Path, device: Path
-) -> tuple[float, BaseException | None, bool]:
-    """Open as `_open_on` does, in a thread (`_opened_in_thread`)."""
-    return _opened_in_thread(lambda: _open_on(layout, tmp_path, device))
+def _open_while_frozen(layout: str, tmp_path: Path, freezer: Freezer) -> BaseException | None:
+    """Open as `_open_on` does, in a thread (`_opened_in_thread`), with the device frozen:
+    the open must end by its deadline; what it raised (None: nothing)."""
+    freezer.freeze()
+    try:
+        took, error, alive = _opened_in_thread(lambda: _open_on(layout, tmp_path, freezer.path))
+    finally:
+        freezer.thaw()
+    assert not alive, "open() is blocked on the frozen device"
+    assert took <= CALL_S + SLACK_S, took
+    return error
 
 
 def _open_when_free(layout: str, tmp_path: Path, device: Path) -> s3stream.StreamClient:
@@ -231,13 +237,7 @@ def test_open_keeps_its_deadline_while_the_wal_device_is_frozen(
             client.close()
         else:
             client.abandon()
-        freezer.freeze()
-        try:
-            took, error, alive = _open_in_thread(layout, tmp_path, freezer.path)
-        finally:
-            freezer.thaw()
-        assert not alive, "open() is blocked on the frozen device"
-        assert took <= CALL_S + SLACK_S, took
+        error = _open_while_frozen(layout, tmp_path, freezer)
         assert isinstance(error, UnavailableError), error
         with _open_when_free(layout, tmp_path, freezer.path) as again:
             s = again.open_stream(stream.stream_id)
@@ -266,13 +266,7 @@ def test_a_second_open_of_a_live_node_keeps_its_deadline_while_frozen(
             stream = client.create_stream()
             for i in range(5):
                 stream.append(RecordBatch(b"before %d" % i))
-            freezer.freeze()
-            try:
-                took, error, alive = _open_in_thread(layout, tmp_path, freezer.path)
-            finally:
-                freezer.thaw()
-            assert not alive, "open() is blocked on the frozen device"
-            assert took <= CALL_S + SLACK_S, took
+            error = _open_while_frozen(layout, tmp_path, freezer)
             # `NodeInUseError` where the lock file's lock can be tried without a write (the
             # WAL's directory exists and is the mount point), else the deadline's error.
             assert isinstance(error, UnavailableError | NodeInUseError), error

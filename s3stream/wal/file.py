@@ -45,7 +45,6 @@ from .framing import (
     DATA_START,
     FRAME_ALIGN,
     FRAME_HEADER,
-    HEADER_MAGIC,
     MAX_NODE_ID_BYTES,
     SLOT_BYTES,
     FrameScanner,
@@ -55,6 +54,7 @@ from .framing import (
     align_up,
     decode_slot,
     encode_group_mark,
+    may_hold_header,
 )
 from .holder import WalHolderLock
 from .loss import check_wal_loss
@@ -397,7 +397,7 @@ class FileWal(PipelinedWal):
         raw = os.pread(self._fd, DATA_START, 0)
         if len(raw) < DATA_START:
             # Our magic, or the start of it, where a header was: a WAL cut short.
-            if HEADER_MAGIC in raw or (raw and HEADER_MAGIC.startswith(raw[:8])):
+            if may_hold_header(raw):
                 check_wal_loss(
                     f"WAL {path} was truncated to {size} bytes: its header slots are cut off "
                     "and every record is lost",

@@ -74,6 +74,7 @@ __all__ = [
     "encode_group_mark",
     "find_frame",
     "frame_size",
+    "may_hold_header",
     "seed_for",
 ]
 
@@ -93,6 +94,14 @@ KIND_RECORD = 1
 KIND_MARK = 2
 
 HEADER_MAGIC = b"S3SWALHD"
+
+
+def may_hold_header(raw: bytes) -> bool:
+    """Whether `raw`, the start of a file, holds this WAL's header magic or the beginning of
+    it (a header written whole, or cut short): the file is a WAL, maybe damaged."""
+    return HEADER_MAGIC in raw or (bool(raw) and HEADER_MAGIC.startswith(raw[:8]))
+
+
 HEADER_VERSION = 1
 HEADER_SLOT = struct.Struct("<8sHHIQQQQQQQQIHH64s")
 _SLOT_CRC = struct.Struct("<I")

@@ -40,7 +40,7 @@ from ..settings_parse import parse_size, settings_from_query
 from ..validation import check_choice
 from .base import WriteAheadLog
 from .file import FileWal
-from .framing import DATA_START, HEADER_MAGIC
+from .framing import DATA_START, may_hold_header
 from .holder import WalHolderLock
 from .loss import check_open_node_wal
 from .memory import MemoryWal
@@ -367,7 +367,7 @@ def _may_be_wal(path: Path) -> bool:
             head = f.read(DATA_START)
     except OSError:
         return True
-    return not head.strip(b"\0") or HEADER_MAGIC in head or HEADER_MAGIC.startswith(head[:8])
+    return not head.strip(b"\0") or may_hold_header(head)
 
 
 def check_take_over_wal(url: str, node_id: str, *, open_streams: bool, accept_loss: bool) -> None:
