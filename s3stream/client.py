@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import random
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._bounded import within_deadline
 from ._closeable import Closeable
 from .cache.block_cache import BlockCache, BlockCacheMetrics
 from .clock import Clock, SystemClock
@@ -691,6 +692,7 @@ class StreamClient(Closeable):
         wal: str | WalFactory | None = None,
         storage_options: Mapping[str, Any] | None = None,
         accept_wal_loss: bool = False,
+        timeout_s: float | None = None,
     ) -> TakeOverReport:
         """Take over failed node `node_id`: fence it, recover its WAL, upload and commit what
         it had acknowledged, and close its streams so that they can be opened anywhere.
@@ -706,9 +708,17 @@ class StreamClient(Closeable):
         recovery detects") raises `CorruptionError`; ``accept_wal_loss=True`` goes on without
         what is lost, for a `wal` URL (the default WAL goes by the ``accept_wal_loss`` this
         client was opened with).
+
+        Returns or raises within `timeout_s` (default ``settings.call_timeout_ms``): the
+        take-over runs in a thread of its own, since a WAL or store directory on a device that
+        stops answering holds a write in the kernel for good. At the deadline it raises
+        `UnavailableError` and the work left behind stops at its next step (a replay in
+        progress finishes first); run the take-over again: what the first one did is kept or
+        fenced by the second.
         """
         check_node_id(node_id)
         check_bool("accept_wal_loss", accept_wal_loss)
+        timeout = check_timeout("timeout_s", timeout_s)
         if wal is not None and not isinstance(wal, str) and not callable(wal):
             raise InvalidArgumentError(
                 f"wal must be None, a WAL URL or a WAL factory, not {type(wal).__name__}"
@@ -749,17 +759,32 @@ class StreamClient(Closeable):
                 "this client was given a WAL instance: pass wal= (a URL or a factory) to say "
                 f"where the WAL of node {node_id!r} is"
             )
-        return take_over_node(
-            node_id,
-            wal_factory=factory,
-            store=self._metrics_store.for_purpose("upload"),
-            meta=self._meta,
-            settings=self._settings,
+        limit = self._settings.call_timeout_ms / 1000 if timeout is None else timeout
+        given_up = threading.Event()
+        return within_deadline(
+            functools.partial(
+                take_over_node,
+                node_id,
+                wal_factory=factory,
+                store=self._metrics_store.for_purpose("upload"),
+                meta=self._meta,
+                settings=self._settings,
+                clock=self._clock,
+                block_cache=self._block_cache,
+                limiter=self._limiter,
+                data_prefix=self._data_prefix,
+                check_wal=check_wal,
+                given_up=given_up,
+            ),
             clock=self._clock,
-            block_cache=self._block_cache,
-            limiter=self._limiter,
-            data_prefix=self._data_prefix,
-            check_wal=check_wal,
+            deadline=self._clock.monotonic() + limit,
+            name=f"s3stream-take-over:{node_id}",
+            timeout_error=lambda: UnavailableError(
+                f"the take-over of node {node_id!r} did not finish within {limit:g} s: the "
+                "device of its WAL, or the store, is not answering; what it started stops at "
+                "its next step in the background: run the take-over again later"
+            ),
+            given_up=given_up,
         )
 
     def flush(self, timeout_s: float | None = None) -> None:
@@ -798,9 +823,9 @@ class StreamClient(Closeable):
                     # Creates in flight attach their streams first, so that they are released
                     # with the others (within this call's deadline).
                     limit = self._settings.call_timeout_ms / 1000 if timeout is None else timeout
-                    started = time.monotonic()
+                    started = self._clock.monotonic()
                     self._creates_done.wait_for(lambda: self._creating == 0, limit)
-                    timeout = max(0.0, limit - (time.monotonic() - started))
+                    timeout = max(0.0, limit - (self._clock.monotonic() - started))
                 owned = [(sid, s.epoch) for sid, s in self._streams.items() if not s.closed]
                 self._owner.closed_how = "closed (client closed)"
         if again:

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import inspect
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
 from .cache.block_cache import BlockCache
 from .clock import Clock
-from .errors import InvalidArgumentError, S3StreamError
+from .errors import InvalidArgumentError, S3StreamError, UnavailableError
 from .metadata import MetadataManager, MetadataState
 from .metrics.logs import ContextLogger
 from .objectstore.base import ObjectStore
@@ -81,6 +82,15 @@ def call_wal_factory(
     return factory(node_id, epoch, on_full)
 
 
+def _check_not_given_up(given_up: threading.Event | None, node_id: str) -> None:
+    """Stop a take-over whose caller stopped waiting before its next step: a retry fences
+    it anyway, and a device that answered late should not see two replays at once."""
+    if given_up is not None and given_up.is_set():
+        raise UnavailableError(
+            f"the take-over of node {node_id!r} was given up at its deadline; not going on"
+        )
+
+
 def take_over_node(
     node_id: str,
     *,
@@ -93,6 +103,7 @@ def take_over_node(
     limiter: PriorityRateLimiter | None = None,
     data_prefix: str = DEFAULT_DATA_PREFIX,
     check_wal: Callable[[bool], None] | None = None,
+    given_up: threading.Event | None = None,
 ) -> TakeOverReport:
     """Fence `node_id`, replay and commit its WAL, and release its streams.
 
@@ -104,6 +115,11 @@ def take_over_node(
     `check_wal` is called with whether the node has streams open before anything is written:
     it refuses a WAL that cannot be the node's (`wal.registry.check_take_over_wal`), so that
     a mistake in its name neither fences the node nor creates a WAL.
+
+    `given_up`: set when the caller stopped waiting (`StreamClient.take_over` runs this in a
+    thread of its own to keep its deadline on a device that stops answering); nothing new is
+    started then. Once the WAL's records are uploaded the streams are released regardless:
+    that is metadata only, and leaves the node as a finished take-over would.
     """
     check_node_id(node_id)
     meta.refresh()
@@ -111,7 +127,9 @@ def take_over_node(
         raise InvalidArgumentError(f"node {node_id!r} is not registered in the metadata log")
     if check_wal is not None:
         check_wal(has_open_streams(meta.state, node_id))
+    _check_not_given_up(given_up, node_id)
     epoch = meta.register_node(node_id)
+    _check_not_given_up(given_up, node_id)
     # `take_over`: a file WAL a live process still holds is opened anyway (the open fences
     # that process) instead of refused with `NodeInUseError`.
     wal = call_wal_factory(
@@ -135,6 +153,7 @@ def take_over_node(
         node_epoch=epoch,
     )
     try:
+        _check_not_given_up(given_up, node_id)
         recovery = storage.recover()
     except BaseException:
         storage.abandon()

@@ -428,3 +428,51 @@ def test_within_deadline_leaves_stuck_work_behind_and_disposes_of_its_result() -
         if t.name == "s3stream-test-stuck":
             t.join(5)
     assert disposed == ["made"] and saw_given_up == [True]
+
+
+# ------------------------------------------------------------------------------- take-over
+
+
+def test_take_over_keeps_its_deadline_while_the_wal_device_is_frozen(tmp_path: Path) -> None:
+    """`take_over` of a node whose file WAL is on a frozen device raises `UnavailableError` by
+    its deadline; what it left behind stops at its next step once the device answers, and a
+    take-over after the thaw recovers every acknowledged append of the node."""
+    with frozen_filesystem(tmp_path / "disk", max_frozen_s=30) as freezer:
+        failed = _open(tmp_path / "store", freezer.path)
+        stream = failed.create_stream()
+        for i in range(5):
+            stream.append(RecordBatch(b"acked %d" % i))
+        failed._storage.abandon()  # a crash: the appends are only in its WAL
+        failed._wal._abandon()  # type: ignore[attr-defined]
+        wal_url = f"file://{freezer.path / 'node.wal'}?capacity_bytes=4MiB"
+        with s3stream.open(
+            str(tmp_path / "store"), node_id="healthy", environ={}, wal="memory://"
+        ) as healthy:
+            freezer.freeze()
+            outcome: list[BaseException | None] = []
+            started = time.monotonic()
+
+            def take_over() -> None:
+                try:
+                    healthy.take_over("local", wal=wal_url, timeout_s=CALL_S)
+                    outcome.append(None)
+                except BaseException as exc:
+                    outcome.append(exc)
+
+            t = threading.Thread(target=take_over, daemon=True)
+            t.start()
+            t.join(CALL_S + SLACK_S + 5)
+            took = time.monotonic() - started
+            alive = t.is_alive()
+            freezer.thaw()
+            assert not alive, "take_over() is blocked on the frozen device"
+            assert took <= CALL_S + SLACK_S, took
+            assert len(outcome) == 1 and isinstance(outcome[0], UnavailableError), outcome
+            for left in threading.enumerate():
+                if left.name.startswith("s3stream-take-over"):
+                    left.join(20)
+                    assert not left.is_alive(), f"{left.name} still runs after the thaw"
+            report = healthy.take_over("local", wal=wal_url)
+            assert report.released_streams == (stream.stream_id,)
+            got = [b.payload for b in healthy.open_stream(stream.stream_id).fetch(0).batches]
+            assert got == [b"acked %d" % i for i in range(5)]
