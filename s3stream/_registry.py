@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Generic, TypeVar
+from urllib.parse import unquote
 
 from .errors import InvalidArgumentError
 from .validation import check_scheme, check_target
@@ -35,13 +36,17 @@ def split_scheme(url: str) -> tuple[str, str]:
     default WAL inside it) agrees on where it is. A plain path that starts like a URL with
     its ``//`` missing (``s3:/bucket``, ``memory:``) is an `InvalidArgumentError` naming the
     URL meant, not a directory of that name (``./s3:/bucket`` is one, if wanted).
+
+    The path of a ``file://`` URL is percent-decoded, as `Path.as_uri` encodes it
+    (``file:///data/my%20store`` is the directory ``/data/my store``); a plain path is taken
+    as it is.
     """
     if not isinstance(url, str) or not url:
         raise InvalidArgumentError(f"a URL must be a non-empty str, got {url!r}")
     if "://" in url:
         scheme, rest = url.split("://", 1)
         scheme = scheme.lower()
-        return scheme, _expand_home(rest, url) if scheme == "file" else rest
+        return scheme, _expand_home(unquote(rest), url) if scheme == "file" else rest
     typo = _SCHEME_WITHOUT_SLASHES.match(url)
     if typo is not None:
         scheme = typo.group(1).lower()

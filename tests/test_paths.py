@@ -327,3 +327,18 @@ def test_a_malformed_wal_url_creates_nothing(tmp_path: Path) -> None:
     with pytest.raises(s3stream.InvalidArgumentError, match="file:///"):
         s3stream.open(tmp_path / "store", wal="file:rel.wal")
     assert not (tmp_path / "store").exists()
+
+
+def test_a_file_url_names_the_directory_path_as_uri_encoded(tmp_path: Path) -> None:
+    """``file://`` store URLs are percent-decoded, as `Path.as_uri` encodes them: the URL of a
+    directory and its plain path open the same store, and nothing with the escapes in its
+    name is created."""
+    for name in ["new dir ü", "st%41", "a#b?c"]:
+        root = tmp_path / name
+        with s3stream.open(root.as_uri()) as c:
+            c.create_stream().append(RecordBatch(name.encode()))
+        with s3stream.open(str(root)) as c:
+            (info,) = c.list_streams()
+            got = c.open_stream(info.stream_id).fetch(0).batches[0].payload
+            assert got == name.encode()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["new dir ü", "st%41", "a#b?c"])

@@ -219,6 +219,7 @@ def test_admission_control_shares_by_backlog() -> None:
     ("options", "match"),
     [
         ({"startingOffsets": "{not json"}, "option startingOffsets: .*not valid JSON"),
+        ({"startingOffsets": "earliset"}, "did you mean 'earliest'"),
         ({"startingOffsets": '{"0": "a"}'}, "option startingOffsets: offset of stream 0"),
         ({"endingOffsets": "earliest"}, "option endingOffsets"),
         ({"minPartitions": "0"}, "option minPartitions"),

@@ -8,6 +8,7 @@ other s3stream setting (`s3stream.settings_parse`): ``maxPartitionBytes`` takes 
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from collections.abc import Mapping
@@ -197,6 +198,13 @@ def _offsets(
         return OffsetSpec(name, text.lower())
     if text.lower() in ("earliest", "latest"):
         raise _bad(name, raw, f"must be one of {', '.join(allowed)} or JSON")
+    if not text.startswith("{"):
+        # A word, not JSON: most likely a misspelt one of the allowed words.
+        close = difflib.get_close_matches(text.lower(), allowed, n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise _bad(
+            name, raw, f'must be one of {", ".join(allowed)}{hint} or JSON such as {{"0": 42}}'
+        )
     data = _json(name, text)
     if not isinstance(data, dict) or not data:
         raise _bad(name, raw, 'must be a non-empty JSON object such as {"0": 42}')
