@@ -317,6 +317,10 @@ def _micros(node: object) -> int | None:
     return value * _MICROS[unit] if type(value) is int else None
 
 
+#: The largest end offset a stream can have (an int64, as the metadata stores it).
+_OFFSET_END_LIMIT = (1 << 63) - 1
+
+
 def _time_end(state: MetadataState, m: StreamMeta, max_ts: int) -> int:
     """An end for stream `m` past which no offset has a timestamp <= `max_ts`: the end of
     its last object whose smallest timestamp is at most that (or unknown)."""
@@ -334,10 +338,10 @@ def _time_end(state: MetadataState, m: StreamMeta, max_ts: int) -> int:
 
 def _read(reader: StreamReader, p: Pruning, batch_rows: int) -> pa.RecordBatchReader | None:
     """`read_arrow` of what `p` leaves, or None if nothing."""
-    if p.empty:
-        return None
+    if p.empty or (p.min_offset is not None and p.min_offset >= _OFFSET_END_LIMIT):
+        return None  # no record's offset is that large (ends are at most 2**63 - 1)
     start = None if p.min_offset is None else max(0, p.min_offset)
-    end = None if p.max_offset is None else max(0, p.max_offset + 1)
+    end = None if p.max_offset is None else min(max(0, p.max_offset + 1), _OFFSET_END_LIMIT)
     for attempt in range(_ATTEMPTS):
         state = reader.snapshot()
         streams = [

@@ -384,6 +384,10 @@ def _polars_predicates(pl: Any) -> dict[str, Any]:
         ),
         "timestamp between microseconds": ts > _at(OWN_TS + 1) + timedelta(microseconds=500),
         "timestamp and stream": (ts < _at(OWN_TS + 300)) & (sid == 1),
+        # At int64's edge: an end of offset + 1 must not pass the largest end there is.
+        "offset == int64 max": offset == (1 << 63) - 1,
+        "offset <= int64 max": offset <= (1 << 63) - 1,
+        "offset > int64 max": offset > (1 << 63) - 1,
         "unsupported column": pl.col("key") == b"key-1",
         "unsupported !=": offset != 3,
         "unsupported ~": ~(sid == 1),

@@ -184,3 +184,31 @@ def test_verify_names_damaged_metadata_and_writes_nothing(
     assert code != 0, out
     assert expect in out, out
     assert _listing(root) == before
+
+
+def test_committed_offsets_no_object_holds_are_corruption_not_the_end(tmp_path: Path) -> None:
+    """The last object of a stream replaced by another valid object of the store (same size,
+    so nothing but the ranges tells): every read of the missing tail raises `CorruptionError`
+    instead of returning an empty page that callers read as the end of the stream."""
+    import os
+
+    root = tmp_path / "store"
+    with s3stream.open(root, wal="memory://") as c:
+        s = c.create_stream()
+        for _ in range(2):
+            for _i in range(10):
+                s.append(RecordBatch(os.urandom(200), count=1))
+            c.flush()
+        sid = s.stream_id
+    objects = sorted((root / "data").rglob("*.s3o"))
+    assert len(objects) == 2 and objects[0].stat().st_size == objects[1].stat().st_size
+    objects[1].write_bytes(objects[0].read_bytes())
+    with s3stream.open_reader(root) as r:
+        assert len(r.read(sid, 0).batches) > 0  # the first object is whole
+        with pytest.raises(s3stream.CorruptionError, match=r"offsets 10\.\.20 missing"):
+            r.read(sid, 10)
+        with pytest.raises(s3stream.CorruptionError):
+            list(r.read_records(sid, 0))
+        with pytest.raises(s3stream.CorruptionError):
+            for _ in r.tail(sid, 0, poll_s=0.01):
+                pass

@@ -699,3 +699,20 @@ def test_spark_reads_a_store_on_a_read_only_mount(
         got = rows(spark.read.format("s3stream").load(str(ro)))
         assert got == rows(spark.read.format("s3stream").load(local_ds.url))
         assert got
+
+
+def test_assign_refuses_a_topic_partition_two_streams_carry(tmp_path: Path) -> None:
+    """Tags are not unique: two live streams labelled orders/0 (the partition tags "0" and
+    "00" both read as 0) made ``assign`` read one of them and drop the other's rows without a
+    word; it now names both and points at streamIds (``subscribe`` reads both)."""
+    root = str(tmp_path / "store")
+    with s3stream.open(root, wal="memory://") as c:
+        a = c.create_stream(tags={"topic": "orders", "partition": "0"})
+        b = c.create_stream(tags={"topic": "orders", "partition": "00"})
+        a.append(RecordBatch(b"a"))
+        b.append(RecordBatch(b"b"))
+    ds = S3StreamDataSource({"path": root, "assign": '{"orders": [0]}'})
+    with pytest.raises(InvalidArgumentError, match="orders-0 names more than one stream"):
+        ds.reader(ds.schema()).partitions()
+    ds = S3StreamDataSource({"path": root, "subscribe": "orders"})
+    assert len(ds.reader(ds.schema()).partitions()) >= 1

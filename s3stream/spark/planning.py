@@ -136,7 +136,15 @@ def select_streams(state: MetadataState, opts: SourceOptions) -> list[StreamMeta
         for m in candidates:
             t, p = topic_of(m, opts), partition_of(m, opts)
             if t is not None and p is not None and p in sel.assign.get(t, ()):
-                found.setdefault((t, p), m)
+                other = found.setdefault((t, p), m)
+                if other is not m:
+                    # Tags are not unique: reading one of them would drop the other's rows
+                    # without a word, and per-partition offsets could not tell them apart.
+                    raise InvalidArgumentError(
+                        f"option assign: {t}-{p} names more than one stream in {opts.url} "
+                        f"(streams {other.stream_id} and {m.stream_id}); select them with "
+                        "streamIds instead"
+                    )
         missing = [(t, p) for t, ps in sel.assign.items() for p in ps if (t, p) not in found]
         if missing:
             names = ", ".join(f"{t}-{p}" for t, p in missing)

@@ -97,6 +97,11 @@ class ObjectDataReader:
             stream = state.streams.get(stream_id)
             if stream is not None and start < stream.start_offset:
                 raise missing_data(state, stream_id, start, stream.start_offset, "")
+            if stream is not None and start < stream.end_offset:
+                # Committed, yet no listed object holds it (an object replaced or damaged in
+                # a way its own checksums cannot see): an empty page here would read as the
+                # end of the stream to every caller.
+                raise missing_data(state, stream_id, start, min(end, stream.end_offset), "")
         return out, total
 
 
