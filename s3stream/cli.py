@@ -29,11 +29,19 @@ from typing import Any
 from . import open as open_client
 from ._registry import split_scheme
 from .client import StreamClient
-from .errors import CorruptionError, InvalidArgumentError, S3StreamError, StreamNotFoundError
+from .errors import (
+    CorruptionError,
+    InvalidArgumentError,
+    NodeInUseError,
+    S3StreamError,
+    StreamNotFoundError,
+    UnavailableError,
+)
 from .metadata import ObjectMeta
+from .opening import resolve_settings
 from .reader import StreamReader, _require_existing_directory, open_reader
-from .settings import ClientSettings, CompactionSettings
-from .settings_parse import parse_int
+from .settings import ClientSettings
+from .settings_parse import parse_duration_ms, parse_int, parse_size
 from .types import AppendResult, RecordBatch, StreamState
 
 __all__ = ["main"]
@@ -100,11 +108,20 @@ def _storage_options(args: argparse.Namespace, url: str) -> dict[str, Any]:
     return options
 
 
-def _settings(args: argparse.Namespace, **fields: Any) -> ClientSettings:
-    """Client settings with `fields` and the command's ``--store-timeout``."""
-    if args.store_timeout is not None:
-        fields["store_timeout_ms"] = max(1, round(args.store_timeout * 1000))
-    return ClientSettings(**fields)
+def _settings(args: argparse.Namespace, **given: object) -> dict[str, object]:
+    """The settings the command line gives, as a mapping of setting names: `given` (a
+    command's flags, None where left out) and ``--store-timeout``. Only those: a flag left
+    out leaves its setting to the environment's ``S3STREAM_*``, then to the default
+    (docs/configuration.md, "Which value wins": a `ClientSettings` would state every field
+    and the environment would lose)."""
+    given["store_timeout_ms"] = args.store_timeout
+    return {name: value for name, value in given.items() if value is not None}
+
+
+def _resolved(args: argparse.Namespace) -> ClientSettings:
+    """The settings of a store opened without `s3stream.open` (the read-only tools'): the
+    command line's over the environment's over the defaults, as `open` resolves them."""
+    return resolve_settings(_settings(args), environ=os.environ)
 
 
 def _metadata(args: argparse.Namespace) -> str | None:
@@ -264,9 +281,11 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[object]], right: Itera
 
 
 def _count(n: int, thing: str) -> str:
-    """``1 stream``, ``2 streams``, ``1,000 batches``."""
+    """``1 stream``, ``2 streams``, ``1,000 batches``, ``3 entries``."""
     if n == 1:
         return f"1 {thing}"
+    if thing.endswith("y") and thing[-2:-1] not in ("a", "e", "i", "o", "u"):
+        return f"{n:,} {thing[:-1]}ies"
     return f"{n:,} {thing}{'es' if thing.endswith(('s', 'ch')) else 's'}"
 
 
@@ -328,17 +347,24 @@ def _check_demo_target(
 def _demo(args: argparse.Namespace) -> int:
     url = args.dir
     options = _storage_options(args, url)
-    settings = _settings(args)
+    settings, environ = _settings(args), os.environ
     metadata = _metadata(args)
-    _check_demo_target(url, args.reuse, options, settings, metadata)
+    _check_demo_target(url, args.reuse, options, _resolved(args), metadata)
     n_streams, n_batches, size = args.streams, args.batches, args.batch_bytes
     total, mb = n_batches * size, n_batches * size / 1e6
-    _say(f"s3stream demo: {n_streams} streams, {n_batches:,} batches of {size:,} B, in {url}")
+    _say(
+        f"s3stream demo: {_count(n_streams, 'stream')}, {_count(n_batches, 'batch')} of "
+        f"{size:,} B, in {url}"
+    )
     bar = _Progress.start(args, "appending", total)
     try:
         t0 = time.perf_counter()
         with open_client(
-            url, storage_options=options or None, settings=settings, metadata=metadata
+            url,
+            storage_options=options or None,
+            settings=settings,
+            environ=environ,
+            metadata=metadata,
         ) as client:
             streams = []
             for i in range(n_streams):
@@ -361,7 +387,8 @@ def _demo(args: argparse.Namespace) -> int:
             ids = [s.stream_id for s in streams]
             records = sum(s.confirm_offset for s in streams)
             _say(
-                f"  appended {n_batches:,} batches ({records:,} records, {mb:.1f} MB) durably "
+                f"  appended {_count(n_batches, 'batch')} ({_count(records, 'record')}, "
+                f"{mb:.1f} MB) durably "
                 f"in {t_append:.2f} s: {_rate(n_batches, t_append):,.0f} batches/s, "
                 f"{_rate(mb, t_append):.1f} MB/s"
             )
@@ -374,12 +401,16 @@ def _demo(args: argparse.Namespace) -> int:
         m = client.metrics
         _say(
             f"  closed (uploaded everything) in {t_close:.2f} s: "
-            f"{m.storage.objects_uploaded} objects, {m.object_store.puts} PUTs"
+            f"{_count(m.storage.objects_uploaded, 'object')}, {_count(m.object_store.puts, 'PUT')}"
         )
         bar.set(0, total, "reading back")
         t2 = time.perf_counter()
         with open_client(
-            url, storage_options=options or None, settings=settings, metadata=metadata
+            url,
+            storage_options=options or None,
+            settings=settings,
+            environ=environ,
+            metadata=metadata,
         ) as reader:
             seen = 0
             for i, sid in enumerate(ids):
@@ -400,10 +431,10 @@ def _demo(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     if seen != n_batches:
-        _say(f"  read back {seen:,} batches, expected {n_batches:,}")
+        _say(f"  read back {_count(seen, 'batch')}, expected {n_batches:,}")
         return EXIT_FAILED
     _say(
-        f"  reopened a new client and read back all {seen:,} batches byte-identical in "
+        f"  reopened a new client and read back all {_count(seen, 'batch')} byte-identical in "
         f"{t_read:.2f} s: {_rate(mb, t_read):.1f} MB/s"
     )
     _say("demo OK")
@@ -614,8 +645,8 @@ def _dump(args: argparse.Namespace) -> int:
             shown += len(batches)
             offset = batches[-1].next_offset if batches else res.next_offset
     if not args.json and offset < info.end_offset:
-        print(f"(first {shown} batches; the stream goes on to offset {info.end_offset}: "
-              f"--start {offset} for the next, --limit 0 for all)")  # fmt: skip
+        print(f"(first {_count(shown, 'batch')}; the stream goes on to offset "
+              f"{info.end_offset}: --start {offset} for the next, --limit 0 for all)")  # fmt: skip
     return EXIT_OK
 
 
@@ -680,8 +711,9 @@ def _verify(args: argparse.Namespace) -> int:
             "problems": [str(p) for p in audit.problems],
         }
         found.say(
-            f"metadata: {audit.entries} entries and {audit.checkpoints} checkpoints checked"
-            + ("" if audit.ok else f", {len(audit.problems)} problems")
+            f"metadata: {_count(audit.entries, 'entry')} and "
+            f"{_count(audit.checkpoints, 'checkpoint')} checked"
+            + ("" if audit.ok else f", {_count(len(audit.problems), 'problem')}")
         )
         if found.as_json:
             # The WAL checks print their findings: gathered here as lines of text.
@@ -708,7 +740,7 @@ def _verify(args: argparse.Namespace) -> int:
                     found.bar.set(done + offset - info.start_offset)
                 found.stream(
                     {**fact, "ok": True, "batches": batches},
-                    f"stream {info.stream_id}: {batches} batches OK",
+                    f"stream {info.stream_id}: {_count(batches, 'batch')} OK",
                 )
             except S3StreamError as exc:
                 bad += 1
@@ -759,8 +791,8 @@ def _verify_wals(client: StreamReader, args: argparse.Namespace) -> int:
         how = "closed cleanly" if check.clean else "not closed (replayed on the next open)"
         if check.ok:
             print(
-                f"wal {path} (node {check.node_id!r}): {check.records} records, "
-                f"{check.record_bytes} bytes OK, {how}"
+                f"wal {path} (node {check.node_id!r}): {_count(check.records, 'record')}, "
+                f"{_count(check.record_bytes, 'byte')} OK, {how}"
             )
         else:
             bad += 1
@@ -810,21 +842,26 @@ def _verify_object_wal(client: StreamReader, node_id: str, open_streams: bool) -
         return 1
     torn = f", {check.torn_tail} unacknowledged object(s) past its end" if check.torn_tail else ""
     print(
-        f"{where} (node {node_id!r}): {check.objects} objects, {check.records} records, "
-        f"{check.record_bytes} bytes OK{torn}"
+        f"{where} (node {node_id!r}): {_count(check.objects, 'object')}, "
+        f"{_count(check.records, 'record')}, {_count(check.record_bytes, 'byte')} OK{torn}"
     )
     return 0
 
 
 def _compact(args: argparse.Namespace) -> int:
     options = _storage_options(args, args.url)
-    limit = {} if args.bytes_per_s is None else {"bytes_per_s": args.bytes_per_s}
-    compaction = CompactionSettings(
-        deletion_delay_ms=args.deletion_delay_ms, orphan_grace_ms=args.orphan_grace_ms, **limit
+    settings = _settings(
+        args,
+        **{
+            "compaction.deletion_delay_ms": args.deletion_delay_ms,
+            "compaction.orphan_grace_ms": args.orphan_grace_ms,
+            "compaction.bytes_per_s": args.bytes_per_s,
+        },
     )
-    # A typo in a local path must not create an empty store to work on, nor a directory of
-    # somebody else's files get a metadata log beside them.
-    _require_existing_directory(args.url, store=True)
+    environ = os.environ
+    # A typo in a path or a prefix must not create an empty store to work on, nor a
+    # directory of somebody else's files get a metadata log beside them.
+    _require_store(args, options, resolve_settings(settings, environ=environ))
     if args.nice and hasattr(os, "nice"):
         # A batch job: the processes it shares the machine with (the writers appending to
         # the streams, the object store) should win any contention for the CPU.
@@ -833,7 +870,8 @@ def _compact(args: argparse.Namespace) -> int:
         args.url,
         node_id=args.node_id,
         wal="memory://",
-        settings=_settings(args, compaction=compaction),
+        settings=settings,
+        environ=environ,
         storage_options=options or None,
         metadata=_metadata(args),
     )
@@ -853,7 +891,7 @@ def _compact(args: argparse.Namespace) -> int:
         f"({_size(report.bytes_before)} -> {_size(report.bytes_after)}); "
         f"tasks {dict(report.tasks) or 'none'}, aborted {report.aborted}; read "
         f"{_size(report.bytes_read)}, wrote {_size(report.bytes_written)}; "
-        f"trimmed {report.streams_trimmed} streams; purged {report.objects_purged}, "
+        f"trimmed {_count(report.streams_trimmed, 'stream')}; purged {report.objects_purged}, "
         f"orphans deleted {report.orphans_deleted}; {report.duration_s:.2f} s"
     )
     return EXIT_OK
@@ -883,8 +921,30 @@ def _positive(value: str) -> int:
 _DEMO_MAX_BATCH_BYTES = (64 << 20) - 4096
 
 
+def _setting_value(parse: Callable[[str], int], value: str, minimum: int) -> int:
+    """`value` read by `parse`, a rule of the settings (docs/configuration.md, "Values written
+    as text": ``1MiB``, ``10min``), at least `minimum`."""
+    try:
+        number = parse(value)
+    except InvalidArgumentError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if number < minimum:
+        raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value!r}")
+    return number
+
+
+def _size_arg(value: str) -> int:
+    """Bytes, as a size setting takes them: ``4194304``, ``4MiB``."""
+    return _setting_value(lambda text: parse_size(text, name="size"), value, 0)
+
+
+def _duration_arg(value: str) -> int:
+    """Milliseconds, as a duration setting takes them: ``600000``, ``10min``."""
+    return _setting_value(lambda text: parse_duration_ms(text, name="duration"), value, 0)
+
+
 def _batch_bytes(value: str) -> int:
-    number = _positive(value)
+    number = _setting_value(lambda text: parse_size(text, name="size"), value, 1)
     if number > _DEMO_MAX_BATCH_BYTES:
         # Checked before anything is written: the demo would build the payload first (a
         # MemoryError for a huge one) and then have the WAL refuse it.
@@ -895,13 +955,18 @@ def _batch_bytes(value: str) -> int:
     return number
 
 
-def _seconds(value: str) -> float:
+def _store_timeout(value: str) -> int:
+    """``--store-timeout``, in milliseconds: a duration as the settings write one (``30s``,
+    ``500ms``, ``2min``), or a bare number of seconds (``30``, ``0.5``), which is what the
+    option took before it took units; scripts pass those."""
     try:
-        number = float(value)
+        seconds = float(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {value!r}") from None
-    if not number > 0 or number == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value!r}")
+        number = _setting_value(lambda text: parse_duration_ms(text, name="duration"), value, 1)
+    else:
+        if not seconds > 0 or seconds == float("inf"):
+            raise argparse.ArgumentTypeError(f"must be > 0, got {value!r}") from None
+        number = max(1, round(seconds * 1000))
     return number
 
 
@@ -920,9 +985,10 @@ def _take_over(args: argparse.Namespace) -> int:
     from .wal.registry import check_take_over_wal
 
     options = _storage_options(args, args.url)
-    # A typo in a local path must not create an empty store to work on, nor a directory of
-    # somebody else's files get a metadata log beside them.
-    _require_existing_directory(args.url, store=True)
+    settings, environ = _settings(args), os.environ
+    # A typo in a path or a prefix must not create an empty store to work on, nor a
+    # directory of somebody else's files get a metadata log beside them.
+    _require_store(args, options, resolve_settings(settings, environ=environ))
     wal = args.wal or default_wal_url(args.url, args.node)
     if wal is None:
         raise InvalidArgumentError(f"no default WAL for {args.url!r}: name it with --wal")
@@ -937,12 +1003,15 @@ def _take_over(args: argparse.Namespace) -> int:
         check_take_over_wal(
             wal, args.node, open_streams=has_open_streams(state, args.node), accept_loss=False
         )
+    if not args.force:
+        _refuse_live_holder(wal, args.node)
     client = open_client(
         args.url,
         node_id=args.node_id,
         wal="memory://",
         storage_options=options or None,
-        settings=_settings(args),
+        settings=settings,
+        environ=environ,
         metadata=_metadata(args),
     )
     bar = _Progress.start(args, f"taking over {args.node}", None)
@@ -972,15 +1041,52 @@ def _take_over(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _refuse_live_holder(wal: str, node: str) -> None:
+    """Refuse to take over a node whose file WAL a live process holds (its holder lock,
+    `WalHolderLock`): that node is not dead, and the take-over would fence a writer that is
+    still working. Tested by taking the lock as the library's open does (`lock_file_wal`)
+    and letting go at once. A WAL never opened has no lock file: nobody holds it, and none
+    is created for it here."""
+    from .wal.holder import lock_path_for
+    from .wal.registry import check_wal_target, lock_file_wal
+
+    path = check_wal_target(wal)
+    if path is None or not (path.is_block_device() or lock_path_for(path).exists()):
+        return
+    try:
+        lock = lock_file_wal(wal, node)
+    except NodeInUseError as exc:
+        who = f"process {exc.pid}" if exc.pid is not None else "another process"
+        raise InvalidArgumentError(
+            f"node {node!r} is alive: {who} holds its WAL {str(path)!r} open; a take-over "
+            "would fence it while it works. Stop that process first, or pass --force to "
+            "take the node over anyway"
+        ) from None
+    if lock is not None:
+        lock.release()
+
+
+def _require_store(
+    args: argparse.Namespace, options: dict[str, Any], settings: ClientSettings
+) -> None:
+    """Refuse a URL that holds no store (a local directory, a remote prefix, memory://):
+    calling it an empty store would hide the mistake (a wrong path or prefix), and a
+    command that writes would create one there."""
+    _require_existing_directory(
+        args.url, store=True, storage_options=options or None, settings=settings
+    )
+
+
 def _open_ro(args: argparse.Namespace) -> StreamReader:
     """The read-only tools' view: a `StreamReader`, which never writes to the store (nor
-    creates a missing local directory). A local directory must hold a store: calling one
-    that does not an empty store would hide the mistake (a wrong path)."""
-    _require_existing_directory(args.url, store=True)
+    creates a missing local directory), on a URL that holds a store (`_require_store`)."""
+    options = _storage_options(args, args.url)
+    settings = _resolved(args)
+    _require_store(args, options, settings)
     return open_reader(
         args.url,
-        storage_options=_storage_options(args, args.url) or None,
-        settings=_settings(args),
+        storage_options=options or None,
+        settings=settings,
         metadata=_metadata(args),
     )
 
@@ -994,9 +1100,11 @@ _URL_HELP = (
 _EPILOG = """\
 The store options of -o can also come from the environment: S3STREAM_URL (the store URL),
 S3STREAM_METADATA (--metadata), S3STREAM_ENDPOINT_URL and S3STREAM_REGION (for s3://), and
-boto3's AWS_* variables (credentials, profile, AWS_ENDPOINT_URL, AWS_REGION). Exit status: 0
-OK, 1 failed (a store out of reach, damage found), 2 bad command line, 130 interrupted. More:
-docs/cli.md.
+boto3's AWS_* variables (credentials, profile, AWS_ENDPOINT_URL, AWS_REGION). Client settings
+come from S3STREAM_<SETTING> as for s3stream.open (S3STREAM_STORE_TIMEOUT_MS=2s,
+S3STREAM_COMPACTION__RETENTION_BYTES=1GiB; docs/configuration.md); a flag given wins. Exit
+status: 0 OK, 1 failed (a store out of reach, damage found), 2 bad command line, 130
+interrupted. More: docs/cli.md.
 
 examples:
   s3stream demo                        # write, reopen and read back ./s3stream-demo
@@ -1079,9 +1187,10 @@ def _add_store(c: argparse.ArgumentParser, *, url: bool = True) -> None:
         "profile_name=dev, fsync=false; repeatable (docs/object-stores.md lists them)",
     )  # fmt: skip
     c.add_argument(
-        "--store-timeout", type=_seconds, default=None, metavar="SECONDS",
-        help="give up on an object-store call after this long, retries included "
-        "(default: ClientSettings.store_timeout_ms, 30 s)",
+        "--store-timeout", type=_store_timeout, default=None, metavar="DURATION",
+        help="give up on an object-store call after this long, retries included: 30s, "
+        "500ms, 2min, or a bare number of seconds (default: $S3STREAM_STORE_TIMEOUT_MS, "
+        "else ClientSettings.store_timeout_ms, 30 s)",
     )  # fmt: skip
     c.add_argument(
         "--metadata", default=None, metavar="URL",
@@ -1116,6 +1225,10 @@ def _parser() -> argparse.ArgumentParser:
         epilog=_EPILOG,
         formatter_class=_Formatter,
     )
+    p.add_argument(
+        "--version", action="version", version=f"%(prog)s {_version()}",
+        help="print the installed s3stream's version and exit",
+    )  # fmt: skip
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     d = _command(
@@ -1144,7 +1257,8 @@ def _parser() -> argparse.ArgumentParser:
         "--batch-bytes",
         type=_batch_bytes,
         default=1024,
-        help="payload bytes of each batch (default: %(default)s)",
+        metavar="SIZE",
+        help="payload bytes of each batch: bytes, or 4KiB, 1MiB (default: %(default)s)",
     )
     d.add_argument(
         "--reuse", action="store_true", help="add to a store that is not empty (new streams)"
@@ -1222,17 +1336,21 @@ def _parser() -> argparse.ArgumentParser:
     )
     c.add_argument(
         "--deletion-delay-ms",
-        type=_non_negative,
-        default=600_000,
+        type=_duration_arg,
+        default=None,
+        metavar="DURATION",
         help="how long replaced objects stay for readers of an older snapshot before they "
-        "are deleted (default: %(default)s)",
+        "are deleted: milliseconds, or 30s, 10min, 1h (default: "
+        "$S3STREAM_COMPACTION__DELETION_DELAY_MS, else 600000, 10 min)",
     )
     c.add_argument(
         "--orphan-grace-ms",
-        type=_non_negative,
-        default=86_400_000,
-        help="age an object no metadata names must reach before the sweep deletes it "
-        "(default: %(default)s)",
+        type=_duration_arg,
+        default=None,
+        metavar="DURATION",
+        help="age an object no metadata names must reach before the sweep deletes it: "
+        "milliseconds, or 30min, 24h (default: $S3STREAM_COMPACTION__ORPHAN_GRACE_MS, else "
+        "86400000, 24 h)",
     )
     c.add_argument(
         "--sweep-orphans",
@@ -1242,10 +1360,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     c.add_argument(
         "--bytes-per-s",
-        type=_non_negative,
+        type=_size_arg,
         default=None,
-        help="bytes/s the job reads plus writes at most (0: no limit; default: "
-        "CompactionSettings.bytes_per_s, 4 MiB/s)",
+        metavar="SIZE",
+        help="bytes/s the job reads plus writes at most: bytes, or 512KiB, 4MiB (0: no "
+        "limit; default: $S3STREAM_COMPACTION__BYTES_PER_S, else 4 MiB/s)",
     )
     c.add_argument(
         "--nice",
@@ -1275,8 +1394,24 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--node-id", default="failover", help="node id of this tool (default: %(default)s)"
     )
+    t.add_argument(
+        "--force",
+        action="store_true",
+        help="take the node over even when a live process on this host holds its file WAL "
+        "(that process is fenced: it can no longer commit)",
+    )
     _add_no_progress(t)
     return p
+
+
+def _version() -> str:
+    """The version of the installed package (its metadata, which the build writes)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("s3stream")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "(not installed)"
 
 
 def _error(command: str, message: object) -> None:
@@ -1375,6 +1510,13 @@ def _run(args: argparse.Namespace, command: str) -> int:
         # Said on the command line: an argument, a URL, a path, a stream id.
         _error(command, exc)
         return EXIT_USAGE
+    except UnavailableError as exc:
+        hint, url = "", getattr(args, "url", None) or getattr(args, "dir", None)
+        if url and split_scheme(url)[0] != "file":
+            # An endpoint out of reach: how long each call kept trying is the flag's to set.
+            hint = " (--store-timeout sets how long each store call keeps trying)"
+        _error(command, f"{exc}{hint}")
+        return EXIT_FAILED
     except (S3StreamError, OSError) as exc:
         _error(command, exc)
         return EXIT_FAILED

@@ -555,18 +555,32 @@ def foreign_entries(root: Path, metadata_prefix: str = "meta") -> list[str]:
 
 
 def _require_existing_directory(
-    url: str, *, store: bool = False, metadata_prefix: str = "meta"
+    url: str,
+    *,
+    store: bool = False,
+    metadata_prefix: str = "meta",
+    storage_options: Mapping[str, Any] | None = None,
+    settings: ClientSettings | None = None,
 ) -> None:
     """Refuse a local directory that is missing, or that holds somebody else's files and no
     store (`foreign_entries`): reading it as an empty store would hide the mistake, and a
     tool that writes would add a store beside those files. `store` (a command that needs an
-    existing store: the CLI's): refuse any directory without one, an empty one too."""
+    existing store: the CLI's): refuse any place without one, an empty directory too, and a
+    remote prefix or ``memory://`` (`_require_remote_store`, which opens the store with
+    `storage_options` and `settings`' timeout)."""
     scheme, rest = split_scheme(url)
     if scheme != "file":
+        if store:
+            _require_remote_store(url, scheme, storage_options, settings, metadata_prefix)
         return
     root = Path(rest).expanduser()
     if not root.is_dir():
-        raise InvalidArgumentError(f"{url!r} is not a directory holding a store")
+        # Both say "not a directory holding a store", the rule broken; the first says why.
+        if not root.exists():
+            raise InvalidArgumentError(
+                f"{url!r} does not exist, so it is not a directory holding a store"
+            )
+        raise InvalidArgumentError(f"{url!r} is a file, not a directory holding a store")
     if store:
         with LocalObjectStore(root, fsync=False) as local:
             if holds_store(local, metadata_prefix):
@@ -581,6 +595,39 @@ def _require_existing_directory(
             f"{url!r} holds no s3stream store but other files ({_some(others)}): name the "
             "directory of a store"
         )
+
+
+def _require_remote_store(
+    url: str,
+    scheme: str,
+    storage_options: Mapping[str, Any] | None,
+    settings: ClientSettings | None,
+    metadata_prefix: str,
+) -> None:
+    """Refuse a remote prefix that holds no store (`holds_store`: two HEADs through the
+    retries and timeout of `settings`, writing nothing): a typo in a prefix must not read as
+    an empty store, nor have a writing tool create one there. A ``memory://`` store lives
+    only as long as the client that made it: a new one never holds a store."""
+    if scheme == "memory":
+        raise InvalidArgumentError(
+            f"{url!r} holds no s3stream store: a memory:// store lives only as long as the "
+            "client that made it, so there is none to open here; name a directory or the URL "
+            "of a durable store"
+        )
+    timeout_s = (settings if settings is not None else ClientSettings()).store_timeout_ms / 1000
+    with store_stack(
+        open_object_store(url, storage_options),
+        clock=SystemClock(),
+        rng=random.Random("s3stream:reader"),
+        timeout_s=timeout_s,
+    ) as remote:
+        if holds_store(remote, metadata_prefix):
+            return
+    raise InvalidArgumentError(
+        f"{url!r} holds no s3stream store (no metadata log under {metadata_prefix}/, nor the "
+        "marker of a log kept elsewhere): check the bucket and prefix, and name those of an "
+        "existing store"
+    )
 
 
 def _some(names: list[str], most: int = 3) -> str:

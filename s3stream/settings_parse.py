@@ -68,7 +68,13 @@ ENV_PREFIX = "S3STREAM_"
 #: Variables of the ``S3STREAM_`` namespace that are not settings (the CLI's and the test
 #: kit's): never reported.
 _ENV_NOT_SETTINGS = frozenset(
-    {"S3STREAM_URL", "S3STREAM_ENDPOINT_URL", "S3STREAM_REGION", "S3STREAM_HYPOTHESIS_PROFILE"}
+    {
+        "S3STREAM_URL",
+        "S3STREAM_METADATA",
+        "S3STREAM_ENDPOINT_URL",
+        "S3STREAM_REGION",
+        "S3STREAM_HYPOTHESIS_PROFILE",
+    }
 )
 
 #: What each settings class is called in messages.

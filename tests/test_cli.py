@@ -39,6 +39,7 @@ import s3stream
 from s3stream import ClientSettings, InvalidArgumentError, RecordBatch
 from s3stream.cli import _parser
 from s3stream.opening import default_wal_url
+from s3stream.testing.s3_servers import LoopbackS3Server
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The environment of every command: this checkout, and none of the variables the command
@@ -328,7 +329,8 @@ def test_the_environment_names_the_store_and_its_endpoint(store: Store) -> None:
         )
     assert by_url.result().returncode == 0, by_url.result().stderr
     assert json.loads(by_url.result().stdout)["url"] == str(store.root)
-    one_line_error(by_ours.result(), 1, f"127.0.0.1:{env_port}")
+    # A store out of reach: the flag that sets how long to keep trying is named.
+    one_line_error(by_ours.result(), 1, f"127.0.0.1:{env_port}", "--store-timeout")
     one_line_error(by_theirs.result(), 1, f"127.0.0.1:{aws_port}")
     line = one_line_error(by_option.result(), 1, f"127.0.0.1:{option_port}")
     assert str(env_port) not in line
@@ -346,7 +348,7 @@ def test_a_missing_directory_is_named_and_not_created(tmp_path: Path) -> None:
         ["take-over", str(missing), "n1"],
     )
     for result in results:
-        one_line_error(result, 2, str(missing), "not a directory")
+        one_line_error(result, 2, str(missing), "does not exist")
     assert not missing.exists()
 
 
@@ -655,3 +657,138 @@ def test_inspect_cost_prices_what_the_store_holds(store: Store) -> None:
     assert cost["deleting_bytes"] == sum(o.size for o in objects if not o.live)
     gib_month = cost["stored_bytes"] / (1 << 30) * 0.023
     assert cost["storage_usd_per_month"] == pytest.approx(gib_month, abs=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# Settings from the environment and the flags; units; what a URL must hold; live nodes
+
+
+def _four_objects(root: Path) -> None:
+    """One stream of four objects of about 100 KB: retention by bytes has some to drop."""
+    with s3stream.open(root, wal="memory://", environ={}) as client:
+        stream = client.create_stream()
+        for _ in range(4):
+            stream.append(RecordBatch(b"x" * 100_000))
+            client.flush()
+
+
+def test_settings_come_from_flags_then_the_environment(store: Store, tmp_path: Path) -> None:
+    """Every command reads S3STREAM_* as `s3stream.open` does, and a flag wins over it: the
+    commands once gave every setting themselves, so the environment was checked and lost."""
+    _four_objects(tmp_path / "retained")
+    first, second = store.copy(tmp_path / "a")[0], store.copy(tmp_path / "b")[0]
+    compact = ["compact", "--json", "--nice", "0"]
+    retained, by_env, by_flag = run_all(
+        [*compact, str(tmp_path / "retained"), "--deletion-delay-ms", "0"],
+        [*compact, str(first)],
+        [*compact, str(second), "--deletion-delay-ms", "0"],
+        env={
+            **ENV,
+            "S3STREAM_COMPACTION__RETENTION_BYTES": "150KiB",
+            "S3STREAM_COMPACTION__DELETION_DELAY_MS": "0",
+        },
+    )
+    assert json.loads(retained.stdout)["streams_trimmed"] == 1, retained.stderr
+    # The objects awaiting deletion go with the environment's delay of 0.
+    assert json.loads(by_env.stdout)["objects_purged"] >= 1, by_env.stderr
+    assert json.loads(by_flag.stdout)["objects_purged"] >= 1, by_flag.stderr
+    third = store.copy(tmp_path / "c")[0]
+    kept = run(
+        *compact, str(third), "--deletion-delay-ms", "1h",
+        env={**ENV, "S3STREAM_COMPACTION__DELETION_DELAY_MS": "0"},
+    )  # fmt: skip
+    assert json.loads(kept.stdout)["objects_purged"] == 0, kept.stderr  # the flag won
+    # A bad value is refused by every command that opens a store, the read-only ones too.
+    url = str(store.root)
+    bad = {**ENV, "S3STREAM_STORE_TIMEOUT_MS": "banana", "S3STREAM_METADATA": ""}
+    for result in run_all(["inspect", url], ["verify", url], ["dump", url, "0"], env=bad):
+        one_line_error(result, 2, "S3STREAM_STORE_TIMEOUT_MS", "banana")
+    # The environment's store timeout bounds a call to an endpoint out of reach.
+    pytest.importorskip("boto3")
+    closed = {
+        **ENV,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "S3STREAM_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}",
+        "S3STREAM_STORE_TIMEOUT_MS": "1s",
+    }
+    one_line_error(run("inspect", "s3://bucket/prefix", env=closed), 1, "deadline_s=1.0")
+
+
+def test_numeric_options_take_the_units_of_the_settings(store: Store, tmp_path: Path) -> None:
+    copy, _ = store.copy(tmp_path / "copy")
+    compacted, demo, inspected, ambiguous, fraction = run_all(
+        ["compact", str(copy), "--json", "--nice", "0", "--bytes-per-s", "1MiB",
+         "--deletion-delay-ms", "0s", "--orphan-grace-ms", "1h", "--store-timeout", "2s"],
+        ["demo", str(tmp_path / "d"), "--batches", "4", "--batch-bytes", "2KiB"],
+        ["inspect", str(store.root), "--store-timeout", "0.5"],  # seconds, as it always took
+        ["compact", str(copy), "--bytes-per-s", "8MB"],
+        ["compact", str(copy), "--deletion-delay-ms", "1.5s"],
+    )  # fmt: skip
+    assert compacted.returncode == 0, compacted.stderr
+    assert json.loads(compacted.stdout)["objects_purged"] >= 1
+    assert demo.returncode == 0 and "of 2,048 B" in demo.stdout, demo.stderr
+    assert inspected.returncode == 0, inspected.stderr
+    assert ambiguous.returncode == 2 and "8MiB" in ambiguous.stderr, ambiguous.stderr
+    assert fraction.returncode == 2 and "1.5s" in fraction.stderr, fraction.stderr
+
+
+def test_a_prefix_or_memory_url_without_a_store_is_refused(
+    moto_s3: LoopbackS3Server, tmp_path: Path
+) -> None:
+    """A typo in an S3 prefix is refused as a missing directory is (exit 2), and nothing is
+    written there; memory:// never holds a store for a command to look at."""
+    creds = {"AWS_ACCESS_KEY_ID": moto_s3.access_key, "AWS_SECRET_ACCESS_KEY": moto_s3.secret_key}
+    env = {**ENV, **creds, "S3STREAM_ENDPOINT_URL": moto_s3.endpoint_url}
+    prefix = f"nothing-here-{random.randrange(1 << 30)}"
+    url = f"s3://{moto_s3.bucket}/{prefix}"
+    for result in run_all(
+        ["inspect", url], ["verify", url], ["dump", url, "0"],
+        ["compact", url, "--nice", "0"], ["take-over", url, "n1"], env=env,
+    ):  # fmt: skip
+        one_line_error(result, 2, url, "holds no s3stream store")
+    listed = moto_s3.client().list_objects_v2(Bucket=moto_s3.bucket, Prefix=prefix)
+    assert listed.get("KeyCount", 0) == 0, listed
+    for result in run_all(["inspect", "memory://"], ["compact", "memory://", "--nice", "0"]):
+        one_line_error(result, 2, "memory://", "lives only as long as")
+    # A prefix that holds a store is opened as before.
+    there = f"s3://{moto_s3.bucket}/store-{random.randrange(1 << 30)}"
+    with s3stream.open(there, wal="memory://", storage_options=moto_s3.storage_options()) as c:
+        c.create_stream().append(RecordBatch(b"here"))
+    inspected = run("inspect", there, "--json", env=env)
+    assert inspected.returncode == 0, inspected.stderr
+    assert len(json.loads(inspected.stdout)["streams"]) == 1
+
+
+def test_take_over_refuses_a_live_node_unless_forced(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    wal = f"{(root / 'wal' / 'writer.wal').as_uri()}?capacity=1MiB"
+    child = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(root), wal], stdout=subprocess.PIPE, text=True, env=ENV
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "acked"
+        log = sorted((root / "meta" / "log").rglob("*"))
+        refused = run("take-over", str(root), "writer", "--wal", wal)
+        one_line_error(refused, 2, "'writer' is alive", f"process {child.pid}", "--force")
+        assert sorted((root / "meta" / "log").rglob("*")) == log  # nothing fenced, no entry
+        forced = run("take-over", str(root), "writer", "--wal", wal, "--force")
+        assert forced.returncode == 0, forced.stderr
+        assert json.loads(forced.stdout)["released_streams"] == [0]
+    finally:
+        child.kill()
+        child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
+
+
+def test_version_and_counts_read_as_english(store: Store) -> None:
+    version, dumped, verified = run_all(
+        ["--version"], ["dump", str(store.root), "1", "--limit", "1"], ["verify", str(store.root)]
+    )
+    assert version.returncode == 0 and version.stdout == f"s3stream {s3stream.__version__}\n"
+    assert "(first 1 batch;" in dumped.stdout, dumped.stdout
+    assert verified.returncode == 0, verified.stdout
+    assert "stream 1: 3 batches OK" in verified.stdout and " entries and " in verified.stdout
+    assert not re.search(r"\b1 (batches|streams|objects|entries|records)\b", verified.stdout)
