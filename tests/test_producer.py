@@ -3,11 +3,14 @@ reopen and a take-over (storage/producers.py, docs/consuming.md)."""
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -20,7 +23,10 @@ from s3stream import (
     Record,
     RecordBatch,
     SequenceError,
+    UnavailableError,
 )
+from s3stream.wal.base import WalCapabilities, WalPosition, WalRecord, WriteAheadLog
+from s3stream.wal.memory import MemoryWal
 
 CHILD = Path(__file__).with_name("producer_child.py")
 SMALL = ClientSettings(upload_threshold_bytes=4096, upload_interval_ms=0)
@@ -216,3 +222,164 @@ def test_plain_appends_may_not_carry_the_reserved_properties(tmp_path: Path) -> 
                 s.append_async(RecordBatch(b"e", properties={key: "1"}))
         assert s.next_offset == 0
         s.append(RecordBatch(b"ok", properties={"s3stream": "fine"}))
+
+
+def test_a_producer_merged_with_older_data_by_compaction_is_remembered_after_reopen(
+    tmp_path: Path,
+) -> None:
+    """A compacted object is stamped with its oldest source's commit time (the data's age);
+    the producers' rebuild must count idle time from the newest source's, else a producer
+    whose last batch was merged with older data passes for expired after a reopen and its
+    resend is appended twice."""
+    clock = ManualClock()
+    settings = ClientSettings(
+        upload_interval_ms=0, compaction=s3stream.CompactionSettings(stream_set_min_objects=2)
+    )
+    with s3stream.open(str(tmp_path), settings=settings, clock=clock) as client:
+        s = client.create_stream()
+        sid = s.stream_id
+        s.append(RecordBatch(b"old plain data"), producer_id="q", sequence=0)
+        client.flush()  # an object committed now
+        clock.advance(20 * 60)  # longer ago than producer_expiry_ms (15 minutes)
+        first = s.append(RecordBatch(b"order-17"), producer_id="p", sequence=0)
+        client.flush()  # an object committed 20 minutes later
+        committed = clock.now_ms()
+        assert client.compact().objects_written == 1
+    clock.advance(1)
+    with s3stream.open(str(tmp_path), settings=settings, clock=clock) as client:
+        s = client.open_stream(sid)
+        assert s.append(RecordBatch(b"order-17"), producer_id="p", sequence=0) == first
+        assert s.next_offset == 2
+        assert values(s) == [b"old plain data", b"order-17"]
+        (merged,) = client._meta.state.stream_objects(sid)
+        # committed_ms keeps its meaning (the data's age, for the planner's aging); the
+        # range says when each part was committed.
+        assert merged.committed_ms == committed - 20 * 60_000
+        assert merged.ranges[0].commits == ((0, committed - 20 * 60_000), (1, committed))
+        # Exact per source: a producer whose last batch came from the old object was idle
+        # 20 minutes: forgotten (a new start), as it would have been without compaction.
+        assert s.append(RecordBatch(b"q"), producer_id="q", sequence=5).base_offset == 2
+    # Expiry still counts from the producer's own commit: idle longer, forgotten.
+    clock.advance(16 * 60)
+    with s3stream.open(str(tmp_path), settings=settings, clock=clock) as client:
+        s = client.open_stream(sid)
+        assert s.append(RecordBatch(b"new"), producer_id="p", sequence=0).base_offset == 3
+
+
+def test_a_resend_of_trimmed_sequences_after_reopen_is_recognised(tmp_path: Path) -> None:
+    """A queue trims what it consumed: the trimmed batches still tell a reopened stream
+    which sequences its producers appended (the rebuild reads below the start offset)."""
+    with s3stream.open(str(tmp_path), settings=SMALL) as client:
+        s = client.create_stream()
+        sid = s.stream_id
+        acked = [s.append(RecordBatch(b"m%d" % k), producer_id="p", sequence=k) for k in range(3)]
+        client.flush()
+        s.trim(s.confirm_offset)
+    with s3stream.open(str(tmp_path), settings=SMALL) as client:
+        s = client.open_stream(sid)
+        assert s.start_offset == 3
+        # The last reply was lost: a resend gets the original result, nothing is written.
+        assert s.append(RecordBatch(b"m2"), producer_id="p", sequence=2) == acked[2]
+        assert s.append(RecordBatch(b"m1"), producer_id="p", sequence=1) == acked[1]
+        assert s.next_offset == 3
+        assert s.append(RecordBatch(b"m3"), producer_id="p", sequence=3).base_offset == 3
+
+
+class _HeldWal(WriteAheadLog):
+    """A WAL whose appends, while `holding`, stay in flight until `fail_held` fails them all
+    (a WAL write that times out): appends in flight that then fail, as many as wanted."""
+
+    def __init__(self, inner: WriteAheadLog) -> None:
+        self.inner = inner
+        self.holding = False
+        self.held: list[Future[WalPosition]] = []
+
+    @property
+    def capabilities(self) -> WalCapabilities:
+        # Futures resolve later, not in the call.
+        return dataclasses.replace(self.inner.capabilities, acks_on_call=False)
+
+    def recover(self) -> Iterator[WalRecord]:
+        return self.inner.recover()
+
+    def append(self, data: bytes) -> Future[WalPosition]:
+        if not self.holding:
+            return self.inner.append(data)
+        f: Future[WalPosition] = Future()
+        self.held.append(f)
+        return f
+
+    def append_parts(self, head: bytes, tail: bytes) -> Future[WalPosition]:
+        return self.append(head + tail)
+
+    def fail_held(self) -> None:
+        self.holding = False
+        for f in self.held:
+            f.set_exception(UnavailableError("injected: WAL write timed out"))
+
+    def trim(self, position: WalPosition) -> None:
+        self.inner.trim(position)
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def describe(self) -> str:
+        return f"held({self.inner.describe()})"
+
+
+def test_more_failed_appends_in_flight_than_the_window_are_all_resent(tmp_path: Path) -> None:
+    """Ten idempotent appends in flight fail (more than the 5 whose results are kept): none
+    was written, so the producer's resends of all ten, from the first, must be appended in
+    order; none may be refused as \"older than the window\" (it was never written)."""
+    wal = _HeldWal(MemoryWal())
+    with s3stream.open(str(tmp_path), settings=SMALL, wal=wal) as client:
+        s = client.create_stream()
+        s.append(RecordBatch(b"0"), producer_id="p", sequence=0)
+        wal.holding = True
+        futs = [
+            s.append_async(RecordBatch(b"%d" % k), producer_id="p", sequence=k)
+            for k in range(1, 11)
+        ]
+        wal.fail_held()
+        for f in futs:
+            with pytest.raises(UnavailableError):
+                f.result(30)
+        for k in range(1, 11):
+            r = s.append(RecordBatch(b"%d" % k), producer_id="p", sequence=k, timeout_s=30)
+            assert r.base_offset == k
+        # A resend of a sequence now durable is recognised; the next one follows on.
+        assert s.append(RecordBatch(b"9"), producer_id="p", sequence=9).base_offset == 9
+        assert s.append(RecordBatch(b"11"), producer_id="p", sequence=11).base_offset == 11
+        assert values(s) == [b"%d" % k for k in range(12)]
+
+
+def test_commit_times_of_many_merged_objects_are_bounded_and_never_early(tmp_path: Path) -> None:
+    """Compaction merging more objects than a range keeps commit times for joins the closest
+    neighbours under the later time: every record counts as committed no earlier than it
+    was (its producer is never forgotten early), and the metadata stays small."""
+    clock = ManualClock()
+    settings = ClientSettings(
+        upload_interval_ms=0, compaction=s3stream.CompactionSettings(stream_set_min_objects=2)
+    )
+    committed: list[int] = []
+    with s3stream.open(str(tmp_path), settings=settings, clock=clock) as client:
+        s = client.create_stream()
+        other = client.create_stream()
+        for k in range(40):
+            s.append(RecordBatch(b"%d" % k), producer_id="p", sequence=k)
+            other.append(RecordBatch(b"o"))
+            client.flush()
+            committed.append(clock.now_ms())
+            clock.advance(1 + k % 7)  # uneven gaps: the closest are joined first
+        client.compact()
+        objs = client._meta.state.stream_objects(s.stream_id)
+        assert all(o.level > 0 for o in objs)
+        for obj in objs:
+            r = obj.range_of(s.stream_id)
+            assert r is not None and r.commits is not None and len(r.commits) <= 32
+            for k in range(r.start_offset, r.end_offset):
+                assert committed[k] <= r.committed_at(k, obj.committed_ms) <= committed[-1]
+        assert values(s) == [b"%d" % k for k in range(40)]

@@ -68,6 +68,12 @@ _SourceBlocks = dict[tuple[str, int], list[tuple[BlockInfo, bytes]]]
 _Copied = dict[tuple[str, int], list[tuple[int, int]]]
 #: Told the bytes a task has just read (a GET) or copied into its outputs (each MiB or so).
 Moved = Callable[[int], None]
+#: (offset, committed_ms) pairs of the records copied into one output, per stream id, by
+#: ascending offset (`StreamRange.commits` before joining).
+_Commits = dict[int, list[tuple[int, int]]]
+#: Most commit times kept per range: merging many objects must not grow the metadata without
+#: bound; beyond it, neighbours with the closest times are joined (`_capped_commits`).
+_MAX_COMMITS = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,8 +283,12 @@ class CompactionExecutor:
         """The objects for `out`, one at a time: one, or for a stream object several of at
         most `max_object_bytes` each (cut between blocks). Records what it copied."""
         sources = [o for o in task.replaced if o.key in {p.source for p in out.pieces}]
+        by_key = {o.key: o for o in sources}
         limit = self._max_object if out.kind is ObjectKind.STREAM else None
         w = self._new_writer()
+        # When what goes into `w` was first committed: the producers' rebuild needs it
+        # (StreamRange.commits), and the object's own committed_ms is the oldest source's.
+        commits: _Commits = {}
         # Pay for output bytes as they are copied, not in one lump at the PUT, so that the
         # work spreads evenly over time when throttled.
         unpaid = 0
@@ -288,6 +298,13 @@ class CompactionExecutor:
                 continue
             lo, hi = max(p.start_offset, keep), p.end_offset
             spans = copied.setdefault((p.source, p.stream_id), [])
+            src = by_key[p.source]
+            src_range = src.range_of(p.stream_id)
+            src_times = (
+                src_range.commit_times(src.committed_ms)
+                if src_range is not None
+                else ((p.start_offset, src.committed_ms),)
+            )
             for b, data in blocks.get((p.source, p.stream_id), ()):
                 if b.end_offset <= lo or b.start_offset >= hi:
                     continue
@@ -296,11 +313,13 @@ class CompactionExecutor:
                     and not w.is_empty()
                     and w.size_estimate + b.stored_size > limit
                 ):
-                    yield self._finish(w, sources)
+                    yield self._finish(w, sources, commits)
                     w = self._new_writer()
+                    commits = {}
                 if lo <= b.start_offset and b.end_offset <= hi:
                     w.add_block(b, data, location=p.source)
                     spans.append((b.start_offset, b.end_offset))
+                    _add_commits(commits, p.stream_id, src_times, b.start_offset, b.end_offset)
                 else:
                     # Straddles the start offset (or the piece's end): the only blocks decoded.
                     kept = [
@@ -312,6 +331,13 @@ class CompactionExecutor:
                         w.add_fetched(x)
                     if kept:
                         spans.append((kept[0].base_offset, kept[-1].next_offset))
+                        _add_commits(
+                            commits,
+                            p.stream_id,
+                            src_times,
+                            kept[0].base_offset,
+                            kept[-1].next_offset,
+                        )
                 unpaid += b.stored_size
                 if unpaid >= _PACE_BYTES:
                     self._throttle(unpaid, requests=0)
@@ -322,7 +348,7 @@ class CompactionExecutor:
         if moved is not None and unpaid:
             moved(unpaid)
         if not w.is_empty():
-            yield self._finish(w, sources)
+            yield self._finish(w, sources, commits)
 
     def _new_writer(self) -> ObjectWriter:
         return ObjectWriter(
@@ -331,11 +357,21 @@ class CompactionExecutor:
             zstd_level=self._writer.zstd_level,
         )
 
-    def _finish(self, w: ObjectWriter, sources: list[ObjectMeta]) -> tuple[ObjectMeta, bytes]:
+    def _finish(
+        self, w: ObjectWriter, sources: list[ObjectMeta], commits: _Commits
+    ) -> tuple[ObjectMeta, bytes]:
         offsets = w.ranges()
         data = w.finish()
         times = w.time_ranges()
-        ranges = tuple(StreamRange(sid, a, b, *times[sid]) for sid, a, b in offsets)
+        # Never earlier than any source's data, should a range's times be missing (a bug):
+        # a later time only makes producers remembered longer, an earlier one forgets them.
+        newest = max(t for o in sources for _, t in _times_of(o))
+        ranges = tuple(
+            StreamRange(
+                sid, a, b, *times[sid], commits=_range_commits(commits.get(sid, []), a, b, newest)
+            )
+            for sid, a, b in offsets
+        )
         single = len(ranges) == 1
         meta = ObjectMeta(
             key=self._keys.next_key(ObjectKind.STREAM if single else ObjectKind.STREAM_SET),
@@ -347,6 +383,10 @@ class CompactionExecutor:
             committed_ms=min(o.committed_ms for o in sources),
             node_id=self._node_id,
             level=max(o.level for o in sources) + 1,
+            # How new each part of it is goes in its ranges' `commits` (above): the
+            # producers' rebuild at a reopen counts idle time from those, since with this
+            # time a producer whose last batch was merged with older data would pass for
+            # expired, and its resend be appended twice.
         )
         self._verify_object(meta, data)
         return meta, data
@@ -428,3 +468,58 @@ def _join(spans: list[tuple[int, int]], overlap_message: str) -> list[tuple[int,
         else:
             joined.append((a, b))
     return joined
+
+
+def _times_of(obj: ObjectMeta) -> list[tuple[int, int]]:
+    """Every (offset, committed_ms) pair of `obj`'s ranges."""
+    return [t for r in obj.ranges for t in r.commit_times(obj.committed_ms)] or [
+        (0, obj.committed_ms)
+    ]
+
+
+def _add_commits(
+    commits: _Commits,
+    stream_id: int,
+    src_times: tuple[tuple[int, int], ...],
+    start: int,
+    end: int,
+) -> None:
+    """Note that records ``[start, end)`` of `stream_id` were copied from a source range whose
+    commit times are `src_times`: each part keeps the time its source gives it."""
+    out = commits.setdefault(stream_id, [])
+    for i, (offset, ms) in enumerate(src_times):
+        seg_end = src_times[i + 1][0] if i + 1 < len(src_times) else end
+        lo, hi = max(offset, start), min(seg_end, end)
+        if lo < hi:
+            out.append((lo, ms))
+
+
+def _range_commits(
+    got: list[tuple[int, int]], start: int, end: int, newest: int
+) -> tuple[tuple[int, int], ...]:
+    """`StreamRange.commits` of an output range ``[start, end)`` from the pairs noted while
+    copying (ascending offsets): equal neighbours joined, at most `_MAX_COMMITS`."""
+    pairs = [(o, t) for o, t in got if start <= o < end]
+    if not pairs or pairs[0][0] != start:
+        # Not expected (every copied span is noted): the newest time covers it safely.
+        pairs.insert(0, (start, newest))
+    joined: list[tuple[int, int]] = []
+    for o, t in pairs:
+        if joined and joined[-1][0] == o:
+            # Two notes at one offset (not expected): keep the later time, never forget early.
+            joined[-1] = (o, max(joined[-1][1], t))
+        elif joined and joined[-1][1] == t:
+            continue  # the same time goes on
+        else:
+            joined.append((o, t))
+    return _capped_commits(joined)
+
+
+def _capped_commits(pairs: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """At most `_MAX_COMMITS` pairs: the neighbours whose times are closest are joined, under
+    the later time (records then count as committed a little later than they were: their
+    producers are remembered a little longer, never forgotten early)."""
+    while len(pairs) > _MAX_COMMITS:
+        i = min(range(len(pairs) - 1), key=lambda j: abs(pairs[j + 1][1] - pairs[j][1]))
+        pairs[i : i + 2] = [(pairs[i][0], max(pairs[i][1], pairs[i + 1][1]))]
+    return tuple(pairs)

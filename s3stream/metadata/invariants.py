@@ -351,6 +351,19 @@ def _check_object_shape(obj: ObjectMeta) -> None:
                 f"I7: object {obj.key!r} gives stream {rng.stream_id} the time range "
                 f"[{lo}, {hi}]: both or neither, the smallest first"
             )
+        commits = rng.commits
+        if commits is not None and (
+            not commits
+            or commits[0][0] != rng.start_offset
+            or commits[-1][0] >= rng.end_offset
+            or any(a[0] >= b[0] for a, b in itertools.pairwise(commits))
+        ):
+            # The producers' rebuild looks commit times up by offset (StreamRange.commits).
+            raise InvalidArgumentError(
+                f"I7: object {obj.key!r} gives stream {rng.stream_id} the commit times "
+                f"{list(commits)}: offsets must ascend from {rng.start_offset}, below "
+                f"{rng.end_offset}"
+            )
         prev = rng.stream_id
 
 

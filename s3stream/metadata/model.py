@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 import enum
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Annotated, TypeAlias
 
 import msgspec
@@ -49,6 +49,7 @@ Epoch = Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)]
 Key = Annotated[str, msgspec.Meta(min_length=1)]
 
 _stream_id_of = attrgetter("stream_id")
+_first = itemgetter(0)
 
 
 class ObjectKind(enum.Enum):
@@ -67,6 +68,17 @@ class StreamRange(msgspec.Struct, frozen=True, array_like=True):
     (docs/consuming.md, "Seek by time"), so seek by time can skip the object without reading
     its index; None in entries written before they were recorded (trailing fields of the
     array: older readers ignore them, and read older entries as None).
+
+    `commits`: when the records were first committed, for a range written by compaction:
+    ``(offset, committed_ms)`` pairs by ascending offset, the first at `start_offset`; the
+    records from each offset up to the next pair's (or `end_offset`) were committed at that
+    time or earlier (compaction may join neighbours, keeping the later time). The object's
+    `committed_ms` is its oldest source's (the data's age, for compaction's aging), which
+    would make a producer whose last batch was merged with older data look idle since then:
+    the idempotent producers' rebuild at a reopen reads these times instead
+    (storage/producers.py). None for a range committed by an upload (every record at the
+    object's `committed_ms`), and in entries written before it was recorded (a trailing
+    field: older readers ignore it; the rebuild then falls back to `committed_ms`).
     """
 
     stream_id: NonNeg
@@ -74,6 +86,29 @@ class StreamRange(msgspec.Struct, frozen=True, array_like=True):
     end_offset: NonNeg
     min_timestamp: int | None = None
     max_timestamp: int | None = None
+    commits: tuple[tuple[NonNeg, int], ...] | None = None
+
+    def commit_times(self, committed_ms: int) -> tuple[tuple[int, int], ...]:
+        """`commits`, or for a range without them (`committed_ms`: its object's) one pair."""
+        commits = self.commits
+        if not commits:
+            return ((self.start_offset, committed_ms),)
+        return commits
+
+    def committed_at(self, offset: int, committed_ms: int) -> int:
+        """When the record at `offset` was committed (at the latest): see `commits`."""
+        commits = self.commits
+        if not commits:
+            return committed_ms
+        i = bisect.bisect_right(commits, offset, key=_first) - 1
+        return commits[max(i, 0)][1]
+
+    def newest_commit(self, committed_ms: int) -> int:
+        """When its newest record was committed (at the latest): see `commits`."""
+        commits = self.commits
+        if not commits:
+            return committed_ms
+        return max(t for _, t in commits)
 
 
 class ObjectMeta(msgspec.Struct, frozen=True, kw_only=True, gc=False):

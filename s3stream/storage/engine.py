@@ -261,10 +261,19 @@ class Storage:
             return w.producers
 
     def _newest_first(self, stream_id: int, now_ms: int) -> Iterator[tuple[FetchedBatch, int]]:
-        """The stream's committed batches, newest first, each with its object's commit time,
-        back to the producer expiry horizon (objects committed before it hold no producer
-        still remembered) or `producer_scan_bytes`, whichever comes first. Commit times are
-        the library's clock; compaction re-commits data later, which only scans more."""
+        """The stream's stored batches, newest first, each with the time it was committed,
+        back to the producer expiry horizon (an object whose records of the stream were all
+        committed before it holds no producer still remembered, and neither does any object
+        of lower offsets: a stream's records are committed in offset order) or
+        `producer_scan_bytes`, whichever comes first. Commit times are the library's clock.
+        In an object written by compaction they come from its range's `commits`, not from
+        its `committed_ms`: that is the oldest source's, and would make a producer whose
+        last batch was merged with older data pass for expired (then a resend is appended
+        twice).
+
+        Batches below the stream's start offset are read too while their objects are still
+        listed: a trim does not make a producer's appends unappended, and a resend of them
+        must still be recognised (docs/records.md says when compaction has dropped them)."""
         state = self._meta.state
         stream = state.streams.get(stream_id)
         if stream is None:
@@ -272,26 +281,26 @@ class Storage:
         horizon = now_ms - self._settings.producer_expiry_ms
         budget = self._settings.producer_scan_bytes
         for obj in reversed(state.stream_objects(stream_id)):
-            if obj.committed_ms < horizon:
+            r = obj.range_of(stream_id)
+            if r is None:
+                continue
+            if r.newest_commit(obj.committed_ms) < horizon:
                 return
-            for r in obj.ranges:
-                if r.stream_id != stream_id:
-                    continue
-                lo, hi = max(r.start_offset, stream.start_offset), r.end_offset
-                if lo >= hi:
-                    continue
-                # Block by block from the newest: a large (compacted) object is read only
-                # as far back as needed.
-                index = self._block_cache.index(obj.key, obj.size)
-                for block in reversed(index.find(stream_id, lo, hi)):
-                    for batches in self._block_cache.get_blocks(obj.key, [block]):
-                        for b in reversed(batches):
-                            if b.base_offset >= hi or b.next_offset <= lo:
-                                continue
-                            yield b, obj.committed_ms
-                            budget -= b.size
-                            if budget <= 0:
-                                return
+            lo, hi = r.start_offset, r.end_offset
+            if lo >= hi:
+                continue
+            # Block by block from the newest: a large (compacted) object is read only
+            # as far back as needed.
+            index = self._block_cache.index(obj.key, obj.size)
+            for block in reversed(index.find(stream_id, lo, hi)):
+                for batches in self._block_cache.get_blocks(obj.key, [block]):
+                    for b in reversed(batches):
+                        if b.base_offset >= hi or b.next_offset <= lo:
+                            continue
+                        yield b, r.committed_at(b.base_offset, obj.committed_ms)
+                        budget -= b.size
+                        if budget <= 0:
+                            return
 
     def request_upload(self) -> None:
         """Ask the uploader to upload now."""

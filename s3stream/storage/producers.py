@@ -13,13 +13,23 @@ assignment are one step):
 - anything else (a gap, or a sequence older than the window) raises `SequenceError`.
 
 An append that failed (its future raised) did not happen: a later check drops it and every
-sequence after it (the WAL fails every later append too), so the producer resends them.
+sequence after it (the WAL fails every later append too), so the producer resends them. Every
+append still in flight is tracked, not only the last `WINDOW`: with more failed appends in
+flight than the window holds, ``last`` must still go back to just before the first failed one
+(a sequence that never became durable must never count as taken).
 
 After a crash, a reopen or a take-over, the table is rebuilt on the first idempotent append to
 the stream, from the stream's committed batches, newest first, back to the expiry horizon (or
 at most `scan_bytes`): recovery and take-over commit everything the WAL acknowledged before
-any stream is opened, so every acknowledged append is seen. Producers idle longer than
-`expiry_ms` are forgotten (then treated as new).
+any stream is opened, so every acknowledged append is seen. The scan also reads batches below
+the stream's start offset while the objects holding them are still listed (a trim does not
+delete data; compaction drops it later, and from then on a producer whose last batches were
+trimmed is forgotten at a reopen: docs/records.md). Producers idle longer than `expiry_ms` are
+forgotten (then treated as new); after a reopen, idle time counts from the commit time of
+the producer's last batch: in an object written by compaction, from the times its range
+records per source (`StreamRange.commits`: never earlier than the real one, at most a
+little later where compaction had to join neighbours), not from the object's
+`committed_ms`, which is its oldest source's.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import partial
 from types import MappingProxyType
 
 from ..errors import InvalidArgumentError, SequenceError
@@ -56,6 +67,20 @@ class _Producer:
     #: (sequence, outcome) of its latest appends, oldest first, at most WINDOW.
     recent: deque[tuple[int, Outcome]] = field(default_factory=lambda: deque(maxlen=WINDOW))
     last_ms: int = 0
+    #: (sequence, future) of every append not yet known to be durable, oldest first. Not
+    #: bounded by WINDOW: a failed append evicted from `recent` must still pull `last` back.
+    #: Its length is bounded by the appends in flight (done ones are pruned at each check).
+    pending: deque[tuple[int, Future[AppendResult]]] = field(default_factory=deque)
+    #: Appended to (from any thread: deque.append is atomic) by a done callback when a
+    #: pending append fails: only a hint that `pending` must be scanned for failures, so
+    #: that checks need not scan every append in flight when nothing failed.
+    failed_hint: deque[int] = field(default_factory=deque)
+
+
+def _note_failure(p: _Producer, sequence: int, fut: Future[AppendResult]) -> None:
+    """Done callback of a pending append: flag `p` for a failure scan if it failed."""
+    if _failed(fut):
+        p.failed_hint.append(sequence)
 
 
 def check_unreserved(properties: Mapping[str, str]) -> None:
@@ -146,6 +171,11 @@ class ProducerTable:
         p.last = sequence
         p.recent.append((sequence, outcome))
         p.last_ms = now_ms
+        if isinstance(outcome, Future):
+            _prune_durable(p)
+            p.pending.append((sequence, outcome))
+            # After the append: a callback of an already failed future runs right here.
+            outcome.add_done_callback(partial(_note_failure, p, sequence))
 
     def rebuild(
         self, batches_newest_first: Iterable[tuple[FetchedBatch, int]], now_ms: int
@@ -169,11 +199,46 @@ class ProducerTable:
 
     @staticmethod
     def _drop_failed(p: _Producer) -> None:
-        """Forget appends whose write failed, and all after them (never written)."""
-        for i, (seq, outcome) in enumerate(p.recent):
-            if isinstance(outcome, Future) and outcome.done() and outcome.exception() is not None:
-                kept = list(p.recent)[:i]
-                p.recent.clear()
-                p.recent.extend(kept)
-                p.last = seq - 1
-                return
+        """Forget appends whose write failed, and all after them (never written: the WAL
+        fails every later append too). `last` becomes the sequence just before the first
+        failed one, whether or not that one is still in `recent`: the appends before it are
+        durable or still in flight (they may still become durable, or fail later and pull
+        `last` back further); no sequence at or after a failed one counts as taken."""
+        _prune_durable(p)
+        # The window is checked directly as well: a future is done before its callbacks
+        # run, so a resend racing the callback would otherwise get the failed future back.
+        if not p.failed_hint and not any(
+            isinstance(outcome, Future) and _failed(outcome) for _, outcome in p.recent
+        ):
+            return
+        # Cleared before the scan: a failure that lands during the scan adds a new hint.
+        p.failed_hint.clear()
+        first = next(
+            (seq for seq, fut in p.pending if _failed(fut)),
+            None,
+        )
+        if first is None:
+            return  # a stale hint: that sequence was dropped and resent already
+        p.last = min(p.last, first - 1)
+        kept = [(seq, outcome) for seq, outcome in p.recent if seq < first]
+        p.recent.clear()
+        p.recent.extend(kept)
+        still = [(seq, fut) for seq, fut in p.pending if seq < first]
+        p.pending.clear()
+        p.pending.extend(still)
+
+
+def _failed(fut: Future[AppendResult]) -> bool:
+    """Whether the append of `fut` failed (it will never be durable)."""
+    return fut.done() and (fut.cancelled() or fut.exception() is not None)
+
+
+def _prune_durable(p: _Producer) -> None:
+    """Drop from `p.pending` its oldest appends that are durable (succeeded): they can no
+    longer fail, and an unpruned deque would grow with every append."""
+    pending = p.pending
+    while pending:
+        fut = pending[0][1]
+        if not fut.done() or _failed(fut):
+            return
+        pending.popleft()
