@@ -8,9 +8,11 @@ without blocking the loop and without a second implementation of anything:
   (`asyncio.wrap_future`): no thread hop per append, and appends from many tasks are
   group-committed as appends from many threads are. An append that would wait for room (the
   upload backlog or the WAL full, the WAL under repair: asked before appending, with the
-  batch's size) is made by the sync `Stream.append` in a thread instead, with what is left
-  of the call's deadline, so the loop never waits for room and the deadline covers the
-  whole call;
+  batch's size; or a conditional one whose offset an append in flight holds) is made by the
+  sync `Stream.append` in a thread instead, with what is left of the call's deadline, so
+  the loop never waits for room and the deadline covers the whole call. Those threads are
+  a small pool of their own (tails cannot hold them up), and the appends of one stream run
+  there one at a time, in the order they were made;
 - every other call runs the sync method in a thread of the handle's own small pool, closed
   with the handle (`open` and `open_reader`, before there is a handle, in the loop's default
   executor);
@@ -34,6 +36,7 @@ import inspect
 import itertools
 import logging
 import threading
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
@@ -71,6 +74,10 @@ _BYTES_ENCODED_ON_LOOP = 64 << 10
 #: (at most a tenth of the call's time), so that its own answer (`BackpressureError` when no
 #: room came: nothing written) reaches the loop before the loop stops waiting for it.
 _THREAD_LEAD_S = 0.01
+#: Threads for the appends made in a thread (`_Threads.submit_append`), apart from the long
+#: polls so that tails cannot hold them up. Appends of one stream run one at a time there
+#: (in submission order), so more threads only let more streams wait for room at once.
+_APPEND_THREADS = 8
 
 
 class _Closes(Protocol):
@@ -82,7 +89,8 @@ C = TypeVar("C", bound=_Closes)
 
 class _Threads:
     """The threads an async handle runs blocking calls in: `call` for calls that return
-    promptly, `poll` for long polls, each on a pool of its own (threads start on demand)."""
+    promptly, `poll` for long polls, `submit_append` for appends that may wait for room,
+    each on a pool of its own (threads start on demand)."""
 
     def __init__(self, name: str, *, threads: int, poll_threads: int) -> None:
         check_int("threads", threads, minimum=1)
@@ -90,10 +98,17 @@ class _Threads:
         self._what = name
         self._calls = ThreadPoolExecutor(threads, f"s3stream-aio-{name}")
         self._polls = ThreadPoolExecutor(poll_threads, f"s3stream-aio-{name}-poll")
+        self._append_pool = ThreadPoolExecutor(_APPEND_THREADS, f"s3stream-aio-{name}-append")
         self.closed = False
         #: Appends submitted to a thread and not finished there (queued or running).
         self._appends = 0
+        #: Guards `_appends` and `_lanes`.
         self._appends_lock = threading.Lock()
+        #: Appends made in a thread, by stream, in submission order, not yet started. A
+        #: stream has a lane while one drainer (`_drain`) is queued or running for it, and
+        #: only then: its appends run one after the other, never racing each other for the
+        #: append lock (an idempotent producer's pipelined sequences must land in order).
+        self._lanes: dict[int, deque[tuple[Future[Any], Callable[[], Any]]]] = {}
 
     @property
     def appending(self) -> bool:
@@ -101,19 +116,65 @@ class _Threads:
         too rather than race them to the room they wait for on the loop."""
         return self._appends > 0
 
-    def submit_append(self, job: Callable[[], T]) -> Future[T]:
-        """`job` (an append that may wait for room) in a thread of the poll pool, counted in
-        `appending` until it has finished or was dropped from the queue."""
+    def submit_append(self, stream_id: int, job: Callable[[], T]) -> Future[T]:
+        """`job` (an append to `stream_id` that may wait for room) in a thread of the append
+        pool, after the appends to that stream submitted before it have finished; counted
+        in `appending` until it has finished or was dropped (its future cancelled while
+        queued, or the handle closed)."""
         ctx = contextvars.copy_context()
+        future: Future[T] = Future()
         with self._appends_lock:
+            if self.closed:
+                raise StreamClosedError(f"the {self._what} is closed")
             self._appends += 1
-        try:
-            future = self._polls.submit(ctx.run, job)
-        except RuntimeError:  # the pool is shut down: the handle was closed
-            self._append_done(None)
-            raise StreamClosedError(f"the {self._what} is closed") from None
+            lane = self._lanes.get(stream_id)
+            start = lane is None
+            if lane is None:
+                lane = self._lanes[stream_id] = deque()
+            lane.append((future, functools.partial(ctx.run, job)))
         future.add_done_callback(self._append_done)
+        if start:
+            self._schedule(stream_id)
         return future
+
+    def _schedule(self, stream_id: int) -> None:
+        """Queue the drainer of a stream's lane (which has appends waiting)."""
+        try:
+            self._append_pool.submit(self._drain, stream_id)
+        except RuntimeError:  # the pool is shut down: the handle was closed
+            self._drop_lanes()
+
+    def _drain(self, stream_id: int) -> None:
+        """Run the first append of a stream's lane, then queue the lane again behind the
+        other streams' (streams take turns for the threads) or end it if it is empty."""
+        with self._appends_lock:
+            lane = self._lanes[stream_id]
+            item = lane.popleft() if lane else None
+        if item is not None:
+            future, job = item
+            if future.set_running_or_notify_cancel():  # else cancelled while queued
+                try:
+                    result = job()
+                except BaseException as exc:
+                    future.set_exception(exc)
+                else:
+                    future.set_result(result)
+        with self._appends_lock:
+            more = bool(lane)
+            if not more:
+                del self._lanes[stream_id]
+        if more:
+            self._schedule(stream_id)
+
+    def _drop_lanes(self) -> None:
+        """Cancel every append still queued in a lane (the handle closed): their callers
+        get `StreamClosedError`, nothing was written."""
+        with self._appends_lock:
+            dropped = [item for lane in self._lanes.values() for item in lane]
+            for lane in self._lanes.values():
+                lane.clear()
+        for future, _ in dropped:
+            future.cancel()
 
     def _append_done(self, _: object) -> None:
         with self._appends_lock:
@@ -147,12 +208,16 @@ class _Threads:
         """Refuse new calls, drop queued ones, and wait for the running ones to return."""
         if self.closed:
             return
-        self.closed = True
-        for pool in (self._polls, self._calls):
+        with self._appends_lock:
+            self.closed = True
+        for pool in (self._append_pool, self._polls, self._calls):
             pool.shutdown(wait=False, cancel_futures=True)
+        # A lane's drainer cancelled in the pool would leave its appends pending for ever.
+        self._drop_lanes()
         await asyncio.to_thread(self._join)
 
     def _join(self) -> None:
+        self._append_pool.shutdown(wait=True)
         self._polls.shutdown(wait=True)
         self._calls.shutdown(wait=True)
 
@@ -327,9 +392,11 @@ class AsyncStream:
 
         Calls `Stream.append_async` on the loop, where it returns at once. An append that
         would wait in the call (the upload backlog at ``max_pending_bytes``, no room in the WAL
-        for this batch or an append already waiting there for room, a WAL under repair, or a
-        reopened stream's producers to read first), and every append while others wait so,
-        is made by `Stream.append` in a thread instead: the loop never waits for room.
+        for this batch or an append already waiting there for room, a WAL under repair, a
+        reopened stream's producers to read first, or an append in flight holding
+        `expected_offset`), and every append while others wait so, is made by
+        `Stream.append` in a thread instead: the loop never waits for room. Appends of one
+        stream made in threads land in the order they were made.
 
         `timeout_s` (default ``call_timeout_ms``) bounds the whole call, the wait for room
         and for a thread included, as the sync `append`: an append that gets no room in
@@ -378,7 +445,11 @@ class AsyncStream:
         """`batch` appended on the loop, or in a thread if it would wait there; `deadline`
         (on the loop's clock, `limit` s after the call) bounds it all."""
         idempotent = producer_id is not None or sequence is not None
-        if self._threads.appending or self._would_wait(batch, idempotent):
+        if (
+            self._threads.appending
+            or self._would_wait(batch, idempotent)
+            or (expected_offset is not None and self._unsettled(expected_offset))
+        ):
             return await self._append_in_thread(
                 batch, deadline, limit, expected_offset, producer_id, sequence
             )
@@ -386,6 +457,15 @@ class AsyncStream:
             batch, expected_offset=expected_offset, producer_id=producer_id, sequence=sequence
         )
         return await self._durable(future, deadline, limit)
+
+    def _unsettled(self, expected_offset: object) -> bool:
+        """Whether an append in flight holds `expected_offset` (assigned, not acknowledged):
+        a conditional append then waits in the call for it to settle (`Stream.append`)."""
+        stream = self._stream
+        return (
+            isinstance(expected_offset, int)
+            and stream.confirm_offset <= expected_offset < stream.next_offset
+        )
 
     def _would_wait(self, batch: RecordBatch, idempotent: bool) -> bool:
         """`Stream.append_would_wait`, asked with the batch, whose size the WAL's room is
@@ -404,9 +484,11 @@ class AsyncStream:
         producer_id: str | None,
         sequence: int | None,
     ) -> AppendResult:
-        """`Stream.append` in a thread of the poll pool (appends waiting for room must not
-        hold up flush and friends), with what is left of the call's deadline once the
-        thread takes it, so the room wait and the pool's queue count against it. Past the
+        """`Stream.append` in a thread of the append pool (appends waiting for room must not
+        hold up flush and friends, nor wait behind tails), after the stream's appends
+        submitted before it (`_Threads.submit_append`: they land in the order they were
+        made), with what is left of the call's deadline once the thread takes it, so the
+        room wait and the queue count against it. Past the
         deadline: `BackpressureError` if no thread took it (nothing written), else
         `UnavailableError` (it may still become durable)."""
         loop = asyncio.get_running_loop()
@@ -426,7 +508,7 @@ class AsyncStream:
                 sequence=sequence,
             )
 
-        job = self._threads.submit_append(append)
+        job = self._threads.submit_append(stream.stream_id, append)
         try:
             async with asyncio.timeout_at(deadline) as timer:
                 try:
@@ -595,7 +677,8 @@ class AsyncStreamClient:
     methods, awaited; streams are `AsyncStream`s. `async with` closes it.
 
     Blocking calls run in `threads` threads of its own, long polls (tails) in up to
-    `poll_threads` more, all started on demand and stopped by `close`. A tail waiting at the
+    `poll_threads` more, appends that wait for room in a few more (`AsyncStream.append`),
+    all started on demand and stopped by `close`. A tail waiting at the
     end of its stream holds a poll thread for up to its `wait_s` at a time: beyond
     `poll_threads` tails at once, the others wait their turn (up to `wait_s` longer).
     The wrapped client is this one's: `close` closes it.

@@ -108,7 +108,8 @@ class OffsetMismatchError(S3StreamError):
 
     Nothing was written. `actual` is the offset the next append would get: after a retry of
     an append whose outcome was unknown (a timeout), ``actual > N`` means the first attempt
-    landed (or is still landing); not retryable with the same `expected_offset`.
+    landed and is acknowledged (a retry waits for an attempt still in flight to settle);
+    not retryable with the same `expected_offset`.
     """
 
     def __init__(self, message: str, *, expected: int, actual: int) -> None:

@@ -159,13 +159,19 @@ class Stream(Closeable):
         (producer, sequence) the stream already took returns the original `AppendResult`
         and writes nothing; sequences of a producer must follow each other (+1), else
         `SequenceError`. This holds across a crash, a reopen and a take-over, within the
-        last 5 sequences of a producer and while it is not idle longer than
-        ``producer_expiry_ms`` (docs/consuming.md).
+        last 5 sequences of a producer, while it is not idle longer than
+        ``producer_expiry_ms`` and, after a reopen, while its batches are not trimmed and
+        dropped by compaction (docs/consuming.md).
 
         With `expected_offset`, the batch is appended only if it would land at that offset
         (the stream's `next_offset`); otherwise nothing is written and `OffsetMismatchError`
-        says where the next append would land. Retrying an append that timed out with the
-        same `expected_offset` therefore never writes it twice (docs/consuming.md).
+        says where the next append would land. While an append in flight (not acknowledged
+        yet) holds that offset, the call waits for its outcome: acknowledged, then
+        `OffsetMismatchError`; failed (its offsets handed out again), then this batch lands
+        there; neither by the deadline, then `UnavailableError` with nothing written.
+        Retrying an append that timed out with the same `expected_offset` therefore never
+        writes it twice, and `OffsetMismatchError` with ``actual > expected_offset`` means
+        an append there is durable (docs/consuming.md).
 
         Waits at most `timeout_s` (default: the client's ``call_timeout_ms``), then raises
         `UnavailableError`; the batch may still become durable after that. Errors: a bad

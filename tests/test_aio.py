@@ -631,3 +631,140 @@ def test_the_room_check_never_waits_for_the_wals_state_lock(tmp_path: Path) -> N
         assert wal.has_room(100)
     finally:
         wal.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Appends made in threads: in submission order per stream, never behind tails
+
+
+def _slow_reads_client(path: Path, delay_s: float) -> s3stream.StreamClient:
+    """A client over `path` whose data object reads each take `delay_s` (a real store behind
+    the fault wrapper), so that loading a reopened stream's producers takes a while."""
+    import random
+
+    from s3stream import SystemClock
+    from s3stream.objectstore.local import LocalObjectStore
+    from s3stream.testing.faults import FaultRule, FaultyObjectStore
+    from s3stream.wal.memory import MemoryWal
+
+    store = FaultyObjectStore(
+        LocalObjectStore(path),
+        rng=random.Random(3),
+        clock=SystemClock(),
+        rules=[
+            FaultRule(
+                latency_s=(delay_s, delay_s),
+                operations=frozenset({"get", "get_suffix"}),
+                key_prefix="data/",
+            )
+        ],
+    )
+    return s3stream.StreamClient(store, MemoryWal(), settings=SMALL)
+
+
+def test_pipelined_idempotent_appends_land_in_order_through_threads(tmp_path: Path) -> None:
+    """The first idempotent append of a reopened stream loads its producers in a thread, and
+    the appends made meanwhile follow it there: they must be appended in the order they were
+    made, or the producer's sequences arrive out of order (`SequenceError`)."""
+    from s3stream.objectstore.local import LocalObjectStore
+    from s3stream.wal.memory import MemoryWal
+
+    with s3stream.StreamClient(LocalObjectStore(tmp_path), MemoryWal(), settings=SMALL) as first:
+        stream = first.create_stream()
+        # Other producers: rebuilding the table takes a while (in CPU), as in production.
+        others = [
+            stream.append_async(RecordBatch(b"x"), producer_id=f"q{k}", sequence=0)
+            for k in range(200)
+        ]
+        for f in others:
+            f.result()
+        stream.append(RecordBatch(b"0"), producer_id="p", sequence=0)
+        sid = stream.stream_id
+
+    async def main() -> None:
+        sync = s3stream.StreamClient(LocalObjectStore(tmp_path), MemoryWal(), settings=SMALL)
+        async with aio.AsyncStreamClient(sync) as client:
+            stream = await client.open_stream(sid)
+            assert stream.sync.append_would_wait(idempotent=True)  # producers not loaded
+            results = await asyncio.gather(
+                *(
+                    stream.append(RecordBatch(b"%d" % k), producer_id="p", sequence=k)
+                    for k in range(1, 60)
+                ),
+                return_exceptions=True,
+            )
+            errors = [r for r in results if isinstance(r, BaseException)]
+            assert errors == []
+            assert [r.base_offset for r in results if not isinstance(r, BaseException)] == list(
+                range(201, 260)
+            )
+            got = await stream.fetch(201, max_bytes=1 << 20)
+            assert [b.payload for b in got.batches] == [b"%d" % k for k in range(1, 60)]
+
+    asyncio.run(main())
+
+
+def test_idle_tails_do_not_hold_up_an_append_made_in_a_thread(tmp_path: Path) -> None:
+    """More idle tails than poll threads: an append that must run in a thread (loading a
+    reopened stream's producers) gets a thread of its own at once, not after the tails' polls."""
+    from s3stream.objectstore.local import LocalObjectStore
+    from s3stream.wal.memory import MemoryWal
+
+    with s3stream.StreamClient(LocalObjectStore(tmp_path), MemoryWal(), settings=SMALL) as first:
+        stream = first.create_stream()
+        stream.append(RecordBatch(b"0"), producer_id="p", sequence=0)
+        sid = stream.stream_id
+        idle_id = first.create_stream().stream_id
+
+    async def main() -> None:
+        sync = s3stream.StreamClient(LocalObjectStore(tmp_path), MemoryWal(), settings=SMALL)
+        async with aio.AsyncStreamClient(sync, poll_threads=4) as client:
+            stream = await client.open_stream(sid)
+            idle = await client.open_stream(idle_id)
+
+            async def tail() -> None:
+                async for _ in idle.tail(idle.next_offset, wait_s=2.0):
+                    pass
+
+            tails = [asyncio.create_task(tail()) for _ in range(40)]
+            await asyncio.sleep(0.2)  # the poll threads are all taken, the queue is long
+            t0 = time.monotonic()
+            result = await stream.append(RecordBatch(b"1"), producer_id="p", sequence=1)
+            took = time.monotonic() - t0
+            assert result.base_offset == 1
+            assert took < 1.0, f"the append waited {took:.2f} s behind idle tails"
+            for t in tails:
+                t.cancel()
+            await asyncio.gather(*tails, return_exceptions=True)
+
+    asyncio.run(main())
+
+
+def test_appends_queued_in_threads_are_dropped_when_the_client_closes(tmp_path: Path) -> None:
+    """Appends still queued behind a thread-path append when the handle closes end with
+    `StreamClosedError` (nothing written), never left pending."""
+    from s3stream.objectstore.local import LocalObjectStore
+    from s3stream.wal.memory import MemoryWal
+
+    with s3stream.StreamClient(LocalObjectStore(tmp_path), MemoryWal(), settings=SMALL) as first:
+        stream = first.create_stream()
+        stream.append(RecordBatch(b"0"), producer_id="p", sequence=0)
+        sid = stream.stream_id
+
+    async def main() -> None:
+        client = aio.AsyncStreamClient(_slow_reads_client(tmp_path, 0.5))
+        stream = await client.open_stream(sid)
+        appends = [
+            asyncio.create_task(stream.append(RecordBatch(b"%d" % k), producer_id="p", sequence=k))
+            for k in range(1, 20)
+        ]
+        await asyncio.sleep(0.1)  # the first loads the producers, the others queue behind
+        await client.close()
+        results = await asyncio.wait_for(
+            asyncio.gather(*appends, return_exceptions=True), timeout=10
+        )
+        for r in results:
+            assert not isinstance(r, BaseException) or isinstance(r, StreamClosedError), r
+        assert not [t for t in pool_threads() if "-append" in t]
+
+    asyncio.run(main())

@@ -1015,3 +1015,103 @@ def test_closing_a_stream_with_appends_in_flight_acknowledges_none_after_it(
         assert got == [b"OLD%05d" % acked[o] * 1200 for o in range(len(acked))] + [b"NEW"]
     with s3stream.open(tmp_path / "store", wal=url) as c2:
         assert len(read_back(c2, s.stream_id)) == len(acked) + 1
+
+
+def test_a_long_poll_ends_on_a_manual_clock(tmp_path: Path) -> None:
+    """On a client whose clock moves only when told to (`ManualClock`), `fetch(wait_s=...)`
+    still returns after `wait_s` of real time (and at once when an append comes): a test
+    clock must not turn a bounded wait into one that never ends."""
+    import threading
+
+    clock = s3stream.ManualClock()
+    with s3stream.open(str(tmp_path), clock=clock) as client:
+        stream = client.create_stream()
+
+        def poll(wait_s: float) -> tuple[threading.Thread, list[list[bytes]]]:
+            got: list[list[bytes]] = []
+            thread = threading.Thread(
+                target=lambda: got.append(
+                    [b.payload for b in stream.fetch(0, wait_s=wait_s).batches]
+                ),
+                daemon=True,  # on failure it would wait until the client closes
+            )
+            thread.start()
+            return thread, got
+
+        t0 = time.monotonic()
+        thread, got = poll(0.2)
+        thread.join(5)
+        assert got == [[]], "fetch(wait_s=0.2) did not return within 5 s"
+        assert 0.15 <= time.monotonic() - t0 < 2
+
+        thread, got = poll(30)
+        time.sleep(0.1)
+        stream.append(RecordBatch(b"wake"))
+        thread.join(5)
+        assert got == [[b"wake"]]
+
+
+def test_an_append_waiting_for_room_in_a_full_wal_keeps_its_deadline(tmp_path: Path) -> None:
+    """The file WAL is full and uploads cannot make room (the store's disk is full): an append
+    that reaches the WAL waits for room only until its own deadline (``timeout_s``, else the
+    backpressure or call timeout), not for the WAL's ``full_wait_ms`` (30 s by default)."""
+    wal = f"file://{tmp_path}/n.wal?capacity_bytes=1MiB"
+    settings = ClientSettings(
+        call_timeout_ms=4000,
+        backpressure_timeout_ms=4000,
+        upload_interval_ms=100,
+        store_timeout_ms=2000,
+    )
+    with disk_faults.tmpfs(tmp_path / "disk", "size=8m") as disk:
+        client = s3stream.open(disk / "store", wal=wal, settings=settings, environ={})
+        try:
+            stream = client.create_stream()
+            filler = disk_faults.fill_filesystem(disk)
+            refused = 0
+            for i in range(40):
+                kwargs = {"timeout_s": 1.0} if i % 2 else {}
+                limit = 1.0 if i % 2 else 4.0
+                started = time.monotonic()
+                try:
+                    stream.append(RecordBatch(b"x" * 60_000), **kwargs)  # type: ignore[arg-type]
+                except (WalFullError, BackpressureError, UnavailableError):
+                    refused += 1
+                took = time.monotonic() - started
+                assert took <= limit + 1.5, (i, kwargs, took)
+                if refused >= 4:
+                    break
+            assert refused >= 4
+            filler.unlink()
+        finally:
+            client.close()
+
+
+def _files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+def test_an_upload_a_close_left_behind_writes_nothing_after_it(tmp_path: Path) -> None:
+    """`close(timeout_s)` gives up on an upload retrying against a full disk and returns;
+    once space is freed, the PUT left retrying (in the store's retries) must not write the
+    object, nor the upload commit it, for the closed client. What it held is in the WAL: the
+    next open uploads it."""
+    wal = f"file://{tmp_path}/n.wal?capacity_bytes=4MiB"
+    settings = ClientSettings(call_timeout_ms=3000, upload_interval_ms=100, store_timeout_ms=5000)
+    with disk_faults.tmpfs(tmp_path / "disk", "size=16m") as disk:
+        store_dir = disk / "store"
+        client = s3stream.open(store_dir, wal=wal, settings=settings, environ={})
+        stream = client.create_stream()
+        filler = disk_faults.fill_filesystem(disk)
+        payloads = [b"%d" % i + b"z" * 50_000 for i in range(20)]
+        for p in payloads:
+            stream.append(RecordBatch(p))
+        with pytest.raises(UnavailableError):
+            client.close(timeout_s=3)
+        files_before = _files(store_dir)
+        filler.unlink()
+        # A PUT left retrying tries again within its backoff (at most 2 s): it must not.
+        time.sleep(3)
+        assert _files(store_dir) == files_before
+        with s3stream.open(store_dir, wal=wal, environ={}) as again:
+            got = [b.payload for b in again.open_stream(stream.stream_id).fetch(0).batches]
+            assert [bytes(g) for g in got] == payloads

@@ -86,6 +86,9 @@ class RetryingObjectStore(ObjectStore):
         self._max_delay_s = float(max_delay_s)
         self._deadline_s = float(deadline_s)
         self._attempt_timeout_s = float(attempt_timeout_s or 0.0)
+        #: Set by `close`: a call still retrying (a PUT of an uploader its client's close left
+        #: behind) makes no further try, so nothing is written for a closed client.
+        self._closed = False
 
     @property
     def inner(self) -> ObjectStore:
@@ -105,6 +108,7 @@ class RetryingObjectStore(ObjectStore):
         return self._deadline_s + self._attempt_timeout_s
 
     def close(self) -> None:
+        self._closed = True
         self._inner.close()
 
     def meter_requests(self, meter: RequestMeter) -> bool:
@@ -199,6 +203,7 @@ class RetryingObjectStore(ObjectStore):
         with self._rng_lock:
             delay = self._rng.uniform(0.0, cap)
         elapsed = self._clock.monotonic() - started
+        self._raise_if_closed(op, key, exc)
         if (
             failures >= self._max_attempts
             or elapsed + delay + self._attempt_timeout_s > self._deadline_s
@@ -210,3 +215,12 @@ class RetryingObjectStore(ObjectStore):
                 f"deadline_s={self._deadline_s}); last error: {exc}"
             ) from exc
         self._clock.sleep(delay)
+        self._raise_if_closed(op, key, exc)
+
+    def _raise_if_closed(self, op: str, key: str | None, exc: UnavailableError) -> None:
+        if self._closed:
+            target = f" {key!r}" if key else ""
+            raise UnavailableError(
+                f"{op}{target} on {self._inner.describe()} not tried again: the store was "
+                f"closed; last error: {exc}"
+            ) from exc

@@ -92,19 +92,67 @@ class WriterState:
         """Wait up to `timeout_s` until `confirm_offset` passes `offset` or appends stop;
         whether there is data at `offset` now."""
         deadline = clock.monotonic() + timeout_s
+
+        def over() -> bool:
+            return (
+                self.confirm_offset > offset
+                or self.error is not None
+                or self.stopped
+                or clock.monotonic() >= deadline
+            )
+
         with self.tail:
             self.tailers += 1
             try:
                 # An append sets confirm_offset before it reads `tailers`: a waiter counted
-                # after that read sees the new offset here, so no wake-up is lost.
-                while self.confirm_offset <= offset and self.error is None and not self.stopped:
-                    remaining = deadline - clock.monotonic()
-                    if remaining <= 0:
-                        break
-                    self.tail.wait(remaining)
+                # after that read sees the new offset here, so no wake-up is lost. The wait
+                # ends at the deadline on the injected clock or after `timeout_s` of real
+                # time, whichever comes first (as `StreamClient.close` waits): a clock that
+                # does not move by itself (`ManualClock`) must not keep a reader forever.
+                self.tail.wait_for(over, timeout_s)
             finally:
                 self.tailers -= 1
         return self.confirm_offset > offset
+
+    def wait_settled(self, expected: int, deadline: float, clock: Clock) -> None:
+        """Wait, counted among the tailers (an acknowledgement and a rewind wake them), until
+        offset `expected` is no longer held by an append in flight: acknowledged
+        (`confirm_offset` passed it) or handed back by a WAL repair (`next_offset` rewound
+        to it or below); `UnavailableError` at `deadline` (`clock`'s, bounded in real time
+        too, as `wait_for_data`). A conditional append's wait (`Appender._append_counted`)."""
+        remaining = deadline - clock.monotonic()
+
+        def settled() -> bool:
+            return (
+                self.confirm_offset > expected
+                or self.next_offset <= expected
+                or self.error is not None
+                or self.stopped
+                or clock.monotonic() >= deadline
+            )
+
+        cond = self.tail
+        # Bounded: the condition's lock may be held for long (a producer table rebuild).
+        locked = cond.acquire(timeout=max(0.0, remaining))
+        try:
+            if locked:
+                self.tailers += 1
+                try:
+                    cond.wait_for(settled, max(0.0, deadline - clock.monotonic()))
+                finally:
+                    self.tailers -= 1
+            if self.error is not None or self.stopped:
+                return  # the caller's next look under the append lock raises the reason
+            if self.confirm_offset <= expected < self.next_offset:
+                raise UnavailableError(
+                    f"stream {self.stream_id}: expected_offset={expected} is taken by an append "
+                    f"still in flight (acknowledged up to {self.confirm_offset}): whether it "
+                    "lands is not known yet; nothing was written by this call, retry with the "
+                    "same expected_offset"
+                )
+        finally:
+            if locked:
+                cond.release()
 
 
 #: (the caller's future, the WAL's future to drive: None for a duplicate of an append in
@@ -139,6 +187,12 @@ class Appender:
     ) -> None:
         self._status = status
         self._wal = wal
+        #: The append in the WAL's hands (set under the append lock): when it started and
+        #: its own timeout, so that a WAL waiting for room stops at this call's deadline
+        #: (`_room_wait_left`) rather than at its own ``full_wait_ms``.
+        self._call_started = 0.0
+        self._call_timeout: float | None = None
+        wal.limit_room_wait(self._room_wait_left)
         self._cache = cache
         self._settings = settings
         self._clock = clock
@@ -291,16 +345,25 @@ class Appender:
         appends are still in flight after waiting `wait_s` (they notify when they finish)."""
         status = self._status
         with self._lock, status.cond:
-            if status.outstanding == 0:
-                for w in self._writers.values():
-                    w.next_offset = w.confirm_offset
-                return True
-            self._quiet_waiters += 1
-            try:
-                status.cond.wait(wait_s)
-            finally:
-                self._quiet_waiters -= 1
-            return False
+            if status.outstanding != 0:
+                self._quiet_waiters += 1
+                try:
+                    status.cond.wait(wait_s)
+                finally:
+                    self._quiet_waiters -= 1
+                return False
+            waiting = []
+            for w in self._writers.values():
+                w.next_offset = w.confirm_offset
+                if w.tailers:
+                    waiting.append(w)
+        # Conditional appends wait among the tailers for the offset they expect to be
+        # acknowledged or handed out again (`WriterState.wait_settled`): it is handed out
+        # again now. Woken outside the append lock: a tail condition may be held for long
+        # (`Storage.load_producers` rebuilds under it).
+        for w in waiting:
+            w.wake_tailers()
+        return True
 
     # ------------------------------------------------------------------ appends
 
@@ -313,7 +376,10 @@ class Appender:
     ) -> Future[AppendResult]:
         """Assign offsets, write the WAL record; the future resolves once it is durable.
         With `expected`, only if the stream's next offset is `expected`
-        (`OffsetMismatchError` otherwise, raised at the call). With `ident` (the batch
+        (`OffsetMismatchError` otherwise, raised at the call); while an append in flight
+        holds offset `expected`, the call waits for it to be acknowledged (then
+        `OffsetMismatchError`) or to fail and be rewound (then this append lands there),
+        up to its deadline (`UnavailableError`, nothing written). With `ident` (the batch
         carries it in its properties, `w.producers` is built): a duplicate returns the
         original outcome, an out-of-order sequence raises `SequenceError`."""
         r = self._append(w, batch, None, expected, ident)
@@ -426,16 +492,25 @@ class Appender:
                     earlier = self._earlier(w, ident, now_ms)
                     if earlier is not None:
                         return earlier
+                unsettled = False
                 if expected is not None and expected != w.next_offset:
                     # Checked under the lock that assigns offsets: no append can slip
-                    # between the check and this one's offset.
-                    raise OffsetMismatchError(
-                        f"stream {w.stream_id}: expected_offset={expected} but the next "
-                        f"offset is {w.next_offset}; nothing was written",
-                        expected=expected,
-                        actual=w.next_offset,
-                    )
-                if status.wal_error is None and not self._no_room():
+                    # between the check and this one's offset. An offset assigned is not
+                    # yet an offset taken: an append in flight at `expected` (the caller's
+                    # own first attempt, timed out) may still fail, and a WAL repair then
+                    # hands its offsets out again (`rewind_when_quiet`). Refusing now
+                    # would tell the caller its batch landed when it may never land: wait
+                    # for it to settle (outside the lock) and look again.
+                    unsettled = w.confirm_offset <= expected < w.next_offset
+                    if not unsettled:
+                        raise OffsetMismatchError(
+                            f"stream {w.stream_id}: expected_offset={expected} but the next "
+                            f"offset is {w.next_offset}; nothing was written",
+                            expected=expected,
+                            actual=w.next_offset,
+                        )
+                elif status.wal_error is None and not self._no_room():
+                    self._call_started, self._call_timeout = started, call_timeout
                     r = self._append_locked(w, batch, ts, payload, call_deadline, started, driven)
                     if ident is not None:
                         assert w.producers is not None
@@ -443,9 +518,14 @@ class Appender:
                     return r
             finally:
                 lock.release()
-            # A WAL under repair or no room: wait outside the lock, side by side with others.
+            # A WAL under repair, no room or an offset not settled yet: wait outside the
+            # lock, side by side with others.
             if deadline is None:
                 call_deadline, deadline = self._wait_deadlines(call_timeout)
+            if unsettled:
+                assert expected is not None
+                w.wait_settled(expected, deadline, self._clock)
+                continue
             if status.wal_error is not None:
                 self._wait_for_wal(deadline)
             if self._no_room():
@@ -477,6 +557,15 @@ class Appender:
         return (
             self._status.wal_full or self._cache.pending_bytes >= self._settings.max_pending_bytes
         )
+
+    def _room_wait_left(self) -> float:
+        """(Called by the WAL in the appending thread, append lock held, when the append
+        would wait for room.) Seconds left of the append's deadline for its waits: the
+        backpressure timeout's, or the call's own if sooner, from the call's start."""
+        limit = self._settings.backpressure_timeout_ms / 1000
+        if self._call_timeout is not None:
+            limit = min(limit, self._call_timeout)
+        return limit - (self._clock.monotonic() - self._call_started)
 
     def _wait_deadlines(self, call_timeout: float | None) -> tuple[float | None, float]:
         """(the call's deadline, None for an async append; the deadline of its waits: the

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from ..cache.log_cache import LogCache, Taken
 from ..clock import Clock
-from ..errors import FencedError, S3StreamError, StreamClosedError
+from ..errors import FencedError, S3StreamError, StreamClosedError, UnavailableError
 from ..metrics.components import StorageInstruments
 from ..objectstore.base import ObjectStore
 from ..settings import ClientSettings
@@ -118,6 +118,11 @@ class Uploader:
         thread.join(max(0.0, deadline - self._clock.monotonic()))
         if thread.is_alive():
             self._log.error("the uploader did not stop by the close deadline; leaving it behind")
+            with self._status.cond:
+                # Left behind, it must not write for a client whose close has returned: it
+                # stops before its next PUT or commit (what it holds stays in the WAL).
+                self._status.abandoned = True
+                self._status.cond.notify_all()
 
     def shutdown_puts(self, *, wait: bool) -> None:
         """Stop the PUT pool (after the thread ended, or was left behind)."""
@@ -283,7 +288,12 @@ class Uploader:
         return up
 
     def _submit_puts(self, up: _Upload) -> None:
-        up.puts = [self._put_pool.submit(self._put, o.key, o.data) for o in up.objects]
+        try:
+            up.puts = [self._put_pool.submit(self._put, o.key, o.data) for o in up.objects]
+        except RuntimeError:
+            # The pool was shut down: a close left this thread behind between its look at
+            # `abandoned` and here.
+            raise _left_behind() from None
         for f in up.puts:
             # The thread sleeps until something changes: a PUT landing is such a change.
             f.add_done_callback(self._put_done)
@@ -307,6 +317,8 @@ class Uploader:
             try:
                 for f in up.puts:
                     f.result()
+                if status.abandoned:
+                    raise _left_behind()
                 self._committer.commit(up.entries, up.objects, up.started, trim)
                 self._uncharge(up)
                 took = self._clock.monotonic() - up.started
@@ -341,6 +353,9 @@ class Uploader:
                         self._uncharge(up)
                         raise
                     status.cond.wait(_backoff_s(up.attempts))
+                    if status.abandoned:
+                        self._uncharge(up)
+                        raise _left_behind() from exc
                 self._submit_puts(up)
 
     def _uncharge(self, up: _Upload) -> None:
@@ -356,6 +371,11 @@ class Uploader:
             if not entries:
                 return
             self._finish_upload(self._start_upload(entries), deadline, trim=trim)
+
+
+def _left_behind() -> UnavailableError:
+    """What an upload left behind by its client's close raises instead of going on."""
+    return UnavailableError("the client closed: upload not committed (it stays in the WAL)")
 
 
 def _backoff_s(attempts: int) -> float:

@@ -33,7 +33,7 @@ Contract, checked by `s3stream.testing.WalTests` for every implementation:
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -104,6 +104,13 @@ class WriteAheadLog(Closeable):
         future). The default waits for `append_parts`'s future.
         """
         return self.append_parts(head, tail).result()
+
+    def limit_room_wait(self, remaining_s: Callable[[], float | None]) -> None:
+        """Bound the wait of an append for room (a full WAL) by what its caller may still
+        wait: `remaining_s()`, called in the appending thread when an append is about to
+        wait, gives the seconds left of that call's deadline (None: no limit but the WAL's
+        own). The default does nothing: a WAL that never waits for room in `append`. A WAL
+        that may wait must not wait past it (it raises `WalFullError` then)."""
 
     def has_room(self, length: int) -> bool:
         """Whether an append of a `length`-byte record would be taken now without waiting

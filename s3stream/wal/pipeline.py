@@ -150,6 +150,7 @@ class PipelinedWal(WriteAheadLog):
         self._clock = clock
         self._on_full = on_full
         self._full_wait_s = full_wait_ms / 1000
+        self._room_limit: Callable[[], float | None] | None = None
         self._log = log
         self._capabilities: WalCapabilities
         #: `WalCapabilities.max_record_bytes`, at hand for the append path.
@@ -365,7 +366,11 @@ class PipelinedWal(WriteAheadLog):
         """(Lock held; counted in `_room_waiters`.) `_admit`'s wait: the position claimed,
         -1 if the WAL failed, `WalFullError` after ``full_wait_ms``."""
         started = self._clock.monotonic()
-        deadline = started + self._full_wait_s
+        wait_s = self._full_wait_s
+        caller_s = self._room_limit() if self._room_limit is not None else None
+        if caller_s is not None:
+            wait_s = max(0.0, min(wait_s, caller_s))
+        deadline = started + wait_s
         if self._on_full is not None:
             self._cond.release()
             try:
@@ -383,6 +388,9 @@ class PipelinedWal(WriteAheadLog):
             if now >= deadline:
                 raise WalFullError(self._full_message(size, now - started))
             self._cond.wait(deadline - now)
+
+    def limit_room_wait(self, remaining_s: Callable[[], float | None]) -> None:
+        self._room_limit = remaining_s
 
     def has_room(self, length: int) -> bool:
         """Whether an append of a `length`-byte record would be taken now without waiting
