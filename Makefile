@@ -57,7 +57,7 @@ lint: install
 PYTEST_ARGS ?=
 test: lint min-env
 	@$(MAKE) --no-print-directory min-suite > $(VENV_MIN)/test-min.log 2>&1 & min=$$!; \
-	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS); suite=$$?; \
+	$(BIN)/python -m pytest -q -ra --durations=25 $(PYTEST_ARGS); suite=$$?; \
 	wait $$min; lowest=$$?; \
 	echo "== make test-min (the lowest declared versions), run beside the suite =="; \
 	cat $(VENV_MIN)/test-min.log; \
