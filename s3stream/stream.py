@@ -197,7 +197,9 @@ class Stream(Closeable):
         """Append a batch; the future resolves once it is durable. Futures of one stream
         resolve in append order. `expected_offset`, `producer_id` and `sequence`: as for
         `append` (a mismatch or an out-of-order sequence is raised at the call, nothing is
-        written; a duplicate of an append still in flight gets that append's future)."""
+        written; a duplicate of an append still in flight gets that append's future). The
+        future cannot be cancelled (``cancel()`` returns False): the batch is in the WAL's
+        hands already."""
         batch, ident = _checked(batch, expected_offset, producer_id, sequence)
         self._check_open()
         return self._storage.append(self._w, batch, expected_offset, ident)

@@ -249,3 +249,23 @@ def test_an_async_retry_waits_in_a_thread_and_appends_after_the_failure(
         await wrapper.close()
 
     asyncio.run(main())
+
+
+def test_an_append_in_flight_cannot_be_cancelled_so_a_resend_is_not_appended_twice(
+    gated: tuple[s3stream.StreamClient, GatedWal],
+) -> None:
+    """The future of `append_async` is running from the start: the batch is in the WAL's
+    hands. A cancel that succeeded made the idempotent producer table count the append as
+    failed while the WAL wrote it, and the resend of its sequence landed a second time."""
+    client, wal = gated
+    stream = client.create_stream()
+    stream.append(RecordBatch(b"p0"), producer_id="P", sequence=0)
+    wal.held = True
+    future = stream.append_async(RecordBatch(b"p1"), producer_id="P", sequence=1)
+    assert not future.cancel()
+    wal.release()
+    assert future.result(10).base_offset == 1
+    again = stream.append(RecordBatch(b"p1"), producer_id="P", sequence=1, timeout_s=5)
+    assert again.base_offset == 1
+    client.flush()
+    assert payloads(stream) == [b"p0", b"p1"]

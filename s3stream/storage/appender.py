@@ -644,6 +644,10 @@ class Appender:
                 # in order), so completing inline keeps LogCache inserts in WAL order.
                 return self._durable(wal_future, w, batch, base, ts, record, apart, started)
             result: Future[AppendResult] = Future()
+            # Running from the start: the record is in the WAL's hands and goes on whatever
+            # the caller does, so `cancel()` must say False (a cancelled future would pass
+            # for an append that failed, and an idempotent resend would then land twice).
+            result.set_running_or_notify_cancel()
             with status.cond:
                 status.outstanding += 1
             wal_future.add_done_callback(
