@@ -33,10 +33,11 @@ from .errors import InvalidArgumentError, UnavailableError
 from .metadata.base import MetadataLogStore
 from .metadata.registry import check_metadata_url
 from .objectstore.base import ObjectStore
+from .objectstore.local import LocalObjectStore
 from .objectstore.registry import open_object_store
 from .objectstore.stack import store_stack
 from .objectstore.wrappers import MetricsObjectStore
-from .reader import foreign_entries
+from .reader import foreign_entries, holds_store
 from .settings import ClientSettings, FileWalSettings, ObjectWalSettings
 from .settings_parse import parse_size, settings_from_environ, settings_from_mapping
 from .validation import (
@@ -430,6 +431,30 @@ def _check_not_given_up(given_up: threading.Event | None, node_id: str) -> None:
         )
 
 
+def _refuse_undecoded_twin(url: str, root: Path) -> None:
+    """A ``file://`` URL's path is percent-decoded (``my%20store`` is ``my store``), which
+    versions before 2026-11-26 did not do: a store they made through such a URL sits in a
+    directory named with the escapes. Opening it by the same URL would make a new, empty
+    store beside it and show none of its streams: refuse, naming both."""
+    if "://" not in url:
+        return
+    literal = Path(os.path.abspath(os.path.expanduser(url.split("://", 1)[1])))
+    if literal == root or not literal.is_dir():
+        return
+    with LocalObjectStore(literal, fsync=False) as undecoded:
+        if not holds_store(undecoded):
+            return
+    if root.is_dir():
+        with LocalObjectStore(root, fsync=False) as decoded:
+            if holds_store(decoded):
+                return
+    raise InvalidArgumentError(
+        f"{url!r} names the directory {str(root)!r} (a file URL's path is percent-decoded), "
+        f"which holds no store, but {str(literal)!r} does (made through this URL before file "
+        "URLs were decoded): open that one by its plain path, or rename it"
+    )
+
+
 def _check_before_writing(
     url: str, scheme: str, wal: str | WriteAheadLog | None, node_id: str
 ) -> None:
@@ -443,6 +468,7 @@ def _check_before_writing(
             raise InvalidArgumentError(f"a store directory cannot hold a NUL byte, got {url!r}")
         # Lexically normalised, as the store's own mkdir will see it ("new/../mine" is mine).
         root = Path(os.path.abspath(os.path.expanduser(given)))
+        _refuse_undecoded_twin(url, root)
         if root.exists() and not root.is_dir():
             raise InvalidArgumentError(f"{str(root)!r} exists and is not a directory")
         if root.is_dir():

@@ -342,3 +342,18 @@ def test_a_file_url_names_the_directory_path_as_uri_encoded(tmp_path: Path) -> N
             got = c.open_stream(info.stream_id).fetch(0).batches[0].payload
             assert got == name.encode()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["new dir ü", "st%41", "a#b?c"])
+
+
+def test_a_store_made_under_an_undecoded_file_url_is_not_shadowed(tmp_path: Path) -> None:
+    """A store whose directory name holds an escape (made by its plain path, or through a
+    file URL before URLs were decoded): opening it by ``"file://" + path`` names the decoded
+    directory, which holds none; it is refused, naming both, instead of making an empty store
+    beside it that shows none of its streams."""
+    literal = tmp_path / "run%41b"
+    with s3stream.open(str(literal), wal="memory://") as c:
+        c.create_stream().append(RecordBatch(b"kept"))
+    with pytest.raises(InvalidArgumentError, match="percent-decoded"):
+        s3stream.open(f"file://{literal}", wal="memory://")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run%41b"]
+    with s3stream.open(literal.as_uri(), wal="memory://") as c:  # encoded: the same store
+        assert len(c.list_streams()) == 1

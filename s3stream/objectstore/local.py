@@ -387,7 +387,9 @@ class LocalObjectStore(ObjectStore):
     # -- helpers --------------------------------------------------------------------------------
 
     def describe(self) -> str:
-        return f"file://{self._root_str}"
+        # Encoded as a file URL's path is decoded (`split_scheme`): pasted back, it names
+        # this directory whatever characters its name holds.
+        return self._root.as_uri()
 
     def _path(self, key: str) -> str:
         check_key(key)
