@@ -238,6 +238,9 @@ class StreamClient(Closeable):
         #: waits for them (on `_creates_done`) before it lists the streams to release.
         self._creating = 0
         self._creates_done = threading.Condition(self._lock)
+        #: The `given_up` events of take-overs running (their callers still waiting): close()
+        #: sets them, so that none goes on with a closed store and metadata log.
+        self._taking_over: set[threading.Event] = set()
         #: Set once close() (or abandon()) has finished; `_close_error` is what it raised.
         self._close_done = threading.Event()
         self._close_error: BaseException | None = None
@@ -713,8 +716,9 @@ class StreamClient(Closeable):
         take-over runs in a thread of its own, since a WAL or store directory on a device that
         stops answering holds a write in the kernel for good. At the deadline it raises
         `UnavailableError` and the work left behind stops at its next step (a replay in
-        progress finishes first); run the take-over again: what the first one did is kept or
-        fenced by the second.
+        progress goes on while its uploads succeed, and stops at the first failure past the
+        deadline; `close` stops it too); run the take-over again: what the first one did is
+        kept or fenced by the second.
         """
         check_node_id(node_id)
         check_bool("accept_wal_loss", accept_wal_loss)
@@ -760,7 +764,28 @@ class StreamClient(Closeable):
                 f"where the WAL of node {node_id!r} is"
             )
         limit = self._settings.call_timeout_ms / 1000 if timeout is None else timeout
+        deadline = self._clock.monotonic() + limit
         given_up = threading.Event()
+        with self._lock:
+            # `close` stops a take-over still running (left behind at its deadline, or racing
+            # the close) at its next step: it works with this client's store and metadata.
+            self._taking_over.add(given_up)
+        try:
+            return self._take_over_within(node_id, factory, check_wal, given_up, deadline, limit)
+        finally:
+            with self._lock:
+                self._taking_over.discard(given_up)
+
+    def _take_over_within(
+        self,
+        node_id: str,
+        factory: WalFactory,
+        check_wal: Callable[[bool], None] | None,
+        given_up: threading.Event,
+        deadline: float,
+        limit: float,
+    ) -> TakeOverReport:
+        """`take_over_node` in a thread of its own, until `deadline` (`take_over`)."""
         return within_deadline(
             functools.partial(
                 take_over_node,
@@ -775,9 +800,10 @@ class StreamClient(Closeable):
                 data_prefix=self._data_prefix,
                 check_wal=check_wal,
                 given_up=given_up,
+                deadline=deadline,
             ),
             clock=self._clock,
-            deadline=self._clock.monotonic() + limit,
+            deadline=deadline,
             name=f"s3stream-take-over:{node_id}",
             timeout_error=lambda: UnavailableError(
                 f"the take-over of node {node_id!r} did not finish within {limit:g} s: the "
@@ -818,6 +844,8 @@ class StreamClient(Closeable):
         with self._lock:
             again = self._closed
             self._closed = True
+            for take_over in self._taking_over:
+                take_over.set()
             if not again:
                 if self._creating:
                     # Creates in flight attach their streams first, so that they are released

@@ -104,6 +104,7 @@ def take_over_node(
     data_prefix: str = DEFAULT_DATA_PREFIX,
     check_wal: Callable[[bool], None] | None = None,
     given_up: threading.Event | None = None,
+    deadline: float | None = None,
 ) -> TakeOverReport:
     """Fence `node_id`, replay and commit its WAL, and release its streams.
 
@@ -116,10 +117,13 @@ def take_over_node(
     it refuses a WAL that cannot be the node's (`wal.registry.check_take_over_wal`), so that
     a mistake in its name neither fences the node nor creates a WAL.
 
-    `given_up`: set when the caller stopped waiting (`StreamClient.take_over` runs this in a
-    thread of its own to keep its deadline on a device that stops answering); nothing new is
-    started then. Once the WAL's records are uploaded the streams are released regardless:
-    that is metadata only, and leaves the node as a finished take-over would.
+    `deadline` (on `clock`'s ``monotonic``; default: `call_timeout_ms` for the replay's
+    uploads) is the caller's: a replay whose uploads keep failing stops there, not later,
+    letting go of the node's WAL (its lock). `given_up`: set when the caller stopped waiting
+    (`StreamClient.take_over` runs this in a thread of its own to keep its deadline on a
+    device that stops answering) or its client closes; nothing new is started then. Once
+    the WAL's records are uploaded the streams are released regardless: that is metadata
+    only, and leaves the node as a finished take-over would.
     """
     check_node_id(node_id)
     meta.refresh()
@@ -154,7 +158,9 @@ def take_over_node(
     )
     try:
         _check_not_given_up(given_up, node_id)
-        recovery = storage.recover()
+        recovery = storage.recover(
+            None if deadline is None else max(0.0, deadline - clock.monotonic())
+        )
     except BaseException:
         storage.abandon()
         wal.close()

@@ -339,6 +339,45 @@ def test_take_over_of_a_file_wal_given_by_path(tmp_path: Path, metadata_url: str
         assert again.recovery.records == 0 and again.node_epoch == report.node_epoch + 1
 
 
+def test_a_take_over_given_up_at_its_deadline_lets_go_of_the_wal(
+    tmp_path: Path, metadata_url: str | None
+) -> None:
+    """A take-over that misses its `timeout_s` mid-replay, its client then closed: the replay
+    left behind stops at that deadline (not `call_timeout_ms` later, retrying against a
+    closed store and metadata log while it holds the node's WAL), and a take-over by another
+    client recovers everything."""
+    import threading
+
+    import s3stream
+    from s3stream.errors import UnavailableError
+    from s3stream.types import RecordBatch
+
+    root = tmp_path / "store"
+    a = s3stream.open(root, node_id="A", metadata=metadata_url)
+    stream = a.create_stream()
+    payloads = [b"A:%d:" % i + b"x" * 20_000 for i in range(600)]
+    for p in payloads:
+        stream.append(RecordBatch(p, count=1))
+    a._storage.abandon()  # crash: everything is only in A's WAL
+    a._wal._abandon()  # type: ignore[attr-defined]
+    b = s3stream.open(root, node_id="B", metadata=metadata_url)
+    with pytest.raises(UnavailableError):
+        b.take_over("A", timeout_s=0.05)
+    b.close()
+    for t in threading.enumerate():
+        if t.name == "s3stream-take-over:A":
+            t.join(10)
+            assert not t.is_alive(), "the take-over left behind still runs after its client closed"
+    with s3stream.open(root, node_id="C", metadata=metadata_url) as c:
+        c.take_over("A")
+        got: list[bytes] = []
+        while len(got) < len(payloads):
+            page = c.read(stream.stream_id, len(got), len(payloads)).batches
+            assert page, f"nothing at offset {len(got)}"
+            got += [bytes(b.payload) for b in page]
+        assert got == payloads
+
+
 # -- a handle fenced by another client, in-process ------------------------------------------------
 
 

@@ -327,13 +327,13 @@ class Storage:
         """Start the background uploader."""
         self._uploader.start()
 
-    def recover(self) -> RecoveryReport:
+    def recover(self, timeout_s: float | None = None) -> RecoveryReport:
         """Replay the WAL: drop what is committed or fenced, upload the rest, reset the WAL.
 
-        Uploads that keep failing past `call_timeout_ms` raise `UnavailableError`; the WAL is
-        then left as it was, for the next attempt.
+        Uploads that keep failing past `timeout_s` (default `call_timeout_ms`) raise
+        `UnavailableError`; the WAL is then left as it was, for the next attempt.
         """
-        deadline = self._deadline(None)
+        deadline = self._deadline(timeout_s)
         return recover_wal(
             self._wal,
             self._meta.state,
