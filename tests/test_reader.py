@@ -212,3 +212,24 @@ def test_committed_offsets_no_object_holds_are_corruption_not_the_end(tmp_path: 
         with pytest.raises(s3stream.CorruptionError):
             for _ in r.tail(sid, 0, poll_s=0.01):
                 pass
+
+
+def test_a_hole_in_the_metadata_log_is_corruption_not_a_short_history(tmp_path: Path) -> None:
+    """An entry deleted from the middle of the log: a reader (and a writer's catch-up) that
+    finds later entries raises `CorruptionError` naming it, instead of showing the state
+    before it as the whole store."""
+    root = tmp_path / "store"
+    with s3stream.open(root, wal="memory://") as c:
+        s = c.create_stream()
+        for i in range(8):
+            s.append(RecordBatch(b"%d" % i))
+            c.flush()
+    log_dir = root / "meta" / "log"
+    entries = sorted(p.name for p in log_dir.iterdir())
+    assert len(entries) >= 9, entries
+    (log_dir / entries[4]).unlink()  # entry 5
+    with (
+        pytest.raises(s3stream.CorruptionError, match=f"{entries[4]}.*missing while later"),
+        s3stream.open_reader(root) as r,
+    ):
+        r.list_streams()

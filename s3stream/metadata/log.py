@@ -136,13 +136,34 @@ class MetadataLog(MetadataLogStore):
         with ThreadPoolExecutor(_MAX_READ_AHEAD, "s3stream-metadata-read") as pool:
             while True:
                 run = [pool.submit(self.read_entry, s) for s in range(seq, seq + width)]
-                for future in run:
+                for i, future in enumerate(run):
                     try:
-                        yield future.result()
+                        entry = future.result()
                     except ObjectNotFoundError:
-                        return
+                        if not any(f.exception() is None for f in run[i + 1 :]):
+                            return
+                        entry = self._read_before_later(seq + i)
+                    yield entry
                 seq += width
                 width = min(2 * width, _MAX_READ_AHEAD)
+
+    def _read_before_later(self, seq: int) -> tuple[LogEntry, bytes]:
+        """Entry `seq`, found missing while a later one of the same run exists. A writer
+        creates an entry only after reading the one before it, so `seq` was there before
+        the later one was made: the first read may have come just before its create, so read
+        again; missing still, the log has a hole (entries are never deleted), and stopping
+        there would show readers a short history without a word (and let a writer fill the
+        hole with a different entry)."""
+        try:
+            return self.read_entry(seq)
+        except ObjectNotFoundError:
+            key = self.entry_key(seq)
+            raise CorruptionError(
+                f"metadata log entry {key!r} is missing while later entries exist: the log is "
+                "damaged (entries are never deleted); stop writers and restore it, or run "
+                "`s3stream verify`",
+                location=key,
+            ) from None
 
     def create_entry(self, seq: int, payload: bytes) -> bool:
         """Write entry `seq` unless it exists; True if this call created it.

@@ -486,7 +486,9 @@ class MetadataStoreTests:
     def test_entry_read_entries_stop_at_any_hole_or_damage(self, backend: MetadataBackend) -> None:
         # A backend may read ahead (in runs, in parallel): wherever the first missing or
         # damaged entry falls in a run, exactly the entries before it come back, in order (a
-        # damaged one then raises CorruptionError).
+        # damaged one then raises CorruptionError; a missing one ends the entries, or raises
+        # CorruptionError where the backend saw a later entry: a hole, which only damage
+        # makes, since entries are never deleted).
         log = backend.open_log()
         for seq in range(1, 25):
             log.create_entry(seq, entry_bytes(seq, "w"))
@@ -497,7 +499,11 @@ class MetadataStoreTests:
                 else:
                     backend.delete_entries([at])
                 got: list[int] = []
-                with pytest.raises(CorruptionError) if damaged else contextlib.nullcontext():
+                with (
+                    pytest.raises(CorruptionError)
+                    if damaged
+                    else contextlib.suppress(CorruptionError)
+                ):
                     for entry, _ in backend.open_log().read_entries(1):
                         got.append(entry.seq)
                 assert got == list(range(1, at)), f"{damaged=} at {at}: read {got}"
