@@ -18,8 +18,9 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from .clock import Clock
+from .errors import UnavailableError
 
-__all__ = ["within_deadline"]
+__all__ = ["stop_if_given_up", "within_deadline"]
 
 log = logging.getLogger(__name__)
 
@@ -103,3 +104,11 @@ def within_deadline(
     if failures:
         raise failures[0]
     return results[0]
+
+
+def stop_if_given_up(given_up: threading.Event | None, what: str) -> None:
+    """Raise `UnavailableError` if `given_up` (`within_deadline`'s) is set: work whose caller
+    stopped waiting starts nothing new, as a retry of it may be under way already. `what`
+    names the work for the message ("the open of node 'n1'")."""
+    if given_up is not None and given_up.is_set():
+        raise UnavailableError(f"{what} was given up at its deadline; not going on")

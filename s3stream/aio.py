@@ -445,11 +445,7 @@ class AsyncStream:
         """`batch` appended on the loop, or in a thread if it would wait there; `deadline`
         (on the loop's clock, `limit` s after the call) bounds it all."""
         idempotent = producer_id is not None or sequence is not None
-        if (
-            self._threads.appending
-            or self._would_wait(batch, idempotent)
-            or (expected_offset is not None and self._unsettled(expected_offset))
-        ):
+        if self._threads.appending or self._would_wait(batch, idempotent, expected_offset):
             return await self._append_in_thread(
                 batch, deadline, limit, expected_offset, producer_id, sequence
             )
@@ -458,22 +454,17 @@ class AsyncStream:
         )
         return await self._durable(future, deadline, limit)
 
-    def _unsettled(self, expected_offset: object) -> bool:
-        """Whether an append in flight holds `expected_offset` (assigned, not acknowledged):
-        a conditional append then waits in the call for it to settle (`Stream.append`)."""
-        stream = self._stream
-        return (
-            isinstance(expected_offset, int)
-            and stream.confirm_offset <= expected_offset < stream.next_offset
-        )
-
-    def _would_wait(self, batch: RecordBatch, idempotent: bool) -> bool:
+    def _would_wait(
+        self, batch: RecordBatch, idempotent: bool, expected_offset: int | None
+    ) -> bool:
         """`Stream.append_would_wait`, asked with the batch, whose size the WAL's room is
         checked for; or a RECORDS batch made by hand, which the append decodes once to check
         it (up to a whole record limit of zstd: not on the loop)."""
         if batch.kind is BatchKind.RECORDS and not batch.records_verified():
             return True
-        return self._stream.append_would_wait(idempotent=idempotent, batch=batch)
+        return self._stream.append_would_wait(
+            idempotent=idempotent, batch=batch, expected_offset=expected_offset
+        )
 
     async def _append_in_thread(
         self,

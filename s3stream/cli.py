@@ -118,10 +118,11 @@ def _settings(args: argparse.Namespace, **given: object) -> dict[str, object]:
     return {name: value for name, value in given.items() if value is not None}
 
 
-def _resolved(args: argparse.Namespace) -> ClientSettings:
-    """The settings of a store opened without `s3stream.open` (the read-only tools'): the
-    command line's over the environment's over the defaults, as `open` resolves them."""
-    return resolve_settings(_settings(args), environ=os.environ)
+def _resolved(settings: dict[str, object]) -> ClientSettings:
+    """The command line's `settings` (`_settings`) over the environment's over the
+    defaults, as `s3stream.open` resolves them: for what runs before or without an open (the
+    checks of a store, the read-only tools)."""
+    return resolve_settings(settings, environ=os.environ)
 
 
 def _metadata(args: argparse.Namespace) -> str | None:
@@ -347,9 +348,9 @@ def _check_demo_target(
 def _demo(args: argparse.Namespace) -> int:
     url = args.dir
     options = _storage_options(args, url)
-    settings, environ = _settings(args), os.environ
+    settings = _settings(args)
     metadata = _metadata(args)
-    _check_demo_target(url, args.reuse, options, _resolved(args), metadata)
+    _check_demo_target(url, args.reuse, options, _resolved(settings), metadata)
     n_streams, n_batches, size = args.streams, args.batches, args.batch_bytes
     total, mb = n_batches * size, n_batches * size / 1e6
     _say(
@@ -363,7 +364,6 @@ def _demo(args: argparse.Namespace) -> int:
             url,
             storage_options=options or None,
             settings=settings,
-            environ=environ,
             metadata=metadata,
         ) as client:
             streams = []
@@ -409,7 +409,6 @@ def _demo(args: argparse.Namespace) -> int:
             url,
             storage_options=options or None,
             settings=settings,
-            environ=environ,
             metadata=metadata,
         ) as reader:
             seen = 0
@@ -858,10 +857,9 @@ def _compact(args: argparse.Namespace) -> int:
             "compaction.bytes_per_s": args.bytes_per_s,
         },
     )
-    environ = os.environ
     # A typo in a path or a prefix must not create an empty store to work on, nor a
     # directory of somebody else's files get a metadata log beside them.
-    _require_store(args, options, resolve_settings(settings, environ=environ))
+    _require_store(args, options, _resolved(settings))
     if args.nice and hasattr(os, "nice"):
         # A batch job: the processes it shares the machine with (the writers appending to
         # the streams, the object store) should win any contention for the CPU.
@@ -871,7 +869,6 @@ def _compact(args: argparse.Namespace) -> int:
         node_id=args.node_id,
         wal="memory://",
         settings=settings,
-        environ=environ,
         storage_options=options or None,
         metadata=_metadata(args),
     )
@@ -985,10 +982,10 @@ def _take_over(args: argparse.Namespace) -> int:
     from .wal.registry import check_take_over_wal
 
     options = _storage_options(args, args.url)
-    settings, environ = _settings(args), os.environ
+    settings = _settings(args)
     # A typo in a path or a prefix must not create an empty store to work on, nor a
     # directory of somebody else's files get a metadata log beside them.
-    _require_store(args, options, resolve_settings(settings, environ=environ))
+    _require_store(args, options, _resolved(settings))
     wal = args.wal or default_wal_url(args.url, args.node)
     if wal is None:
         raise InvalidArgumentError(f"no default WAL for {args.url!r}: name it with --wal")
@@ -1011,7 +1008,6 @@ def _take_over(args: argparse.Namespace) -> int:
         wal="memory://",
         storage_options=options or None,
         settings=settings,
-        environ=environ,
         metadata=_metadata(args),
     )
     bar = _Progress.start(args, f"taking over {args.node}", None)
@@ -1081,7 +1077,7 @@ def _open_ro(args: argparse.Namespace) -> StreamReader:
     """The read-only tools' view: a `StreamReader`, which never writes to the store (nor
     creates a missing local directory), on a URL that holds a store (`_require_store`)."""
     options = _storage_options(args, args.url)
-    settings = _resolved(args)
+    settings = _resolved(_settings(args))
     _require_store(args, options, settings)
     return open_reader(
         args.url,

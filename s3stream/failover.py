@@ -17,9 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
+from ._bounded import stop_if_given_up
 from .cache.block_cache import BlockCache
 from .clock import Clock
-from .errors import InvalidArgumentError, S3StreamError, UnavailableError
+from .errors import InvalidArgumentError, S3StreamError
 from .metadata import MetadataManager, MetadataState
 from .metrics.logs import ContextLogger
 from .objectstore.base import ObjectStore
@@ -82,15 +83,6 @@ def call_wal_factory(
     return factory(node_id, epoch, on_full)
 
 
-def _check_not_given_up(given_up: threading.Event | None, node_id: str) -> None:
-    """Stop a take-over whose caller stopped waiting before its next step: a retry fences
-    it anyway, and a device that answered late should not see two replays at once."""
-    if given_up is not None and given_up.is_set():
-        raise UnavailableError(
-            f"the take-over of node {node_id!r} was given up at its deadline; not going on"
-        )
-
-
 def take_over_node(
     node_id: str,
     *,
@@ -131,9 +123,9 @@ def take_over_node(
         raise InvalidArgumentError(f"node {node_id!r} is not registered in the metadata log")
     if check_wal is not None:
         check_wal(has_open_streams(meta.state, node_id))
-    _check_not_given_up(given_up, node_id)
+    stop_if_given_up(given_up, f"the take-over of node {node_id!r}")
     epoch = meta.register_node(node_id)
-    _check_not_given_up(given_up, node_id)
+    stop_if_given_up(given_up, f"the take-over of node {node_id!r}")
     # `take_over`: a file WAL a live process still holds is opened anyway (the open fences
     # that process) instead of refused with `NodeInUseError`.
     wal = call_wal_factory(
@@ -157,7 +149,7 @@ def take_over_node(
         node_epoch=epoch,
     )
     try:
-        _check_not_given_up(given_up, node_id)
+        stop_if_given_up(given_up, f"the take-over of node {node_id!r}")
         recovery = storage.recover(
             None if deadline is None else max(0.0, deadline - clock.monotonic())
         )

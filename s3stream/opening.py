@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ._bounded import within_deadline
+from ._bounded import stop_if_given_up, within_deadline
 from ._registry import split_scheme
 from .client import StreamClient, WalFactory
 from .clock import Clock, SystemClock
@@ -423,14 +423,6 @@ def _close_abandoned(client: StreamClient) -> None:
     client.close()
 
 
-def _check_not_given_up(given_up: threading.Event | None, node_id: str) -> None:
-    """Stop an open whose caller stopped waiting (its deadline passed) before its next step."""
-    if given_up is not None and given_up.is_set():
-        raise UnavailableError(
-            f"the open of node {node_id!r} was given up at its deadline; not going on"
-        )
-
-
 def _refuse_undecoded_twin(url: str, root: Path) -> None:
     """A ``file://`` URL's path is percent-decoded (``my%20store`` is ``my store``), which
     versions before 2026-11-26 did not do: a store they made through such a URL sits in a
@@ -555,7 +547,7 @@ def _build_client(
         # A file WAL of this node that a live process holds must fail the open here, before
         # the client registers the node: that would fence the live process.
         try:
-            _check_not_given_up(given_up, node_id)
+            stop_if_given_up(given_up, f"the open of node {node_id!r}")
             held = lock_file_wal(target if isinstance(target, str) else target(node_id), node_id)
         except BaseException:
             store.close()
@@ -571,7 +563,7 @@ def _build_client(
             s3_client=wal_client,
         )
     try:
-        _check_not_given_up(given_up, node_id)
+        stop_if_given_up(given_up, f"the open of node {node_id!r}")
     except BaseException:
         # Before the client exists: let go of what it would have owned.
         if held is not None:

@@ -205,17 +205,27 @@ class Stream(Closeable):
         return self._storage.append(self._w, batch, expected_offset, ident)
 
     def append_would_wait(
-        self, *, idempotent: bool = False, batch: RecordBatch | None = None
+        self,
+        *,
+        idempotent: bool = False,
+        batch: RecordBatch | None = None,
+        expected_offset: int | None = None,
     ) -> bool:
         """Whether `append_async` (of `batch`, if given: the WAL's room is checked for its
         size) would wait in the call right now rather than return its future at once: the
         upload backlog or the WAL is full, or the WAL is under repair; with `idempotent`,
         also the first idempotent append of a reopened stream (it reads the stream's newest
-        batches). For event loops, which must not block (`s3stream.aio` makes such calls in
-        a thread). A hint: the state may change just after."""
+        batches); with `expected_offset`, also a conditional append whose offset an append
+        in flight holds (it waits for that one to settle). For event loops, which must not
+        block (`s3stream.aio` makes such calls in a thread). A hint: the state may change
+        just after."""
         if batch is not None:
             check_instance("batch", batch, RecordBatch)
-        return self._storage.append_would_wait(self._w, idempotent=idempotent, batch=batch)
+        if expected_offset is not None:
+            check_int("expected_offset", expected_offset, minimum=0)
+        return self._storage.append_would_wait(
+            self._w, idempotent=idempotent, batch=batch, expected_offset=expected_offset
+        )
 
     # ------------------------------------------------------------------ reads
 

@@ -114,6 +114,11 @@ class WriterState:
                 self.tailers -= 1
         return self.confirm_offset > offset
 
+    def unsettled(self, expected: int) -> bool:
+        """Whether an append in flight holds offset `expected` (assigned, not acknowledged):
+        a conditional append at it must wait for that one to settle (`wait_settled`)."""
+        return self.confirm_offset <= expected < self.next_offset
+
     def wait_settled(self, expected: int, deadline: float, clock: Clock) -> None:
         """Wait, counted among the tailers (an acknowledgement and a rewind wake them), until
         offset `expected` is no longer held by an append in flight: acknowledged
@@ -143,7 +148,7 @@ class WriterState:
                     self.tailers -= 1
             if self.error is not None or self.stopped:
                 return  # the caller's next look under the append lock raises the reason
-            if self.confirm_offset <= expected < self.next_offset:
+            if self.unsettled(expected):
                 raise UnavailableError(
                     f"stream {self.stream_id}: expected_offset={expected} is taken by an append "
                     f"still in flight (acknowledged up to {self.confirm_offset}): whether it "
@@ -501,7 +506,7 @@ class Appender:
                     # hands its offsets out again (`rewind_when_quiet`). Refusing now
                     # would tell the caller its batch landed when it may never land: wait
                     # for it to settle (outside the lock) and look again.
-                    unsettled = w.confirm_offset <= expected < w.next_offset
+                    unsettled = w.unsettled(expected)
                     if not unsettled:
                         raise OffsetMismatchError(
                             f"stream {w.stream_id}: expected_offset={expected} but the next "

@@ -230,13 +230,21 @@ class Storage:
         return self._appender.append_and_wait(w, batch, timeout_s, expected, ident)
 
     def append_would_wait(
-        self, w: WriterState, *, idempotent: bool = False, batch: RecordBatch | None = None
+        self,
+        w: WriterState,
+        *,
+        idempotent: bool = False,
+        batch: RecordBatch | None = None,
+        expected_offset: int | None = None,
     ) -> bool:
         """Whether `append` (of `batch`, if given) would wait in the call now (for room in the
-        upload backlog or the WAL, a WAL under repair, or, for an idempotent append, loading
-        the stream's producers): `Appender.would_wait`."""
-        return (idempotent and w.producers is None) or self._appender.would_wait(
-            batch, stamped=idempotent
+        upload backlog or the WAL, a WAL under repair, for an idempotent append loading the
+        stream's producers, for a conditional one an append in flight holding its offset):
+        `Appender.would_wait`."""
+        return (
+            (idempotent and w.producers is None)
+            or (expected_offset is not None and w.unsettled(expected_offset))
+            or self._appender.would_wait(batch, stamped=idempotent)
         )
 
     def load_producers(self, w: WriterState) -> ProducerTable:
