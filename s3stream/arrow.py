@@ -47,6 +47,7 @@ from .validation import check_int
 __all__ = [
     "COLUMNS",
     "MAX_TIMESTAMP_MS",
+    "MIN_TIMESTAMP_MS",
     "RangeSlice",
     "RowSlice",
     "arrow_batches",
@@ -70,8 +71,12 @@ COLUMNS = (
     "stream_id",
     "record_count",
 )
-#: Largest |timestamp| in ms that Spark can hold (microseconds in an i64); beyond: null.
-MAX_TIMESTAMP_MS = ((1 << 63) - 1) // 1000
+#: The timestamps (ms since the epoch) every reader of the rows can hold: Python's `datetime`
+#: range (years 1 to 9999, which Spark's tuple rows and pyarrow's ``to_pylist`` need; Spark's
+#: own microseconds in an i64 reach further). Outside it the ``timestamp`` column is null, in
+#: the Arrow and the tuple rows alike.
+MIN_TIMESTAMP_MS = -62_135_596_800_000
+MAX_TIMESTAMP_MS = 253_402_300_799_999
 _MAX_ARROW_BYTES = (1 << 31) - 1
 _DEFAULT_MAX_BATCH_BYTES = 64 << 20
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -266,7 +271,7 @@ class _Chunk:
     def build(self, s: RowSlice, schema: pa.Schema) -> pa.RecordBatch:
         n = self.rows
         stamps, kinds = self._times()
-        ok = np.abs(stamps) <= MAX_TIMESTAMP_MS
+        ok = (stamps >= MIN_TIMESTAMP_MS) & (stamps <= MAX_TIMESTAMP_MS)
         ts_nulls = n - int(np.count_nonzero(ok))
         micros = (np.where(ok, stamps, 0) if ts_nulls else stamps) * 1000
         counts = np.ones(n, dtype=np.int32)
@@ -419,12 +424,9 @@ def _split(data: memoryview | bytes, lens: list[int]) -> list[bytes | None]:
 
 
 def _datetime(ms: int) -> datetime | None:
-    if abs(ms) > MAX_TIMESTAMP_MS:
+    if not MIN_TIMESTAMP_MS <= ms <= MAX_TIMESTAMP_MS:
         return None
-    try:
-        return _EPOCH + timedelta(milliseconds=ms)
-    except OverflowError:
-        return None
+    return _EPOCH + timedelta(milliseconds=ms)
 
 
 def tuple_rows(

@@ -867,7 +867,12 @@ class StreamClient(Closeable):
         try:
             # Let throttled background work through so that stopping never waits on tokens.
             self._limiter.close()
-            self._compactor.stop()
+            # A compaction task in progress stops before its next request; the wait for it
+            # takes at most half of this call's deadline, the flush and release the rest.
+            limit = self._settings.call_timeout_ms / 1000 if timeout is None else timeout
+            started = self._clock.monotonic()
+            self._compactor.stop(limit / 2)
+            timeout = max(0.0, limit - (self._clock.monotonic() - started))
             try:
                 self._storage.close(
                     timeout, on_flushed=lambda: self._release_streams(owned, unattached=True)

@@ -196,6 +196,50 @@ def test_timestamp_ranges(tmp_path: Path) -> None:
                 reader.read_arrow(start_timestamp=bad)
 
 
+def test_timestamps_outside_datetime_range_are_null_in_arrow_and_tuple_rows(
+    tmp_path: Path,
+) -> None:
+    """Spark's two row paths (``useArrow`` on: `arrow_batches`; off: `tuple_rows`) give the
+    same timestamps: inside Python's `datetime` range (years 1 to 9999) the value, outside it
+    null in both (the tuple rows cannot hold it, nor can pyarrow's ``to_pylist``)."""
+    from s3stream.arrow import (
+        MAX_TIMESTAMP_MS,
+        MIN_TIMESTAMP_MS,
+        RangeSlice,
+        arrow_batches,
+        tuple_rows,
+    )
+
+    stamps = [
+        1 << 50,
+        MAX_TIMESTAMP_MS + 1,
+        MAX_TIMESTAMP_MS,
+        MIN_TIMESTAMP_MS,
+        MIN_TIMESTAMP_MS - 1,
+        -(1 << 50),
+        1_700_000_000_000,
+        0,
+    ]
+    with s3stream.open(str(tmp_path), wal="memory://") as client:
+        s = client.create_stream()
+        s.append_records([Record(b"v", timestamp=t) for t in stamps])
+        client.flush()
+    with s3stream.open_reader(str(tmp_path)) as reader:
+        fetched = reader.read(0, 0)
+    piece = [(RangeSlice(0, None, None, "t", 0, len(stamps)), fetched.batches)]
+    (batch,) = arrow_batches(piece, include_headers=False)
+    as_arrow = batch.column("timestamp").to_pylist()  # datetimes: must not overflow
+    as_tuples = [row[5] for row in tuple_rows(piece, include_headers=False)]
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    expected = [
+        epoch + timedelta(milliseconds=t) if MIN_TIMESTAMP_MS <= t <= MAX_TIMESTAMP_MS else None
+        for t in stamps
+    ]
+    assert as_tuples == expected
+    assert as_arrow == expected
+    assert [e is None for e in expected] == [True, True, False, False, True, True, False, False]
+
+
 def test_record_batches_hold_one_stream_and_about_batch_rows(reader: Any) -> None:
     # A record batch closes at the first appended batch that reaches batch_rows, and at a
     # change of stream: stream 0 has 3 appended batches, stream 1 four of 250 below 1000.

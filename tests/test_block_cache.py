@@ -6,7 +6,9 @@ from __future__ import annotations
 import itertools
 import random
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -176,6 +178,109 @@ def test_prefetch_fills_the_cache_in_the_background() -> None:
     assert m.misses == 0
     assert m.gets == store.metrics.gets
     cache.close()
+
+
+def test_a_demand_read_takes_over_a_readahead_waiting_for_the_throttle() -> None:
+    """Readahead waits in the limiter (here: far longer than the test); a demand read of the
+    same blocks must not wait behind it (foreground reads are never delayed)."""
+    from s3stream.throttle import Priority, PriorityRateLimiter
+
+    limiter = PriorityRateLimiter(clock=SystemClock(), bytes_per_s=100, burst_s=1.0)
+    limiter.acquire(100, Priority.READAHEAD)  # the burst is spent: readahead now waits
+    store, cache, idx = setup({1: 20}, limiter=limiter)
+    blocks = idx.find(1, 0)
+    assert cache.prefetch(KEY, blocks) == len(blocks)
+    started = time.monotonic()
+    got = cache.get_blocks(KEY, blocks)
+    assert time.monotonic() - started < 5  # the readahead alone would wait ~200 s
+    assert [b.base_offset for bl in got for b in bl] == list(range(20))
+    assert cache.metrics.misses == len(blocks)  # fetched by the demand read itself
+    limiter.close()  # lets the readahead through: it finds its blocks taken and skips them
+    cache.close()
+    assert store.metrics.gets == 1
+
+
+def test_a_second_readahead_of_a_taken_over_block_is_not_lost() -> None:
+    """A block taken over from a throttled readahead (R1), not kept by the cache, is read
+    ahead again (R2): R1, let through later, must not consume R2's mark, or R2 would skip
+    its block and leave its future pending for every later reader to wait on forever."""
+    from s3stream.throttle import Priority, PriorityRateLimiter
+
+    limiter = PriorityRateLimiter(clock=SystemClock(), bytes_per_s=100, burst_s=1.0)
+    limiter.acquire(100, Priority.READAHEAD)  # the burst is spent: readahead now waits
+    _, cache, idx = setup({1: 20}, limiter=limiter, capacity_bytes=1, readahead_workers=1)
+    block = idx.find(1, 0)[:1]
+    cache.prefetch(KEY, block)  # R1 waits in the limiter
+    time.sleep(0.2)
+    cache.get_blocks(KEY, block)  # taken over; too big to keep
+    cache.prefetch(KEY, block)  # R2, queued behind R1
+    limiter.close()  # R1 and then R2 go through
+    deadline = time.monotonic() + 5
+    while cache.metrics.gets < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    t, outcome = _in_thread(lambda: cache.get_blocks(KEY, block))
+    t.join(5)
+    assert not t.is_alive(), "a reader waits forever on a readahead that never ran"
+    assert len(outcome) == 1 and not isinstance(outcome[0], Exception), outcome
+    cache.close()
+
+
+def _slow_cache(latency_s: float) -> tuple[MemoryObjectStore, BlockCache]:
+    inner = MemoryObjectStore()
+    inner.put(KEY, make_object({1: 10}))
+    slow = FaultyObjectStore(
+        inner,
+        rng=random.Random(1),
+        clock=SystemClock(),
+        rules=[FaultRule(latency_s=(latency_s, latency_s), operations=frozenset({"get"}))],
+    )
+    return inner, BlockCache(slow, capacity_bytes=1 << 20, readahead_workers=1)
+
+
+def _in_thread(call: Any) -> tuple[threading.Thread, list[object]]:
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except Exception as exc:
+            outcome.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, outcome
+
+
+def test_closing_the_cache_while_a_demand_read_is_in_flight_returns_its_blocks() -> None:
+    """close() during a demand read's GET: the read still returns its blocks (their owner
+    completes them), never a raw `InvalidStateError` from a future failed under it."""
+    inner, cache = _slow_cache(0.3)
+    blocks = read_index(inner, KEY).find(1, 0)
+    t, outcome = _in_thread(lambda: cache.get_blocks(KEY, blocks[:2]))
+    time.sleep(0.1)  # the demand GET is in flight
+    cache.close()
+    t.join(10)
+    assert len(outcome) == 1 and not isinstance(outcome[0], Exception), outcome
+    expected = BlockCache(inner, capacity_bytes=0).get_blocks(KEY, blocks[:2])
+    assert outcome[0] == expected
+
+
+def test_a_reader_joined_to_a_readahead_that_close_cancels_is_told() -> None:
+    """A readahead queued behind another (one worker) is cancelled by close(); a demand read
+    that joined it gets `StreamClosedError` instead of waiting forever."""
+    inner, cache = _slow_cache(0.5)
+    blocks = read_index(inner, KEY).find(1, 0)
+    assert len(blocks) >= 3
+    cache.prefetch(KEY, blocks[:1])  # the one worker runs this (0.5 s)
+    time.sleep(0.05)
+    cache.prefetch(KEY, blocks[2:3])  # queued behind it
+    t, outcome = _in_thread(lambda: cache.get_blocks(KEY, blocks[2:3]))
+    time.sleep(0.05)
+    assert cache.metrics.joined == 1
+    cache.close()
+    t.join(10)
+    assert not t.is_alive(), "the joined reader hangs"
+    assert len(outcome) == 1 and isinstance(outcome[0], s3stream.StreamClosedError), outcome
 
 
 def _state_with(objects: list[tuple[str, int, int, int]]) -> MetadataState:

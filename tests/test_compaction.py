@@ -486,9 +486,12 @@ def _executor(client: StreamClient, store: ObjectStore, node: str) -> Compaction
     )
 
 
-def test_task_aborts_cleanly_when_another_compactor_won() -> None:
+@pytest.mark.parametrize("deletion_delay_ms", [60_000, 0])
+def test_task_aborts_cleanly_when_another_compactor_won(deletion_delay_ms: int) -> None:
+    """Whether the winner's replaced objects are still there (the deletion delay) or purged
+    already (so the loser's reads find them gone), the loser's task is aborted, not failed."""
     store = MemoryObjectStore()
-    with client_on(store, deletion_delay_ms=60_000) as client:
+    with client_on(store, deletion_delay_ms=deletion_delay_ms) as client:
         streams = [client.create_stream() for _ in range(3)]
         model = fill(client, streams, 6, lambda i: 300)
         state = client.metadata.state
@@ -1238,3 +1241,122 @@ def test_a_compaction_whose_session_ended_before_its_commit_aborts(
         for s in streams:
             got = [b.payload for b in reader.read(s.stream_id, 0).batches]
             assert got == [b"%d:%d" % (s.stream_id, rnd) for rnd in range(4)]
+
+
+class _SlowDataGets(MemoryObjectStore):
+    """Every GET of a data object answers, slowly (far within any call timeout)."""
+
+    slow = False
+    started = threading.Event()
+
+    def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        if self.slow and key.startswith("data/"):
+            self.started.set()
+            time.sleep(0.3)
+        return super().get(key, start, end)
+
+
+def test_close_keeps_its_deadline_while_background_compaction_runs() -> None:
+    """close(timeout_s) stops a compaction pass in progress before its next request (in the
+    planning's index reads as in a task's GETs and PUTs) instead of waiting for the whole
+    pass: the deadline holds, and nothing is lost or changed half-way."""
+    store = _SlowDataGets()
+    small = {
+        "upload_threshold_bytes": 1 << 20,
+        "stream_split_bytes": 1 << 20,
+        "block_target_bytes": 2 * KiB,
+        "upload_interval_ms": 0,
+    }
+    with StreamClient(store, MemoryWal(), node_id="w", settings=ClientSettings(**small)) as c:
+        streams = [c.create_stream() for _ in range(3)]
+        for _ in range(20):
+            for s in streams:
+                s.append(RecordBatch(b"x" * 300, count=2))
+            c.flush()
+    store.slow = True
+    background = CompactionSettings(
+        deletion_delay_ms=0, background=True, interval_ms=3_600_000, bytes_per_s=0
+    )
+    client = StreamClient(
+        store,
+        MemoryWal(),
+        node_id="n1",
+        settings=ClientSettings(**small, log_cache_bytes=0, compaction=background),
+    )
+    assert store.started.wait(10), "the background pass never read an object"
+    started = time.monotonic()
+    client.close(timeout_s=1.0)
+    assert time.monotonic() - started < 2.0  # one slow GET in flight at most, then stop
+    store.slow = False
+    with StreamClient(store, MemoryWal(), node_id="r", settings=ClientSettings(**small)) as c:
+        for sid in range(3):
+            got = c.open_stream(sid).fetch(0, 40)
+            assert sum(b.count for b in got.batches) == 40
+            assert all(b.payload == b"x" * 300 for b in got.batches)
+        assert check_state(c._meta.state) == []
+
+
+def test_retention_keeps_a_block_while_a_records_own_timestamp_is_recent() -> None:
+    """A batch stamped with its append time may hold a record whose own timestamp is later
+    (an event time): retention judges the block by the newest of them, as Kafka judges a
+    segment by its largest record timestamp, so the record stays until it is old itself."""
+    from s3stream import Record
+    from s3stream.records import records_batch
+
+    clock = ManualClock()
+    hour = 3_600_000
+    with client_on(MemoryObjectStore(), clock) as client:
+        s = client.create_stream(tags=RetentionPolicy(retention_ms=hour).to_tags())
+        now = clock.now_ms()
+        s.append(records_batch([Record(b"a"), Record(b"b", timestamp=now + 3 * hour)]))
+        client.flush()
+        clock.advance(2 * hour / 1000)  # the batch is 2 h old; record b's time is 1 h ahead
+        assert client.compact().streams_trimmed == 0
+        assert client.stream_info(s.stream_id).start_offset == 0
+        clock.advance(3 * hour / 1000)  # now record b is 2 h old too
+        assert client.compact().streams_trimmed == 1
+        assert client.stream_info(s.stream_id).start_offset == 2
+
+
+def test_a_compactor_whose_stop_timed_out_runs_again_once_its_pass_ended() -> None:
+    """`stop(timeout_s)` that returns False (a slow request in flight) leaves the pass to end
+    on its own; after that the compactor is as after any stop: passes work, `start` starts."""
+
+    class Slow(MemoryObjectStore):
+        delay = 0.0
+        started = threading.Event()
+
+        def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+            if self.delay and key.startswith("data/"):
+                self.started.set()
+                time.sleep(self.delay)
+            return super().get(key, start, end)
+
+    store = Slow()
+    small = {
+        "upload_threshold_bytes": 1 << 20,
+        "stream_split_bytes": 1 << 20,
+        "block_target_bytes": 2 * KiB,
+        "upload_interval_ms": 0,
+    }
+    with StreamClient(store, MemoryWal(), node_id="w", settings=ClientSettings(**small)) as c:
+        streams = [c.create_stream() for _ in range(3)]
+        for _ in range(10):
+            for s in streams:
+                s.append(RecordBatch(b"x" * 300, count=2))
+            c.flush()
+    store.delay = 0.8
+    background = CompactionSettings(
+        deletion_delay_ms=0, background=True, interval_ms=3_600_000, bytes_per_s=0
+    )
+    settings = ClientSettings(**small, log_cache_bytes=0, compaction=background)
+    with StreamClient(store, MemoryWal(), node_id="n1", settings=settings) as client:
+        assert store.started.wait(10)
+        compactor = client.compactor
+        assert compactor.stop(0.1) is False  # a GET of 0.8 s is in flight
+        time.sleep(1.5)  # the pass ends at its next request
+        store.delay = 0
+        report = client.compact()
+        assert sum(report.tasks.values()) >= 1 and report.objects_after < 30
+        compactor.start()
+        assert compactor.stop(5) is True

@@ -97,7 +97,7 @@ class GatedStore(ForwardingObjectStore):
 # -- layout and recovery cost ------------------------------------------------------------------
 
 
-def test_keys_carry_node_and_positions_and_recovery_is_one_list() -> None:
+def test_keys_carry_node_and_positions_and_recovery_is_two_lists() -> None:
     store = MemoryObjectStore()
     wal, _ = _ready(store)
     acked = [WalRecord(wal.append(b"r%d" % i).result(5), b"r%d" % i) for i in range(20)]
@@ -115,7 +115,8 @@ def test_keys_carry_node_and_positions_and_recovery_is_one_list() -> None:
     again = _wal(metered, epoch=2)
     assert list(again.recover()) == acked
     m = metered.metrics
-    assert m.lists == 1, "recovery must need one LIST of the node's prefix, nothing more"
+    # One LIST to walk the chain, one to check that no trim moved it past the seal meanwhile.
+    assert m.lists == 2, "recovery must need two LISTs of the node's prefix, nothing more"
     assert m.puts == 0 and m.conditional_puts == 1  # the seal
     again.close()
 
@@ -239,6 +240,130 @@ def test_taker_seals_the_chain_and_the_zombies_late_objects_stay_invisible() -> 
     later, records = _ready(gated.inner, epoch=3)
     assert [r.data for r in records] == [b"before %d" % i for i in range(5)] + [b"taker"]
     later.close()
+
+
+class _BeforeSeal(ForwardingObjectStore):
+    """Runs `hook` once, just before the first seal PUT through it (a taker's view)."""
+
+    def __init__(self, inner: ObjectStore, hook: Any) -> None:
+        super().__init__(inner)
+        self.hook = hook
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        if self.hook is not None and len(data) == HEADER.size:
+            hook, self.hook = self.hook, None
+            hook()
+        return self.inner.put_if_absent(key, data)
+
+
+class _LostReply(ForwardingObjectStore):
+    """The next data PUT lands but its caller is told it failed (the reply was lost)."""
+
+    lose_next = False
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        created = self.inner.put_if_absent(key, data)
+        if self.lose_next and len(data) > HEADER.size:
+            self.lose_next = False
+            raise UnavailableError(f"the reply of PUT {key} was lost")
+        return created
+
+
+@pytest.mark.parametrize("how", ["trim", "reset"])
+def test_a_taker_seals_on_the_chain_when_the_old_writer_trims_past_its_end_meanwhile(
+    how: str,
+) -> None:
+    """Between the taker's LIST and its seal PUT, the old writer fills the chain end E and
+    moves its anchor past E, deleting E (a trim after a commit; or a reset after a PUT whose
+    reply was lost, which seals further on). E is free again, so the taker's seal there
+    lands, off the chain: it must notice (the marker is written before the delete) and seal
+    the chain's real end, so the old writer is fenced and every acknowledged append of both
+    is recovered by the next owner."""
+    mem = MemoryObjectStore()
+    zs = _LostReply(mem)
+    settings = replace(FAST, max_hedged_puts=0)
+    old, _ = _ready(zs, epoch=1, settings=settings, retry=False)
+    acked = {old.append(b"old %d" % i).result(5): b"old %d" % i for i in range(3)}
+
+    def old_writer_goes_on() -> None:
+        if how == "trim":
+            pos = old.append(b"committed at E").result(5)
+            old.trim(pos)  # uploaded: E is deleted, the anchor moves past it
+        else:
+            zs.lose_next = True
+            with pytest.raises(UnavailableError):
+                old.append(b"lands at E, reported failed").result(5)
+            old.reset()  # seals past E, marks the anchor past that seal, deletes E
+
+    taker = _wal(_BeforeSeal(mem, old_writer_goes_on), epoch=2, settings=settings, retry=False)
+    got = {r.position: r.data for r in taker.recover()}
+    assert all(got[p] == d for p, d in acked.items() if p > old._trim)
+    with pytest.raises(FencedError):
+        old.append(b"after the take-over").result(5)
+    mine = {taker.append(b"taker %d" % i).result(5): b"taker %d" % i for i in range(3)}
+    old._abandon()
+    taker._abandon()  # both crash
+    nxt, records = _ready(mem, epoch=3, settings=settings)
+    recovered = {r.position: r.data for r in records}
+    assert all(recovered.get(p) == d for p, d in mine.items()), "the taker's appends were lost"
+    assert not any(d.startswith(b"after") for d in recovered.values())
+    nxt.close()
+
+
+def test_node_epochs_past_twelve_digits_keep_their_trim_markers() -> None:
+    store = MemoryObjectStore()
+    epoch = 10**12
+    wal, _ = _ready(store, epoch=epoch)
+    positions = [wal.append(b"rec %d" % i).result(5) for i in range(6)]
+    wal.trim(positions[2])
+    wal._abandon()  # a crash: the marker alone says where the chain starts
+    nxt, records = _ready(store, epoch=epoch + 1)
+    assert [r.data for r in records] == [b"rec 3", b"rec 4", b"rec 5"]
+    nxt.close()
+    # ... and a marker of a newer such epoch still fences an older writer.
+    with pytest.raises(FencedError):
+        list(_wal(store, epoch=epoch).recover())
+
+
+def test_close_during_recovery_stops_it_before_it_writes() -> None:
+    """A recovery still running when close() returns (an open that gave up, say) must not
+    seal the WAL or become ready afterwards."""
+    gated = GatedStore(MemoryObjectStore())
+    first, _ = _ready(gated)
+    first.append(b"x").result(5)
+    first._abandon()
+    entered, release = threading.Event(), threading.Event()
+
+    class SlowList(ForwardingObjectStore):
+        def list(self, prefix: str) -> Iterator[ObjectInfo]:
+            entered.set()
+            assert release.wait(10)
+            return self.inner.list(prefix)
+
+    wal = _wal(SlowList(gated), epoch=2, retry=False)
+    outcome: list[object] = []
+
+    def recover() -> None:
+        try:
+            outcome.append(list(wal.recover()))
+        except Exception as exc:
+            outcome.append(exc)
+
+    t = threading.Thread(target=recover)
+    t.start()
+    assert entered.wait(5)
+    before = len(gated.created)
+    wal.close()
+    release.set()
+    t.join(10)
+    assert len(outcome) == 1 and isinstance(outcome[0], s3stream.StreamClosedError), outcome
+    assert len(gated.created) == before, "the recovery wrote after close()"
+
+
+@pytest.mark.parametrize("prefix", ["//a//b//", "a/./b", "a/../b"])
+def test_a_wal_prefix_that_makes_bad_keys_is_refused_at_once(prefix: str) -> None:
+    with pytest.raises(InvalidArgumentError, match="WAL prefix"):
+        ObjectWal(MemoryObjectStore(), node_id="n1", node_epoch=1, prefix=prefix)
 
 
 def test_older_epoch_cannot_recover_a_newer_owners_wal() -> None:
@@ -988,7 +1113,8 @@ def test_a_listing_that_missed_a_landed_object_is_not_taken_for_damage() -> None
     wal.close()
     racy = FirstListingMisses(store, wal.object_key(acked[2].position))
     again, got = _ready(racy, epoch=2)
-    assert got == acked and racy.lists == 2
+    # The first LIST, the one confirming the proof, and the one after the seal.
+    assert got == acked and racy.lists == 3
     again.close()
 
 

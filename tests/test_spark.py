@@ -23,6 +23,7 @@ import pytest
 import s3stream
 from s3stream import (
     ClientSettings,
+    CorruptionError,
     InvalidArgumentError,
     OffsetOutOfRangeError,
     Record,
@@ -399,10 +400,13 @@ def test_available_now_pins_its_target(tmp_path: Path) -> None:
         client.close()
 
 
-def _compact(client: s3stream.StreamClient, stream_id: int, keep_from: int) -> list[str]:
+def _compact(
+    client: s3stream.StreamClient, stream_id: int, keep_from: int, *, lose_from: int | None = None
+) -> list[str]:
     """Replace every live object of the stream by one holding its batches from the batch
     containing `keep_from` on (as compaction does), delete the old objects' bytes (as after
-    the retention delay); return the old keys."""
+    the retention delay); return the old keys. With `lose_from`, a broken compaction: the new
+    object lacks the batches from `lose_from` on, though its metadata claims them."""
     from s3stream.format.objects import ObjectWriter, read_blocks, read_index
     from s3stream.metadata import CompactObjects, ObjectKind, ObjectMeta, StreamRange
 
@@ -411,11 +415,15 @@ def _compact(client: s3stream.StreamClient, stream_id: int, keep_from: int) -> l
     old = state.objects_for(stream_id, 0)
     assert all(len(o.ranges) == 1 for o in old)
     writer = ObjectWriter(block_target_bytes=16 * 1024)
+    claimed = 0
     for obj in old:
         for b in read_blocks(store, obj.key, read_index(store, obj.key).find(stream_id, 0)):
-            if b.next_offset > keep_from:
+            claimed = max(claimed, b.next_offset)
+            if b.next_offset > keep_from and (lose_from is None or b.base_offset < lose_from):
                 writer.add_fetched(b)
     ((_, start, end),) = writer.ranges()
+    if lose_from is not None:
+        end = claimed
     data = writer.finish()
     key = f"data/compacted/{uuid.uuid4().hex}.s3o"
     store.put(key, data)
@@ -463,6 +471,29 @@ def test_tasks_follow_compaction_and_report_trimmed_data(tmp_path: Path) -> None
             _read_all(strict, parts)
         got = _read_all(lenient, parts)
         assert got == [r for r in expected if r[4] >= 300]
+    finally:
+        client.close()
+
+
+def test_a_relocated_range_the_new_object_does_not_hold_is_an_error_not_fewer_rows(
+    tmp_path: Path,
+) -> None:
+    """A task whose planned objects are gone reads the range from the live ones; if those
+    hold less than their metadata says, the task fails with `CorruptionError` (as every
+    read does) instead of returning fewer rows."""
+    client = s3stream.open(str(tmp_path), wal="memory://", settings=SMALL)
+    ds = Dataset(str(tmp_path), client)
+    try:
+        s = client.create_stream(tags={"topic": "solo"})
+        ds.streams = {s.stream_id: s}
+        for b in range(8):
+            ds.append_records(s, _records(40, 600 + b))
+            client.flush()
+        reader = _batch_reader(ds, minPartitions="2")
+        parts = reader.partitions()
+        _compact(client, s.stream_id, 0, lose_from=200)
+        with pytest.raises(CorruptionError, match="missing"):
+            _read_all(reader, parts)
     finally:
         client.close()
 

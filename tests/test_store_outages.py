@@ -167,10 +167,12 @@ def test_appends_resume_after_the_server_is_killed_and_restarted(
         assert len(acked) == 50
         client.flush()
         server.kill()
-        during, errors = _append_outcomes(stream, "during", 10)
+        # With the S3 WAL each append waits out its deadline: three show it as well as ten.
+        tried = 10 if wal_kind == "file" else 3
+        during, errors = _append_outcomes(stream, "during", tried)
         if wal_kind == "file":
             # The local WAL still acknowledges; only the uploads wait for the server.
-            assert len(during) == 10, errors
+            assert len(during) == tried, errors
             with pytest.raises(S3StreamError) as caught:
                 client.flush(timeout_s=2)
             assert caught.value.retryable

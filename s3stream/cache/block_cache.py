@@ -14,11 +14,14 @@
   other fetch is random access and gets no readahead.
 
 Readahead GETs go through the rate limiter at `Priority.READAHEAD`; demand reads at
-`Priority.FOREGROUND` (counted, never delayed).
+`Priority.FOREGROUND` (counted, never delayed). A demand read that needs a block whose
+readahead has not yet passed the limiter (queued, or waiting for tokens) takes that block's
+fetch over at its own priority, so a throttled readahead never delays a foreground read.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from collections import OrderedDict
@@ -26,7 +29,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ..errors import InvalidArgumentError, S3StreamError
+from ..errors import InvalidArgumentError, S3StreamError, StreamClosedError
 from ..format.block import BlockInfo
 from ..format.block_reader import BlockReader, decode_run
 from ..format.objects import ObjectIndex
@@ -115,6 +118,8 @@ class BlockCache:
         self._log = ContextLogger(log, check_text("node_id", node_id))
         self._capacity = check_int("capacity_bytes", capacity_bytes, minimum=0)
         self._limiter = limiter
+        # Only a throttle delays a readahead much; without one, demand reads join it.
+        self._throttled = limiter is not None and not limiter.unlimited
         self._reader = BlockReader(
             store,
             max_gap_bytes=check_int("merge_gap_bytes", merge_gap_bytes, minimum=0),
@@ -126,6 +131,13 @@ class BlockCache:
         self._lock = threading.Lock()
         self._entries: OrderedDict[_BlockKey, _Entry] = OrderedDict()
         self._inflight: dict[_BlockKey, Future[list[FetchedBatch]]] = {}
+        #: Blocks of throttled readaheads that have not passed the limiter yet (queued or
+        #: waiting for tokens): a demand read takes such a block over instead of waiting.
+        self._waiting: dict[_BlockKey, Future[list[FetchedBatch]]] = {}
+        #: Readahead runs submitted to the pool and not started: close() fails their futures
+        #: (a cancelled task never completes them).
+        self._queued: dict[int, tuple[str, _Owned]] = {}
+        self._next_run = itertools.count()
         self._bytes = 0
         self._pool = ThreadPoolExecutor(
             max_workers=check_int("readahead_workers", readahead_workers, minimum=1),
@@ -171,11 +183,13 @@ class BlockCache:
         with self._lock:
             self._entries.clear()
             self._bytes = 0
-            # Prefetches cancelled before they ran never complete their futures.
-            for fut in self._inflight.values():
-                if not fut.done():
-                    fut.set_exception(S3StreamError("the block cache was closed"))
-            self._inflight.clear()
+            # Readaheads cancelled before they ran never complete their futures; every other
+            # future in flight has an owner that completes it (a demand read, or a readahead
+            # the shutdown waited for).
+            dropped = list(self._queued.values())
+            self._queued.clear()
+        for key, run in dropped:
+            self._fail(key, run, StreamClosedError("the block cache was closed"))
         self._indexes.clear()
 
     # ------------------------------------------------------------------ indexes
@@ -226,6 +240,11 @@ class BlockCache:
                     results[i] = entry.batches
                     continue
                 fut = self._inflight.get(bk)
+                if fut is not None and self._waiting.get(bk) is fut:
+                    # A readahead not yet past the limiter: fetch the block now, at our
+                    # priority, with a future of our own (nobody waits on the readahead's).
+                    del self._waiting[bk]
+                    fut = None
                 if fut is not None:
                     self._c["joined"] += 1
                     waits.append((i, fut))
@@ -240,6 +259,8 @@ class BlockCache:
         for i, fut in waits:
             try:
                 results[i] = fut.result()
+            except StreamClosedError:
+                raise
             except S3StreamError:
                 # The fetch we joined failed (a readahead, say): try once on our own account.
                 results[i] = self.get_blocks(key, [blocks[i]], priority)[0]
@@ -258,17 +279,27 @@ class BlockCache:
                     continue
                 fut: Future[list[FetchedBatch]] = Future()
                 self._inflight[bk] = fut
+                if self._throttled:
+                    self._waiting[bk] = fut
                 todo.append((blk, fut))
             self._c["readahead_blocks"] += len(todo)
         for run in self._runs(todo):
+            n = next(self._next_run)
+            with self._lock:
+                self._queued[n] = (key, run)
             try:
-                self._pool.submit(self._prefetch_run, key, run)
+                self._pool.submit(self._prefetch_run, n, key, run)
             except RuntimeError:
                 # Closed meanwhile: nobody may wait forever on these futures.
-                self._fail(key, run, S3StreamError("the block cache was closed"))
+                with self._lock:
+                    self._queued.pop(n, None)
+                self._fail(key, run, StreamClosedError("the block cache was closed"))
         return len(todo)
 
-    def _prefetch_run(self, key: str, run: _Owned) -> None:
+    def _prefetch_run(self, n: int, key: str, run: _Owned) -> None:
+        with self._lock:
+            if self._queued.pop(n, None) is None:
+                return  # close() failed it already
         try:
             self._fetch(key, run, Priority.READAHEAD, prefetched=True)
         except S3StreamError as exc:
@@ -286,9 +317,17 @@ class BlockCache:
         runs = self._runs(items)
         for n, run in enumerate(runs):
             blocks = [b for b, _ in run]
+            if prefetched and self._throttled and not self._still_waiting(key, run):
+                continue  # demand reads took every block of this run over
             try:
                 if self._limiter is not None:
                     self._limiter.acquire(blocks[-1].end_position - blocks[0].position, priority)
+                if (
+                    prefetched
+                    and self._throttled
+                    and not self._still_waiting(key, run, discard=True)
+                ):
+                    continue  # taken over while throttled; from here demand reads join
                 data = self._reader.fetch(key, blocks, on_response=self._count_get)
                 decoded = decode_run(key, blocks, data)
             except BaseException as exc:
@@ -296,6 +335,17 @@ class BlockCache:
                     self._fail(key, later, exc)
                 raise
             self._store_blocks(key, run, decoded, prefetched)
+
+    def _still_waiting(self, key: str, run: _Owned, *, discard: bool = False) -> bool:
+        """Whether any block of a readahead's `run` still waits for it (was not taken over by
+        a demand read: the mark is still this run's future); with `discard`, they stop
+        waiting (marks of later readaheads of the same blocks are left alone)."""
+        with self._lock:
+            mine = [bk for blk, fut in run if self._waiting.get(bk := (key, blk.position)) is fut]
+            if discard:
+                for bk in mine:
+                    del self._waiting[bk]
+            return bool(mine)
 
     def _count_get(self, nbytes: int) -> None:
         with self._lock:
@@ -306,9 +356,9 @@ class BlockCache:
         self, key: str, run: _Owned, decoded: list[list[FetchedBatch]], prefetched: bool
     ) -> None:
         with self._lock:
-            for (blk, _), batches in zip(run, decoded, strict=True):
+            for (blk, fut), batches in zip(run, decoded, strict=True):
                 bk = (key, blk.position)
-                self._inflight.pop(bk, None)
+                self._forget_inflight(bk, fut)
                 if self._capacity and not self._closed and bk not in self._entries:
                     self._entries[bk] = _Entry(batches, blk.raw_size, prefetched)
                     self._bytes += blk.raw_size
@@ -317,15 +367,25 @@ class BlockCache:
                 self._bytes -= old.size
                 self._c["evictions"] += 1
         for (_, fut), batches in zip(run, decoded, strict=True):
-            fut.set_result(batches)
+            # Done already when close() failed a dropped readahead.
+            if not fut.done():
+                fut.set_result(batches)
 
     def _fail(self, key: str, run: _Owned, exc: BaseException) -> None:
         with self._lock:
-            for blk, _ in run:
-                self._inflight.pop((key, blk.position), None)
+            for blk, fut in run:
+                self._forget_inflight((key, blk.position), fut)
         for _, fut in run:
             if not fut.done():
                 fut.set_exception(exc)
+
+    def _forget_inflight(self, bk: _BlockKey, fut: Future[list[FetchedBatch]]) -> None:
+        """Drop `bk`'s in-flight future if it still is `fut` (a later fetch of the block, after
+        an eviction, has a future of its own). Lock held."""
+        if self._inflight.get(bk) is fut:
+            del self._inflight[bk]
+        if self._waiting.get(bk) is fut:
+            del self._waiting[bk]
 
     @property
     def logger(self) -> ContextLogger:

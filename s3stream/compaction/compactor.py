@@ -170,6 +170,7 @@ class Compactor:
         self, progress: Progress | None = None, *, sweep_orphans: bool | None = None
     ) -> CompactionReport:
         """One full pass. `sweep_orphans` None sweeps when the interval has passed."""
+        self._revive()
         with self._pass_lock:
             try:
                 report = self._pass(progress, sweep_orphans)
@@ -203,16 +204,23 @@ class Compactor:
         report = CompactionReport()
         live = _live(self._meta.state)
         report.objects_before, report.bytes_before = len(live), sum(o.size for o in live)
-        report.streams_trimmed = self._apply_retention()
-
-        state = self._meta.state
-        tasks = plan_stream_set_compaction(
-            state, self._settings, self._index_of, self._clock.now_ms()
-        )
-        self._run_tasks(tasks, state, report, progress, "stream-set compaction")
-        state = self._meta.state
-        tasks = plan_stream_object_compaction(state, self._settings, self._index_of)
-        self._run_tasks(tasks, state, report, progress, "stream object compaction")
+        try:
+            report.streams_trimmed = self._apply_retention()
+            state = self._meta.state
+            tasks = plan_stream_set_compaction(
+                state, self._settings, self._index_of, self._clock.now_ms()
+            )
+            self._run_tasks(tasks, state, report, progress, "stream-set compaction")
+            state = self._meta.state
+            tasks = plan_stream_object_compaction(state, self._settings, self._index_of)
+            self._run_tasks(tasks, state, report, progress, "stream object compaction")
+            if self._stop.is_set():
+                raise _Stopped
+        except _Stopped:
+            # Stopping (the client is closing): the rest of the pass, purge and sweep
+            # included, waits for the next one.
+            report.duration_s = self._clock.monotonic() - started
+            return report
 
         purged = purge_deleted(
             self._meta,
@@ -257,6 +265,8 @@ class Compactor:
                 progress(done, total, what)
 
     def _index_of(self, obj: ObjectMeta) -> ObjectIndex:
+        if self._stop.is_set():
+            raise _Stopped  # an index read may be a GET: stopping must not wait for more
         return self._cache.index(obj.key, obj.size)
 
     def _sweep_due(self, forced: bool | None) -> bool:
@@ -336,22 +346,53 @@ class Compactor:
 
     def start(self) -> None:
         """Run passes in a background thread every `interval_ms` until `stop`."""
+        self._revive()
         if self._thread is not None:
             return
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="s3stream-compactor", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
-        """Stop the background thread; a pass in progress ends after its current task."""
+    def stop(self, timeout_s: float | None = None) -> bool:
+        """Stop the background thread and any pass in progress: the current task ends before
+        its next request (deleting what it wrote, committing nothing), the rest of the pass
+        is skipped. Waits up to `timeout_s` (None: as long as it takes) for the pass to end;
+        False if it did not (its thread then ends on its own once its request in flight
+        returns, which closing the store hastens)."""
         self._stop.set()
-        # The current task goes on unthrottled by the compactor's own limit.
-        self._executor.stop_waiting()
-        if self._thread is not None:
-            self._thread.join()
+        self._executor.halt()
+        deadline = None if timeout_s is None else self._clock.monotonic() + timeout_s
+
+        def left() -> float:
+            return -1 if deadline is None else max(0.0, deadline - self._clock.monotonic())
+
+        thread = self._thread
+        if thread is not None:
+            thread.join(None if deadline is None else left())
+            if thread.is_alive():
+                self._log.warning("compaction did not stop within %.3g s", timeout_s)
+                return False
             self._thread = None
-        with self._pass_lock:  # let a pass cut short by stopping finish first
+        # Let a foreground pass cut short by stopping finish first.
+        if not self._pass_lock.acquire(timeout=left()):
+            self._log.warning("compaction did not stop within %.3g s", timeout_s)
+            return False
+        try:
             self._stop.clear()
+            self._executor.resume()
+        finally:
+            self._pass_lock.release()
+        return True
+
+    def _revive(self) -> None:
+        """After a `stop` that timed out, once its thread has ended: run again (passes, and
+        `start`), as after a stop that returned True."""
+        thread = self._thread
+        if thread is not None and not thread.is_alive():
+            self._thread = None
+        if self._stop.is_set() and self._thread is None:
+            self._stop.clear()
+            self._executor.resume()
 
     def _run(self) -> None:
         interval_s = self._settings.interval_ms / 1000
@@ -370,6 +411,10 @@ class Compactor:
                 if remaining <= 0:
                     break
                 self._stop.wait(min(remaining, 0.25))
+
+
+class _Stopped(Exception):
+    """`Compactor.stop` was called: the pass ends before its next request."""
 
 
 def _within(progress: Progress, before: int, share: int, total: int, what: str) -> Moved:

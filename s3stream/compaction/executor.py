@@ -31,11 +31,12 @@ deletion delay).
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from ..clock import Clock
-from ..errors import CorruptionError, InvalidArgumentError, S3StreamError
+from ..errors import CorruptionError, InvalidArgumentError, ObjectNotFoundError, S3StreamError
 from ..format.block import BlockInfo, decode_block
 from ..format.block_reader import BlockReader, split_run
 from ..format.objects import ObjectIndex, ObjectWriter, parse_tail
@@ -102,6 +103,10 @@ class _Aborted(Exception):
     """A replaced object is no longer live: another compactor got there first."""
 
 
+class _Halted(Exception):
+    """`CompactionExecutor.halt` was called: the task stops before its next request."""
+
+
 class CompactionExecutor:
     """Runs `CompactionTask`s against one store and metadata log (see module docstring)."""
 
@@ -138,6 +143,8 @@ class CompactionExecutor:
         self._writer = writer or WriterOptions()
         self._limiter = limiter
         self._max_object = max_object_bytes
+        #: Set by `halt`: the task in progress ends before its next GET, PUT or commit.
+        self._halted = threading.Event()
 
     def _new_own_limiter(self, clock: Clock) -> PriorityRateLimiter | None:
         if not self._own_rate:
@@ -146,21 +153,43 @@ class CompactionExecutor:
         # the work is spread evenly instead of running a second's worth at full speed.
         return PriorityRateLimiter(clock=clock, bytes_per_s=self._own_rate, burst_s=0.25)
 
-    def stop_waiting(self) -> None:
-        """Let a task waiting for the executor's own limit through at once (when stopping);
-        the next `execute` is limited again."""
+    def halt(self) -> None:
+        """Stop the task in progress before its next GET, PUT or commit (it deletes what it
+        wrote and commits nothing), and refuse tasks until `resume`; a wait for the
+        executor's own limit ends at once. For a client that is closing: its deadline must
+        not wait for a task's remaining requests."""
+        self._halted.set()
         own = self._own
         if own is not None:
             own.close()
+
+    def resume(self) -> None:
+        """Run tasks again after `halt`."""
+        self._halted.clear()
 
     def execute(
         self, task: CompactionTask, state: MetadataState, moved: Moved | None = None
     ) -> TaskResult:
         """Run `task`, planned on `state`; see the module docstring for the guarantees.
         `moved` is told the bytes read and copied as the task goes."""
+        if self._halted.is_set():
+            return TaskResult(task, False)
         if self._own is not None and self._own.closed:
             self._own = self._new_own_limiter(self._clock)
-        blocks, read_bytes, gets = self._read(task, state, moved)
+        try:
+            blocks, read_bytes, gets = self._read(task, state, moved)
+        except _Halted:
+            return TaskResult(task, False)
+        except ObjectNotFoundError:
+            # Purged under us (another compactor replaced it, and the deletion delay ran out
+            # while this task read): the task is moot, as if its commit had been refused.
+            # A source still live and missing is another matter: that error stands.
+            self._meta.refresh()
+            latest = self._meta.state
+            if all((o := latest.objects.get(r.key)) is not None and o.live for r in task.replaced):
+                raise
+            self._log.info("compaction task aborted: a source object was purged meanwhile")
+            return TaskResult(task, False)
         copied: _Copied = {}
         keys: list[str] = []
         metas: list[ObjectMeta] = []
@@ -176,6 +205,10 @@ class CompactionExecutor:
                     written += len(data)
             del blocks  # the read buffers: the outputs are in the store now
             self._check_coverage(task, copied, metas, state)
+            self._check_not_halted()
+        except _Halted:
+            self._delete(keys)
+            return TaskResult(task, False, (), read_bytes, 0, gets)
         except BaseException:
             self._delete(keys)
             raise
@@ -262,12 +295,19 @@ class CompactionExecutor:
             got.sort(key=lambda item: item[0].start_offset)
         return result, read_bytes, gets
 
+    def _check_not_halted(self) -> None:
+        if self._halted.is_set():
+            raise _Halted
+
     def _throttle(self, nbytes: int, requests: int = 1) -> None:
+        """Wait for the limits before a request (every GET and PUT comes here first)."""
+        self._check_not_halted()
         own = self._own
         if own is not None:
             own.acquire(nbytes, Priority.COMPACTION, requests)
         if self._limiter is not None:
             self._limiter.acquire(nbytes, Priority.COMPACTION, requests)
+        self._check_not_halted()
 
     # ------------------------------------------------------------------ write + verify
 

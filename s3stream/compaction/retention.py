@@ -99,11 +99,17 @@ def retention_start(
     start = stream.start_offset
     if policy.unlimited or start >= stream.end_offset:
         return start
-    # (end_offset, stored bytes, newest timestamp) of every block at or above the start.
+    # (end_offset, stored bytes, newest timestamp) of every block at or above the start. The
+    # newest is the record timestamps' where the index has them (as Kafka judges a segment by
+    # its largest record timestamp): a batch stamped with its append time may hold records of
+    # later times of their own, which must not go before those are old.
     blocks: list[tuple[int, int, int]] = []
     for obj in state.objects_for(stream.stream_id, start):
         for blk in index_of(obj).find(stream.stream_id, start):
-            blocks.append((blk.end_offset, blk.stored_size, blk.max_timestamp))
+            newest = blk.max_timestamp
+            if blk.time_range is not None:
+                newest = max(newest, blk.time_range[1])
+            blocks.append((blk.end_offset, blk.stored_size, newest))
     total = sum(size for _, size, _ in blocks)
     cutoff = None if policy.retention_ms is None else now_ms - policy.retention_ms
     new_start = start

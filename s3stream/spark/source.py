@@ -48,16 +48,17 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from ..cache.block_cache import BlockCache
 from ..errors import (
     CorruptionError,
     InvalidArgumentError,
     OffsetOutOfRangeError,
     StreamNotFoundError,
 )
-from ..format.objects import read_blocks, read_index
 from ..metadata import MetadataState, StreamState
 from ..objectstore.base import ObjectStore
 from ..reader import StreamReader, open_reader, open_reader_store
+from ..storage.reader import ObjectDataReader
 from ..types import FetchedBatch
 from .arrow import arrow_batches, tuple_rows
 from .fetch import fetch_slices
@@ -122,6 +123,10 @@ def _check_schema(schema: StructType, opts: SourceOptions) -> None:
         )
 
 
+#: Bytes per read of a relocated range (the task holds the range's batches anyway).
+_RELOCATE_PAGE_BYTES = 64 << 20
+
+
 class _Relocator:
     """Finds offsets in the live objects when a planned object is gone (see `fetch`).
 
@@ -133,6 +138,9 @@ class _Relocator:
         self._store = store
         self._opts = opts
         self._reader: StreamReader | None = None
+        # The readers' own object reading (coverage checked: a hole is an error, not fewer
+        # rows); no cache, the task reads each block once.
+        self._objects = ObjectDataReader(BlockCache(store, capacity_bytes=0, readahead_workers=1))
 
     def __call__(self, stream_id: int, start: int, end: int) -> tuple[list[FetchedBatch], int]:
         if self._reader is None:
@@ -149,13 +157,17 @@ class _Relocator:
         except StreamNotFoundError:
             return [], end
         batches: list[FetchedBatch] = []
-        if first < end:
-            for obj in state.objects_for(stream_id, first, end):
-                index = read_index(self._store, obj.key, object_size=obj.size)
-                batches += read_blocks(self._store, obj.key, index.find(stream_id, first, end))
+        pos = first
+        while pos < end:
+            got = self._objects.read(state, stream_id, pos, end, _RELOCATE_PAGE_BYTES)
+            if not got:
+                break  # nothing committed at `pos`
+            batches += got
+            pos = got[-1].next_offset
         return batches, min(first, end)
 
     def close(self) -> None:
+        self._objects.cache.close()
         # The reader closes the task's store with it; the task closes it again, harmlessly.
         if self._reader is not None:
             self._reader.close()

@@ -14,15 +14,16 @@ Layout, fencing and the recovery argument are in ``docs/s3-wal.md``. In short, u
 - ``trim/{trim:020d}.{anchor:020d}.{epoch:012d}`` — a *trim marker*: records at positions
   <= `trim` are gone and the live chain starts at `anchor`.
 
-Recovery is one LIST: the newest marker gives the anchor, the chain is followed from there by
+Recovery is a LIST: the newest marker gives the anchor, the chain is followed from there by
 key and size (``next`` of each object is the key of the following one), data objects are
-read, and a SEAL is created where the chain ends. Objects listed past the chain end are a
-crash's torn tail (never acknowledged) unless one of them proves the missing object had landed
-(a SEAL, or an `acked_through` past it): that is damage, `CorruptionError`. Because every WAL
-position can be claimed by one object only, the seal makes an older writer's next PUT fail
-(`FencedError`), and whatever it manages to write after the seal lies off the chain, where
-nobody ever reads it. Trims delete whole data objects below the anchor; seals are kept, so
-their positions stay claimed.
+read, and a SEAL is created where the chain ends; a second LIST checks that no trim marker
+moved the chain's start past the seal meanwhile (else the walk goes on and seals again).
+Objects listed past the chain end are a crash's torn tail (never acknowledged) unless one of
+them proves the missing object had landed (a SEAL, or an `acked_through` past it): that is
+damage, `CorruptionError`. Because every WAL position can be claimed by one object only, the
+seal makes an older writer's next PUT fail (`FencedError`), and whatever it manages to write
+after the seal lies off the chain, where nobody ever reads it. Trims delete whole data objects
+below the anchor; seals are kept, so their positions stay claimed.
 
 A WAL object PUT that is slow gets *hedged*: an identical PUT of the same key, sent from a
 pool of its own; the first attempt that lands acknowledges the batch, and an attempt told
@@ -62,11 +63,12 @@ from ..errors import (
     UnavailableError,
 )
 from ..metrics.logs import ContextLogger
-from ..objectstore.base import ObjectStore
+from ..objectstore.base import ObjectStore, check_key
 from ..objectstore.wrappers import RetryingObjectStore
 from ..settings import MAX_OBJECT_WAL_UNFLUSHED_BYTES, ObjectWalSettings
 from ..validation import check_bool, check_int, check_node_id
 from .base import WalCapabilities, WalRecord, WriteAheadLog
+from .checks import closed_error
 from .framing import FRAME_HEADER, FrameScanner, frame_size
 from .loss import check_open_node_wal, check_wal_loss
 from .pipeline import Group, PipelinedWal
@@ -110,7 +112,8 @@ _MAX_POSITION = (1 << 64) - 1
 OBJECT_WAL_PREFIX = "object+"
 _MAX_RECORD_BYTES = 64 << 20
 _OBJECT_NAME = re.compile(r"^\d{20}$")
-_MARKER_NAME = re.compile(r"^trim/(\d{20})\.(\d{20})\.(\d{12})$")
+# Epochs are written with at least 12 digits (any int64 one fits in 19).
+_MARKER_NAME = re.compile(r"^trim/(\d{20})\.(\d{20})\.(\d{12,19})$")
 _SEAL_ATTEMPTS = 64
 _RECOVERY_READ_AHEAD = 8
 #: Adaptive hedging: the delay is `_HEDGE_FACTOR` times the p90 of the last `_HEDGE_WINDOW`
@@ -343,6 +346,13 @@ class ObjectWal(PipelinedWal):
         self._epoch = node_epoch
         self._session = node_epoch & 0xFFFFFFFF
         self._dir = f"{prefix.strip('/')}/{node_id}" if prefix.strip("/") else node_id
+        try:
+            check_key(self.object_key(0))
+        except InvalidArgumentError:
+            raise InvalidArgumentError(
+                f"WAL prefix {prefix!r} makes invalid object keys ({self._dir}/...): no empty, "
+                "'.' or '..' segments"
+            ) from None
         self._seed = _node_seed(node_id)
         self._settings = settings
         self._interval_s = settings.wal_batch_interval_ms / 1000
@@ -537,12 +547,33 @@ class ObjectWal(PipelinedWal):
                     len(past),
                     ", ".join(p.key for p in past),
                 )
+            self._check_not_closing()
             if self._claim(end, KIND_SEAL):
-                self._become_ready(listing, chain, end, trim, live, last_record)
-                return
-            # Someone extended the chain (an older writer still at work): read on from there.
-            listing = self._list()
+                after = self._list()
+                if after.anchor <= end:
+                    trim = max(trim, after.trim)
+                    live = [(p, size) for p, size in live if p > trim]
+                    self._become_ready(after, chain, end, trim, live, last_record)
+                    return
+                # The position was free because an older writer still at work had written it
+                # and then trimmed past it (its marker, written before the delete, shows it):
+                # this seal lies off the chain and fences nobody. Walk on from the new anchor
+                # and seal the chain's end there.
+                self._log.info(
+                    "%s: the chain moved past position %d while it was sealed (anchor now %d); "
+                    "sealing again further on",
+                    self.describe(),
+                    end,
+                    after.anchor,
+                )
+                listing = after
+            else:
+                # Someone extended the chain (an older writer still at work): read on.
+                listing = self._list()
             trim = max(trim, listing.trim)
+            if listing.anchor > pos:  # trimmed meanwhile: what lies below the anchor is gone
+                pos = listing.anchor
+                chain = [o for o in chain if o.first >= pos]
         raise UnavailableError(
             f"{self.describe()}: could not seal the WAL: another writer kept extending it"
         )
@@ -758,6 +789,14 @@ class ObjectWal(PipelinedWal):
         header = WalObjectHeader(kind, self._epoch, first, nxt, records, acked_through)
         return _encode_header(header, self._seed) + body
 
+    def _check_not_closing(self) -> None:
+        """Refuse to write a seal (or become ready) once `close()` began: a recovery left
+        behind by a caller that gave up stops writing (a seal PUT already sent may still
+        land, harmlessly: the next owner walks past it)."""
+        with self._cond:
+            if self._closing or self._closed:
+                raise closed_error("WAL")
+
     def _become_ready(
         self,
         listing: _Listing,
@@ -770,6 +809,8 @@ class ObjectWal(PipelinedWal):
         seal = _Obj(end, end + SESSION_GAP, self.object_key(end), -1, True)
         on_chain = {o.first for o in chain}
         with self._cond:
+            if self._closing or self._closed:
+                raise closed_error("WAL")
             self._objects = deque([*chain, seal])
             self._stale = [
                 (first, key)
@@ -1091,6 +1132,7 @@ class ObjectWal(PipelinedWal):
                     break
                 # Claimed meanwhile (a late attempt of ours, or a taker's seal): walk again.
                 listing = self._list()
+                pos = max(pos, listing.anchor)
             else:
                 raise UnavailableError(
                     f"{self.describe()}: could not seal the WAL to resume after: {failed}"
