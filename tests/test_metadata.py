@@ -680,15 +680,18 @@ def test_load_reads_checkpoint_then_only_later_entries_and_never_lists(
     fresh = manager(reader, writer="w2", checkpoint_interval=10)
     assert same_state(fresh.state, m.state)
     assert reader.calls[:2] == [("get", "meta/checkpoint"), ("get", m.log.checkpoint_key(30))]
-    # Entries 31-35 one GET each, then the missing 36; past the first two the log reads runs
-    # in parallel (MetadataLog.read_entries), so 37 and 38 were asked for with 35 and 36.
+    # Entry 30 (the checkpoint's: still there, the rollback check), entries 31-35 one GET
+    # each, then the missing 36; past the first two the log reads runs in parallel
+    # (MetadataLog.read_entries), so later ones may be asked for with them.
     entry_gets = reader.calls[2:]
-    assert sorted(entry_gets) == [("get", m.log.entry_key(s)) for s in range(31, 39)]
-    # A refresh with nothing new costs one GET, and one HEAD that checks the newest entry
-    # applied is still there (a rolled-back log); commits use no LIST either.
+    assert sorted(entry_gets)[:7] == [("get", m.log.entry_key(s)) for s in range(30, 37)]
+    assert len(entry_gets) <= 9
+    # A refresh with nothing new costs two GETs: the newest entry applied, which must still
+    # be there with the bytes applied (else the log was rolled back), and the next, missing;
+    # commits use no LIST either.
     reader.calls.clear()
     assert fresh.refresh() is False
-    assert reader.calls == [("get", m.log.entry_key(36)), ("head", m.log.entry_key(35))]
+    assert reader.calls == [("get", m.log.entry_key(35)), ("get", m.log.entry_key(36))]
     fresh.create_stream({})
     assert reader.count("list") == 0 and reader.count("put_if_absent") == 1
 
@@ -718,7 +721,7 @@ def test_stale_pointer_and_failed_checkpoint_writes_are_harmless(
     assert reader.calls[:3] == [
         ("read_pointer", None),
         ("read_checkpoint", 16),
-        ("read_entries", 17),
+        ("read_entries", 16),  # from the checkpoint's own entry: the rollback check
     ]
 
 
@@ -1593,6 +1596,45 @@ def test_a_rolled_back_log_is_refused_by_a_client_that_saw_more(
         m.create_stream({})
 
 
+@pytest.mark.parametrize("how", ["refresh", "commit"])
+def test_a_log_rolled_back_and_written_again_is_refused(
+    backend: MetadataBackend, how: str
+) -> None:
+    """A restored older log on which other writers committed again holds entries of the seqs
+    a client applied, with other bytes: the client refuses (on a refresh, and in a commit,
+    whose serialized path reads that entry anyway) instead of applying the new entries on
+    top of the old ones and writing on that mix."""
+    m = manager(backend)
+    for n in range(3):
+        m.create_stream({"who": "m", "n": str(n)})
+    seen = m.state.seq
+    backend.delete_entries([seen - 1, seen])  # rolled back to an older copy ...
+    other = manager(backend, writer="w2")
+    while other.state.seq < seen + 1:  # ... and written again, with other entries
+        other.create_stream({"who": "other"})
+    with pytest.raises(CorruptionError, match="other bytes") as err:
+        if how == "refresh":
+            m.refresh()
+        else:
+            m.create_stream({"who": "m", "n": "late"})
+    assert err.value.location == m.log.entry_key(seen)
+    with pytest.raises(CorruptionError):
+        m.create_stream({})
+    replay = manager(backend, writer="w3")
+    assert not any(st.tags.get("n") == "late" for st in replay.list_streams())
+
+
+def test_a_hole_in_the_log_is_damage_not_the_end_of_the_log(backend: MetadataBackend) -> None:
+    """An entry missing while later ones exist is damage: a loading writer raises instead of
+    taking the entries before it as the whole log (and writing its own into the hole)."""
+    m = manager(backend, checkpoint_interval=1000)
+    for _ in range(6):
+        m.create_stream({})
+    backend.delete_entries([3])
+    with pytest.raises(CorruptionError, match="00000000000000000003"):
+        manager(backend, writer="w2", checkpoint_interval=1000)
+
+
 def test_a_caller_left_out_of_a_full_group_leads_the_next_one(tmp_path: Path) -> None:
     """A group takes at most 256 requests in queue order: a caller whose request was left for
     the next group commits it (leading that group) instead of being told it failed while its
@@ -1632,3 +1674,43 @@ def test_a_commit_interrupted_while_queued_is_withdrawn(tmp_path: Path) -> None:
     assert not m._queue
     m.commit(lambda s: [RegisterNode("unrelated", 1)])
     assert "interrupted" not in m.state.nodes and "unrelated" in m.state.nodes
+
+
+def test_a_checksummed_entry_with_a_string_that_is_not_utf8_is_damage() -> None:
+    """Bytes that pass the frame's crc32c but hold a string that is not UTF-8 (a writer bug,
+    or damage before the checksum was computed) are `CorruptionError`, like any entry that
+    does not decode: never a bare `UnicodeDecodeError` out of load or `s3stream verify`."""
+    import struct
+
+    import crc32c
+    import msgspec
+
+    from s3stream.metadata.audit import audit_log
+    from s3stream.metadata.codec import decode_entry, encode_entry
+    from s3stream.metadata.log import MetadataLog
+
+    good = msgspec.msgpack.encode({"seq": 1, "ops": [], "writer": "WW", "ts_ms": 0})
+    body = good.replace(b"\xa2WW", b"\xa2\xff\xfe")
+    data = encode_entry(LogEntry(seq=1, ops=(), writer="WW", ts_ms=0))
+    head = data[: len(data) - len(good)]
+    magic, version, _ = struct.unpack("<4sHI", head)
+    bad = struct.pack("<4sHI", magic, version, crc32c.crc32c(body)) + body
+    with pytest.raises(CorruptionError, match="does not decode"):
+        decode_entry(bad, "meta/log/1")
+    store = MemoryObjectStore()
+    store.put("meta/log/00000000000000000001", bad)
+    with pytest.raises(CorruptionError):
+        manager(store, writer="r")
+    report = audit_log(MetadataLog(store))
+    assert report  # damage reported, not raised
+
+
+def test_an_op_the_format_cannot_hold_is_an_invalid_argument() -> None:
+    """A str that is not UTF-8 (a lone surrogate) or an int past 64 bits in an op fails that
+    commit with `InvalidArgumentError`, not a bare encoding error."""
+    m = manager(MemoryObjectStore())
+    with pytest.raises(InvalidArgumentError):
+        m.commit(lambda s: [RegisterNode("bad\ud800", 1)])
+    with pytest.raises(InvalidArgumentError):
+        m.commit(lambda s: [RegisterNode("big", 1 << 70)])
+    m.create_stream({})  # the manager goes on

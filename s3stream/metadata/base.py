@@ -105,13 +105,17 @@ class MetadataLogStore(ABC):
         lock of the backend (fair, first come first served) instead of racing."""
         return False
 
-    def commit_serialized(self, after: int, compose: Compose) -> bool:
+    def commit_serialized(
+        self, after: int, compose: Compose, *, timeout_s: float | None = None
+    ) -> bool:
         """In one backend transaction holding the log's commit lock: read the entries from
         seq `after` on, call `compose` with them, and create the entry it returns if absent
         (the same conditional create as `create_entry`, which alone fences writers: the lock
         only orders committers, so none wastes an attempt); True if this call created it.
         `compose` must not call this log. Only where `serializes_commits`; backend failures
-        raise `UnavailableError` (the entry may or may not have been created)."""
+        raise `UnavailableError` (the entry may or may not have been created). The wait for
+        the lock ends after `timeout_s` (the rest of the caller's deadline) with
+        `ContendedError`, nothing written."""
         raise NotImplementedError(f"{type(self).__name__} does not serialize commits")
 
     @abstractmethod

@@ -79,15 +79,21 @@ def _unframe(magic: bytes, data: bytes, key: str) -> memoryview:
 def _decode(decoder: msgspec.msgpack.Decoder[T], body: memoryview, key: str) -> T:
     try:
         return decoder.decode(body)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        # A string that is not UTF-8 raises the latter: damage all the same.
         raise CorruptionError(
             f"metadata object {key!r} does not decode: {exc}", location=key, position=_FRAME.size
         ) from exc
 
 
 def encode_entry(entry: LogEntry) -> bytes:
-    """The framed bytes of a log entry."""
-    return _frame(_ENTRY_MAGIC, _encoder.encode(entry))
+    """The framed bytes of a log entry; `InvalidArgumentError` for a value the format cannot
+    hold (a str that is not UTF-8, an int past 64 bits, an unknown type)."""
+    try:
+        body = _encoder.encode(entry)
+    except (TypeError, ValueError, OverflowError) as exc:  # UnicodeEncodeError is a ValueError
+        raise InvalidArgumentError(f"invalid metadata op: {exc}") from exc
+    return _frame(_ENTRY_MAGIC, body)
 
 
 def validate_entry(payload: bytes) -> LogEntry:
@@ -98,7 +104,7 @@ def validate_entry(payload: bytes) -> LogEntry:
     """
     try:
         return _entry_decoder.decode(memoryview(payload)[_FRAME.size :])
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise InvalidArgumentError(f"invalid metadata op: {exc}") from exc
 
 

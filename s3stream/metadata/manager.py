@@ -96,7 +96,7 @@ class _Stale(enum.Enum):
 
 _STALE = _Stale.STALE
 #: An attempt's outcome: None (nothing to write), `_STALE`, or (won, entry, state after it).
-_Outcome = tuple[bool, LogEntry, MetadataState] | _Stale | None
+_Outcome = tuple[bool, LogEntry, bytes, MetadataState] | _Stale | None
 #: A group's entry, its bytes and the state after it.
 _Group = tuple[LogEntry, bytes, MetadataState]
 
@@ -183,6 +183,11 @@ class MetadataManager:
         #: writes (a write would put a different history under the same numbers).
         self._rolled_back: CorruptionError | None = None
         self._state: MetadataState | None = None
+        #: The bytes of the entry at `state.seq` as this manager applied (or wrote) it; None
+        #: while unknown (loaded from a checkpoint, or nothing applied). A log rolled back and
+        #: then written again has an entry of that seq with other bytes: the rollback check
+        #: compares them (an entry's mere existence would not tell).
+        self._applied: bytes | None = None
         self._ins = (
             instruments if instruments is not None else MetadataInstruments(MetricsRegistry())
         )
@@ -513,9 +518,10 @@ class MetadataManager:
                 continue
             if outcome is None:
                 return None  # nothing to write: each request has its no-op or its error
-            won, entry, state = outcome
+            won, entry, payload, state = outcome
             if won:
                 self._state = state
+                self._applied = payload
                 for r in live:
                     if r.error is None:
                         mine = entry if r.ops else _noop(entry)
@@ -543,7 +549,7 @@ class MetadataManager:
         created_at = self._clock.monotonic()
         won = self._create_entry(entry.seq, payload)
         self._create_s += _EWMA * (self._clock.monotonic() - created_at - self._create_s)
-        return won, entry, state
+        return won, entry, payload, state
 
     def _attempt_serialized(self, live: list[_Request]) -> _Outcome:
         """Build the group's entry inside the log's commit transaction, which holds the log's
@@ -559,8 +565,9 @@ class MetadataManager:
             made.append(group)
             return None if made[0] is None else (made[0][0].seq, made[0][1])
 
+        left = min(r.deadline for r in live) - self._clock.monotonic()
         try:
-            won = self._log.commit_serialized(self.state.seq, compose)
+            won = self._log.commit_serialized(self.state.seq, compose, timeout_s=max(left, 0.001))
         except ContendedError:
             if made:
                 raise
@@ -579,8 +586,8 @@ class MetadataManager:
             won = data == payload
         if not made or made[0] is None:
             return None
-        entry, _, state = made[0]
-        return won, entry, state
+        entry, payload, state = made[0]
+        return won, entry, payload, state
 
     def _group_entry(
         self, live: list[_Request], base: MetadataState, *, fresh: bool
@@ -665,6 +672,11 @@ class MetadataManager:
     def _overloaded(self, losses: int) -> UnavailableError:
         if self._commit_attempts and losses >= self._commit_attempts:
             why = f"lost the race for the next log entry {losses} times in a row"
+        elif not losses and self._log.serializes_commits:
+            why = (
+                f"did not land within its deadline ({self._commit_timeout_s:g} s unless the "
+                "call gave one): other writers held the log's commit lock all that time"
+            )
         else:
             why = (
                 f"did not land within its deadline ({self._commit_timeout_s:g} s unless the "
@@ -693,14 +705,21 @@ class MetadataManager:
         if self._rolled_back is not None:
             raise self._rolled_back
         state = start = self.state
+        applied = self._applied
         try:
-            for entry, _ in self._log.read_entries(state.seq + 1):
+            # From the entry applied last (it must still be there, with the same bytes: the
+            # rollback check), then on.
+            entries = self._log.read_entries(max(state.seq, 1))
+            if state.seq > 0:
+                self._check_same_entry(state.seq, next(entries, None))
+                applied = self._applied
+            for entry, raw in entries:
                 state = self._apply_replayed(state, entry)
-            if state is start:
-                self._check_not_rolled_back(state.seq)
+                applied = raw
         finally:
             # Keep the progress made even if a later entry could not be read.
             self._state = state
+            self._applied = applied
             if state is not start:
                 self._ins.replayed.add(state.seq - start.seq)
         return state is not start
@@ -709,12 +728,13 @@ class MetadataManager:
         """Apply `entries`, which a serializing log read from this state's seq on (that entry
         first, unless the state is empty), skipping those already applied."""
         start = self.state
-        if start.seq > 0 and (not entries or entries[0][0].seq != start.seq):
-            self._rolled_back = self._rollback_error(start.seq)
-            raise self._rolled_back
+        if start.seq > 0:
+            self._check_same_entry(start.seq, entries[0] if entries else None)
         fresh = [entry for entry, _ in entries if entry.seq > start.seq]
         if not fresh:
             return
+        applied = entries[-1][1]
+        raws = {entry.seq: raw for entry, raw in entries}
         try:
             # All in one go: with many writers a commit catches up on an entry of each other
             # writer, and the states between them would be built for nothing.
@@ -729,12 +749,14 @@ class MetadataManager:
             except BaseException:
                 self._state = state
                 if state is not start:
+                    self._applied = raws[state.seq]
                     self._ins.replayed.add(state.seq - start.seq)
                 raise
         if any(entry.writer != self._writer_id for entry in fresh):
             # Another writer commits: pause courteously after wins for a while.
             self._contended_until = self._clock.monotonic() + _CONTENTION_MEMORY_S
         self._state = state
+        self._applied = applied
         self._ins.replayed.add(state.seq - start.seq)
 
     def _apply_replayed(self, state: MetadataState, entry: LogEntry) -> MetadataState:
@@ -751,22 +773,29 @@ class MetadataManager:
             self._contended_until = self._clock.monotonic() + _CONTENTION_MEMORY_S
         return after
 
-    def _check_not_rolled_back(self, seen: int) -> None:
-        """Entries are never deleted, so the newest one this client has applied must still be
-        there: if it is gone, someone deleted the log's newest entries (a rollback), and going
-        on would write a different history under their numbers."""
-        if seen == 0:
+    def _check_same_entry(self, seen: int, found: tuple[LogEntry, bytes] | None) -> None:
+        """Entries are never deleted nor rewritten, so the newest one this client has applied
+        (`seen`) must still be there, with the bytes it applied: if it is gone, someone
+        deleted the log's newest entries (a rollback); if its bytes differ, the log was rolled
+        back and written again since. Going on would mix two histories under one set of
+        numbers. `found` is what the log holds at `seen` now (None: nothing)."""
+        if found is None or found[0].seq != seen:
+            why = "is gone"
+        elif self._applied is not None and found[1] != self._applied:
+            why = "holds other bytes than this client applied"
+        else:
+            if self._applied is None:
+                self._applied = found[1]
             return
-        if not self._log.has_entry(seen):
-            self._rolled_back = self._rollback_error(seen)
-            raise self._rolled_back
+        self._rolled_back = self._rollback_error(seen, why)
+        raise self._rolled_back
 
-    def _rollback_error(self, seen: int) -> CorruptionError:
+    def _rollback_error(self, seen: int, why: str = "is gone") -> CorruptionError:
         key = self._log.entry_key(seen)
         return CorruptionError(
-            f"metadata log entry {key!r}, which this client has applied, is gone: the log "
-            "was rolled back or damaged (entries are never deleted); stop writers and "
-            "restore the log, or run `s3stream verify`",
+            f"metadata log entry {key!r}, which this client has applied, {why}: the log "
+            "was rolled back or damaged (entries are never deleted nor rewritten); stop "
+            "writers and restore the log, or run `s3stream verify`",
             location=key,
         )
 

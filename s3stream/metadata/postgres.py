@@ -162,9 +162,11 @@ class PostgresMetadataLog(ExternalMetadataLog):
         # the entry the previous holder committed; the read after the lock takes a snapshot
         # that has it.
         # (Rendered once: names are quoted the same on any connection.)
+        # (After "BEGIN; SET LOCAL lock_timeout = <ms>; ", the wait for the lock bounded by
+        # what is left of the commit's deadline.)
         self._q_lock_and_read = (
             q(
-                "BEGIN; SELECT 1 FROM {} WHERE namespace = %s FOR UPDATE; "
+                "SELECT 1 FROM {} WHERE namespace = %s FOR UPDATE; "
                 "SELECT seq, payload FROM {} WHERE namespace = %s AND seq >= %s ORDER BY seq"
             )
             .format(namespaces, entries)
@@ -253,7 +255,7 @@ class PostgresMetadataLog(ExternalMetadataLog):
             rows = self._read(self._q_entries, (self.namespace, seq, _READ_BATCH))
             for row_seq, payload in rows:
                 if row_seq != seq:
-                    return  # a hole: readers stop at the first missing entry
+                    raise self._hole(seq, row_seq)
                 yield self._decode_entry(seq, bytes(payload))
                 seq += 1
             if len(rows) < _READ_BATCH:
@@ -276,7 +278,9 @@ class PostgresMetadataLog(ExternalMetadataLog):
         """Totals of where serialized commits spent their time (a copy)."""
         return dataclasses.replace(self._times)
 
-    def commit_serialized(self, after: int, compose: Compose) -> bool:
+    def commit_serialized(
+        self, after: int, compose: Compose, *, timeout_s: float | None = None
+    ) -> bool:
         if not self._serialize:
             raise NotImplementedError("this log was opened with serialize_commits=False")
         self.check_writable()
@@ -285,6 +289,12 @@ class PostgresMetadataLog(ExternalMetadataLog):
             self.namespace_id(create=True)
             self._ns_row = True
 
+        # The session's lock_timeout, or less: what is left of the commit's deadline.
+        lock_ms = max(1, self._target.statement_timeout_ms * 9 // 10)
+        if timeout_s is not None:
+            lock_ms = max(1, min(lock_ms, int(timeout_s * 1000)))
+        begin = f"BEGIN; SET LOCAL lock_timeout = {lock_ms}; "
+
         def commit(conn: Connection) -> bool:
             ns, first = self.namespace, max(after, 1)
             cur = psycopg.ClientCursor(conn)
@@ -292,7 +302,8 @@ class PostgresMetadataLog(ExternalMetadataLog):
             # Round trip 1: BEGIN, the lock, and the entries missed, in one simple-query
             # message (the server runs its statements in turn, each on a snapshot of its own,
             # so the read sees everything committed before the lock was granted).
-            cur.execute(self._q_lock_and_read, (ns, ns, first))
+            cur.execute(begin + self._q_lock_and_read, (ns, ns, first))
+            cur.nextset()
             cur.nextset()
             if not cur.fetchall():
                 raise InvalidArgumentError(  # pragma: no cover - rows are never deleted
@@ -302,7 +313,7 @@ class PostgresMetadataLog(ExternalMetadataLog):
             entries: list[tuple[LogEntry, bytes]] = []
             for row_seq, payload in cur.fetchall():
                 if row_seq != first + len(entries):
-                    break  # a hole: readers stop at the first missing entry
+                    raise self._hole(first + len(entries), row_seq)
                 entries.append(self._decode_entry(row_seq, bytes(payload)))
             granted = self._clock.monotonic()
             made = compose(entries)
@@ -416,6 +427,17 @@ class PostgresMetadataLog(ExternalMetadataLog):
                 return []
 
         return self._main.run(select)
+
+    def _hole(self, missing: int, found: int) -> CorruptionError:
+        """Entry `missing` is absent while `found` after it exists. Never a race: an entry is
+        built on the one before it, committed first, so any snapshot holding an entry holds
+        every one before it. Filling the hole would put a different history under its seq."""
+        key = self.entry_key(missing)
+        return CorruptionError(
+            f"metadata log entry {key!r} is missing, but entry {found} after it exists: the "
+            "log was damaged (entries are never deleted); restore it, or run `s3stream verify`",
+            location=key,
+        )
 
     def _decode_entry(self, seq: int, data: bytes) -> tuple[LogEntry, bytes]:
         key = self.entry_key(seq)

@@ -476,12 +476,22 @@ class MetadataStoreTests:
         assert b.read_entry(1)[1] == entry_bytes(1, "a")
 
     def test_entry_read_entries_stops_at_a_hole(self, backend: MetadataBackend) -> None:
+        # The entries before the hole come back; then the entries end, or CorruptionError
+        # where the backend sees that a later one exists (a hole only damage makes).
         log = backend.open_log()
         for seq in (1, 2, 3, 5, 6):
             log.create_entry(seq, entry_bytes(seq, "w"))
-        assert [e.seq for e, _ in log.read_entries(1)] == [1, 2, 3]
+
+        def read(first: int) -> list[int]:
+            got: list[int] = []
+            with contextlib.suppress(CorruptionError):
+                for entry, _ in log.read_entries(first):
+                    got.append(entry.seq)
+            return got
+
+        assert read(1) == [1, 2, 3]
         assert [e.seq for e, _ in log.read_entries(5)] == [5, 6]
-        assert list(log.read_entries(4)) == []
+        assert read(4) == []
 
     def test_entry_read_entries_stop_at_any_hole_or_damage(self, backend: MetadataBackend) -> None:
         # A backend may read ahead (in runs, in parallel): wherever the first missing or
