@@ -1597,9 +1597,7 @@ def test_a_rolled_back_log_is_refused_by_a_client_that_saw_more(
 
 
 @pytest.mark.parametrize("how", ["refresh", "commit"])
-def test_a_log_rolled_back_and_written_again_is_refused(
-    backend: MetadataBackend, how: str
-) -> None:
+def test_a_log_rolled_back_and_written_again_is_refused(backend: MetadataBackend, how: str) -> None:
     """A restored older log on which other writers committed again holds entries of the seqs
     a client applied, with other bytes: the client refuses (on a refresh, and in a commit,
     whose serialized path reads that entry anyway) instead of applying the new entries on

@@ -568,6 +568,27 @@ def test_a_commit_waiting_for_the_lock_keeps_its_own_deadline(postgres: Any, url
     log.close()
 
 
+def test_a_read_on_a_connection_the_server_ended_while_idle_reconnects(
+    postgres: Any, url: str
+) -> None:
+    """The server ended the log's idle connections (a restart, a failover, a proxy's idle
+    timeout): the next read opens a new one instead of failing while the server answers."""
+    log = PostgresMetadataLog(url)
+    m = MetadataManager(log, clock=ManualClock(), writer_id="w")
+    m.load()
+    m.create_stream({})
+    with psycopg.connect(postgres.url(), autocommit=True) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name = 's3stream' AND pid <> pg_backend_pid()"
+        )
+    time.sleep(0.2)
+    assert m.refresh() is False
+    m.create_stream({})
+    assert m.seq == 2
+    log.close()
+
+
 def test_the_read_after_the_lock_sees_the_previous_holders_entry(url: str) -> None:
     """The lock and the read of missed entries go in one message: the read must still see
     the entry the previous holder committed while this commit waited for the lock (it runs

@@ -426,7 +426,7 @@ class PostgresMetadataLog(ExternalMetadataLog):
             except _MISSING_TABLES:
                 return []
 
-        return self._main.run(select)
+        return self._main.run(select, idempotent=True)
 
     def _hole(self, missing: int, found: int) -> CorruptionError:
         """Entry `missing` is absent while `found` after it exists. Never a race: an entry is

@@ -65,10 +65,13 @@ class PostgresSession:
         self._inherited: list[_DeadlineConnection] = []
         self._closed = False
 
-    def run(self, call: Callable[[Connection], T]) -> T:
-        """`call(connection)`, with its psycopg errors mapped (see `map_error`)."""
+    def run(self, call: Callable[[Connection], T], *, idempotent: bool = False) -> T:
+        """`call(connection)`, with its psycopg errors mapped (see `map_error`). An
+        `idempotent` call (a read) that fails because the connection it found open had been
+        closed by the server meanwhile (a restart, a failover, an idle timeout of a proxy)
+        runs once more on a new connection."""
         try:
-            return self._run_locked(call)
+            return self._run_locked(call, idempotent)
         finally:
             if self._closed and self._conn is not None and self._lock.acquire(blocking=False):
                 # `close` came while this call held the lock: the connection goes now.
@@ -77,21 +80,27 @@ class PostgresSession:
                 finally:
                     self._lock.release()
 
-    def _run_locked(self, call: Callable[[Connection], T]) -> T:
+    def _run_locked(self, call: Callable[[Connection], T], idempotent: bool) -> T:
         with self._lock:
             if self._closed:
                 raise S3StreamError(f"the metadata log at {self._target.display} was closed")
-            conn = self._connection()
-            try:
-                return call(conn)
-            except psycopg.Error as exc:
-                self._end_transaction(conn)
-                if isinstance(exc, psycopg.OperationalError) or conn.broken or conn.closed:
-                    self._drop()
-                raise map_error(exc, self._target) from exc
-            except BaseException:
-                self._end_transaction(conn)
-                raise
+            reused = self._conn is not None and not self._conn.closed
+            for attempt in range(2):
+                conn = self._connection()
+                try:
+                    return call(conn)
+                except psycopg.Error as exc:
+                    self._end_transaction(conn)
+                    lost = conn.broken or conn.closed
+                    if isinstance(exc, psycopg.OperationalError) or lost:
+                        self._drop()
+                    if idempotent and reused and lost and attempt == 0:
+                        continue  # a connection that died while idle: once more, afresh
+                    raise map_error(exc, self._target) from exc
+                except BaseException:
+                    self._end_transaction(conn)
+                    raise
+            raise AssertionError("unreachable")  # pragma: no cover
 
     def close(self) -> None:
         """Close the connection, at once: a call under way (a thread waiting up to
