@@ -9,12 +9,19 @@ within their deadlines. Tests skip, saying why, where Azurite cannot run.
 
 from __future__ import annotations
 
+import base64
+import datetime
+import hashlib
+import hmac
 import json
 import os
 import pickle
 import random
 import signal
+import threading
 import time
+import urllib.parse
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -36,7 +43,11 @@ from s3stream.records import RecordBatch
 
 pytest.importorskip("obstore", reason="the Azure store needs obstore (s3stream[azure])")
 
-from s3stream.objectstore.azure import ROLE_HINT, AzureObjectStore
+from s3stream.objectstore.azure import (
+    EMULATOR_ACCOUNT,
+    ROLE_HINT,
+    AzureObjectStore,
+)
 from s3stream.testing.azurite import AzuriteServer, AzuriteUnavailable
 
 pytestmark = pytest.mark.s3
@@ -204,6 +215,99 @@ def test_list_prefix_is_a_string_prefix_not_a_directory(azurite: AzuriteServer) 
     assert [i.key for i in store.list("a")] == ["a-b/x.0", "a.0", "a/x.0", "ab/y.0"]
     assert [i.key for i in store.list("a/")] == ["a/x.0"]
     assert list(store.list("a/x")) == [ObjectInfo("a/x.0", 2)]
+
+
+def _account_sas(server: AzuriteServer) -> str:
+    """An account SAS for blobs (read, write, delete, list, add, create), valid for an hour."""
+    expiry = (datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1)).strftime(
+        "%Y-%m-%dT%H:%M:%SZ"
+    )
+    version = "2021-08-06"
+    fields = [server.account_name, "rwdlac", "b", "sco", "", expiry, "", "", version, "", ""]
+    digest = hmac.new(
+        base64.b64decode(server.account_key), "\n".join(fields).encode(), hashlib.sha256
+    ).digest()
+    signature = base64.b64encode(digest).decode()
+    query = {"sv": version, "ss": "b", "srt": "sco", "sp": "rwdlac", "se": expiry}
+    return urllib.parse.urlencode({**query, "sig": signature})
+
+
+def test_sas_token_writes_reads_and_lists(azurite: AzuriteServer) -> None:
+    """With a SAS instead of the account key; a wrong one is access denied."""
+    options = {"account_name": azurite.account_name, "endpoint": azurite.endpoint}
+    sas = _account_sas(azurite)
+    store = _store(azurite, **options, account_key=None, sas_token="?" + sas)
+    store.put("a/b.0", b"x")
+    assert store.put_if_absent("a/c.0", b"yy") is True
+    assert store.get("a/c.0") == b"yy"
+    assert list(store.list()) == [ObjectInfo("a/b.0", 1), ObjectInfo("a/c.0", 2)]
+    assert list(store.list("a/c")) == [ObjectInfo("a/c.0", 2)]
+    wrong = _store(azurite, **options, account_key=None, sas_token=sas.replace("sig=", "sig=A"))
+    with pytest.raises(S3StreamError, match="access denied") as info:
+        list(wrong.list())
+    assert not info.value.retryable
+
+
+class _ScriptedAzure:
+    """A loopback server answering every Put Blob with one status and error code, as Azure
+    does: for the answers Azurite never gives (409 ContainerBeingDeleted, ...)."""
+
+    def __init__(self) -> None:
+        import http.server
+
+        self.status = 409
+        self.code = "ContainerBeingDeleted"
+        scripted = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_PUT(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                body = (
+                    f'<?xml version="1.0" encoding="utf-8"?><Error><Code>{scripted.code}'
+                    "</Code><Message>scripted</Message></Error>"
+                ).encode()
+                self.send_response(scripted.status)
+                self.send_header("Content-Type", "application/xml")
+                self.send_header("x-ms-error-code", scripted.code)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}/{EMULATOR_ACCOUNT}"
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(10)
+
+
+def test_put_if_absent_is_false_only_for_an_existing_blob() -> None:
+    """obstore reports every 409 and 412 of a Put Blob as "already exists"; Azure answers 409
+    with other codes where nothing was created: those raise instead of returning False."""
+    server = _ScriptedAzure()
+    try:
+        store = AzureObjectStore("c", "p", use_emulator=True, endpoint=server.endpoint)
+        for status, code in ((409, "BlobAlreadyExists"), (412, "ConditionNotMet")):
+            server.status, server.code = status, code
+            assert store.put_if_absent("log/1", b"entry") is False, code
+        for status, code in (
+            (409, "ContainerBeingDeleted"),
+            (409, "ContainerDisabled"),
+            (409, "BlobArchived"),
+            (412, "LeaseIdMissing"),
+        ):
+            server.status, server.code = status, code
+            with pytest.raises(S3StreamError, match=code) as info:
+                store.put_if_absent("log/1", b"entry")
+            assert not info.value.retryable, code
+    finally:
+        server.stop()
 
 
 def test_wrong_key_is_access_denied_naming_the_role(azurite: AzuriteServer) -> None:

@@ -6,6 +6,7 @@ import itertools
 import os
 import random
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,40 @@ class TestFsspecLocalObjectStore(ObjectStoreTests):
         super().test_put_is_atomic_for_readers(tmp_path)
 
 
+#: Keys every store refuses beyond the kit's: a ``\\`` (Azure reads it as ``/``: ``x\\y`` aliased
+#: ``x/y``, and ``..\\`` left the store's prefix) and text that is not UTF-8 (a lone surrogate:
+#: fake-gcs-server stored it as U+FFFD, another key).
+_REFUSED_KEYS = ("x\\y", "..\\..\\other\\victim", "a/b\\", "x\ud800", "d/\udcff.0")
+
+
+def _assert_refuses_keys(store: ObjectStore) -> None:
+    store.put("good.0", b"ok")
+    calls: dict[str, Callable[[str], object]] = {
+        "put": lambda key: store.put(key, b"x"),
+        "put_if_absent": lambda key: store.put_if_absent(key, b"x"),
+        "get": lambda key: store.get(key),
+        "get_suffix": lambda key: store.get_suffix(key, 1),
+        "head": lambda key: store.head(key),
+        "delete_many": lambda key: store.delete_many(["good.0", key]),
+    }
+    for bad in _REFUSED_KEYS:
+        for name, call in calls.items():
+            with pytest.raises(InvalidArgumentError, match="object key"):
+                call(bad)
+            assert store.get("good.0") == b"ok", f"{name}({bad!r})"
+    assert [info.key for info in store.list()] == ["good.0"]
+
+
+@pytest.mark.parametrize("kind", ["memory", "local", "fsspec"])
+def test_backslash_and_non_utf8_keys_are_refused(tmp_path: Path, kind: str) -> None:
+    stores = {
+        "memory": lambda: MemoryObjectStore(),
+        "local": lambda: LocalObjectStore(tmp_path / "objects"),
+        "fsspec": lambda: FsspecObjectStore(f"memory://refused-{uuid.uuid4().hex}"),
+    }
+    _assert_refuses_keys(stores[kind]())
+
+
 class TestObjectStoreOnServers(ObjectStoreTests):
     """Each store of the server matrix (tests/conftest.py ``store_server``: SeaweedFS, moto
     with signatures checked, fake-gcs-server, Azurite), opened by URL as a user would, a fresh
@@ -141,6 +176,12 @@ class TestObjectStoreOnServers(ObjectStoreTests):
         again = self.open_at(prefix)
         self.prefixes[id(again)] = prefix
         return again
+
+    def test_backslash_and_non_utf8_keys_and_prefixes_are_refused(self, tmp_path: Path) -> None:
+        _assert_refuses_keys(self.make_store(tmp_path))
+        for prefix in ("team\\a", "kit\\", "x\ud800/y"):
+            with pytest.raises(InvalidArgumentError, match="invalid prefix"):
+                self.open_at(prefix)
 
 
 # -- wrappers through the kit --------------------------------------------------------------------

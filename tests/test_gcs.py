@@ -308,6 +308,9 @@ def test_every_call_ends_within_its_deadline_on_a_frozen_server() -> None:
             "head": lambda: store.head("k.0"),
             "put_if_absent": lambda: store.put_if_absent("k.1", b"x"),
             "list": lambda: list(store.list()),
+            # One request per key, 8 at a time: no delete is started after the first timeout
+            # (it took a try's timeout per 8 keys, 13 s here).
+            "delete_many(100 keys)": lambda: store.delete_many(f"d/{i:03d}" for i in range(100)),
         }
         with server.frozen():
             for name, call in calls.items():
@@ -432,6 +435,16 @@ def test_bad_storage_options_are_refused(fake_gcs: FakeGcsServer) -> None:
     for wrong in ("gs://", "gs:///prefix"):
         with pytest.raises(InvalidArgumentError, match="names no bucket"):
             open_object_store(wrong, fake_gcs.storage_options())
+
+
+@pytest.mark.filterwarnings("ignore:The load_credentials_from_file method:DeprecationWarning")
+def test_a_credentials_file_of_another_shape_is_an_invalid_argument(tmp_path: Any) -> None:
+    """google-auth raised AttributeError on a credentials file holding a JSON list."""
+    path = tmp_path / "list.json"
+    path.write_text("[1, 2]")
+    store = GcsObjectStore("bkt", "p", endpoint_url="http://127.0.0.1:9", token=str(path))
+    with pytest.raises(InvalidArgumentError, match=r"credentials .*list\.json.*AttributeError"):
+        store.head("k.0")
 
 
 def test_timeout_s_bounds_one_try(fake_gcs: FakeGcsServer) -> None:

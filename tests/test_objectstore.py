@@ -1193,6 +1193,46 @@ def test_retrying_conditional_create_after_a_lost_reply() -> None:
     assert inner.calls == ["put_if_absent"]
 
 
+def test_retrying_read_back_keeps_to_the_call_deadline() -> None:
+    """The read-back that settles an ambiguous create has what is left of the call's
+    deadline, not a deadline of its own (the call took up to twice its deadline)."""
+    clock = RecordingClock()
+
+    class Frozen(MemoryObjectStore):
+        """Try 1 of the create times out but is applied; try 2 finds the key; every read
+        times out."""
+
+        tries = 0
+
+        def put_if_absent(self, key: str, data: bytes) -> bool:
+            self.tries += 1
+            if self.tries == 1:
+                super().put_if_absent(key, data)
+                clock.advance(1.0)
+                raise UnavailableError("timed out (applied)")
+            return super().put_if_absent(key, data)
+
+        def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+            clock.advance(1.0)
+            raise UnavailableError("timed out")
+
+    for seed in range(5):
+        store = RetryingObjectStore(
+            Frozen(),
+            clock=clock,
+            rng=random.Random(seed),
+            max_attempts=1000,
+            base_delay_s=1.0,
+            max_delay_s=1.0,
+            deadline_s=5.0,
+            attempt_timeout_s=1.0,
+        )
+        start = clock.monotonic()
+        with pytest.raises(UnavailableError):
+            store.put_if_absent("k", b"mine")
+        assert clock.monotonic() - start <= 5.0, f"seed {seed}"
+
+
 def test_retrying_list_resumes_after_a_failure_midway() -> None:
     class BreaksMidList(MemoryObjectStore):
         broke = False

@@ -270,7 +270,9 @@ def test_the_local_object_store_keeps_every_key_inside_its_root(
                 (root.parents[depth] / f"{name}.outside").write_bytes(b"outside")
         store = LocalObjectStore(root, fsync=False)
         before = _outside(top, root)
-        escaping = key.startswith("/") or any(s in ("", ".", "..") for s in key.split("/"))
+        escaping = (
+            key.startswith("/") or "\\" in key or any(s in ("", ".", "..") for s in key.split("/"))
+        )
         writes = [
             lambda: store.put(key, b"inside"),
             lambda: store.put_if_absent(key, b"inside"),

@@ -91,7 +91,8 @@ def encode_entry(entry: LogEntry) -> bytes:
     hold (a str that is not UTF-8, an int past 64 bits, an unknown type)."""
     try:
         body = _encoder.encode(entry)
-    except (TypeError, ValueError, OverflowError) as exc:  # UnicodeEncodeError is a ValueError
+    except (msgspec.EncodeError, TypeError, ValueError, OverflowError) as exc:
+        # (UnicodeEncodeError is a ValueError.)
         raise InvalidArgumentError(f"invalid metadata op: {exc}") from exc
     return _frame(_ENTRY_MAGIC, body)
 

@@ -707,13 +707,17 @@ class MetadataManager:
         state = start = self.state
         applied = self._applied
         try:
-            # From the entry applied last (it must still be there, with the same bytes: the
-            # rollback check), then on.
-            entries = self._log.read_entries(max(state.seq, 1))
+            # The entry applied last must still be there, with the same bytes (the rollback
+            # check); then the entries after it. (Read apart: the log reads its first entries
+            # one by one before it reads ahead, a budget the known entry must not take.)
             if state.seq > 0:
-                self._check_same_entry(state.seq, next(entries, None))
+                try:
+                    found: tuple[LogEntry, bytes] | None = self._log.read_entry(state.seq)
+                except ObjectNotFoundError:
+                    found = None
+                self._check_same_entry(state.seq, found)
                 applied = self._applied
-            for entry, raw in entries:
+            for entry, raw in self._log.read_entries(state.seq + 1):
                 state = self._apply_replayed(state, entry)
                 applied = raw
         finally:

@@ -291,8 +291,8 @@ class PostgresMetadataLog(ExternalMetadataLog):
 
         # The session's lock_timeout, or less: what is left of the commit's deadline.
         lock_ms = max(1, self._target.statement_timeout_ms * 9 // 10)
-        if timeout_s is not None:
-            lock_ms = max(1, min(lock_ms, int(timeout_s * 1000)))
+        if timeout_s is not None and timeout_s * 1000 < lock_ms:  # (False for NaN)
+            lock_ms = max(1, int(timeout_s * 1000))
         begin = f"BEGIN; SET LOCAL lock_timeout = {lock_ms}; "
 
         def commit(conn: Connection) -> bool:

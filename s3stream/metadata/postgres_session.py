@@ -90,11 +90,13 @@ class PostgresSession:
                 try:
                     return call(conn)
                 except psycopg.Error as exc:
+                    # Ended by the server (its message, or a reset socket), not by a wait of
+                    # ours running out: that is an outage to report, never to wait out twice.
+                    ended = (conn.broken or conn.closed) and not _timed_out(exc)
                     self._end_transaction(conn)
-                    lost = conn.broken or conn.closed
-                    if isinstance(exc, psycopg.OperationalError) or lost:
+                    if isinstance(exc, psycopg.OperationalError) or conn.broken or conn.closed:
                         self._drop()
-                    if idempotent and reused and lost and attempt == 0:
+                    if idempotent and reused and ended and attempt == 0:
                         continue  # a connection that died while idle: once more, afresh
                     raise map_error(exc, self._target) from exc
                 except BaseException:
@@ -200,6 +202,11 @@ def connect_error(exc: psycopg.Error, target: PostgresTarget) -> S3StreamError:
     )
 
 
+def _timed_out(exc: psycopg.Error) -> bool:
+    """Whether `exc` is a wait of the client's that ran out (`call_deadline_s`)."""
+    return isinstance(exc, psycopg.OperationalError) and "timeout" in _first_line(exc).lower()
+
+
 def map_error(exc: psycopg.Error, target: PostgresTarget) -> S3StreamError:
     """The s3stream error for a psycopg error met talking to `target`."""
     where = f"the PostgreSQL metadata store at {target.host} ({target.display})"
@@ -221,7 +228,7 @@ def map_error(exc: psycopg.Error, target: PostgresTarget) -> S3StreamError:
             f"{where} did not finish a call within its statement_timeout "
             f"({target.statement_timeout_ms} ms): {text}"
         )
-    if isinstance(exc, psycopg.OperationalError) and "timeout" in text.lower():
+    if _timed_out(exc):
         return UnavailableError(
             f"{where} did not answer within {target.call_deadline_s:g} s (connection closed; "
             f"a write may or may not have landed): {text}"

@@ -53,10 +53,13 @@ def check_suffix_length(length: int) -> int:
 
 def check_location(noun: str, root: object, prefix: object) -> str:
     """Check a remote store's `root` (its bucket or container, named `noun` in errors) and
-    key `prefix` inside it; the prefix normalized: empty or ending with ``/`` (a trailing
-    ``/`` is implied, leading ones dropped)."""
-    if not isinstance(root, str) or not root or "/" in root:
-        raise InvalidArgumentError(f"{noun} must be a non-empty name without '/', got {root!r}")
+    key `prefix` inside it (by `check_key`'s rules: no ``\\``, UTF-8, ...); the prefix
+    normalized: empty or ending with ``/`` (a trailing ``/`` is implied, leading ones
+    dropped)."""
+    if not isinstance(root, str) or not root or "/" in root or "\\" in root:
+        raise InvalidArgumentError(
+            f"{noun} must be a non-empty name without '/' or '\\', got {root!r}"
+        )
     if not isinstance(prefix, str):
         raise InvalidArgumentError(f"prefix must be a str, got {prefix!r}")
     stripped = prefix.strip("/")

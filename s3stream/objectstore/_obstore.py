@@ -10,9 +10,9 @@ s3stream error kinds where every service means the same (`_translate`). A subcla
 client and says what its service means: `describe`, `_service_error` (the errors only it
 knows: a missing bucket or container, denied or refused credentials), `_no_root` (the error of
 a missing bucket or container), `_check_root_once` (whether a HEAD's bodiless 404 was a
-missing bucket or container), `_create_conflict` (whether a failed conditional create was
-"exists" or a retryable conflict), `delete_many`, and `get_suffix` where the service has
-suffix ranges.
+missing bucket or container), `_create_conflict` and `_create_refused_as_existing` (whether a
+failed conditional create was "exists", a retryable conflict, or another refusal),
+`delete_many`, and `get_suffix` where the service has suffix ranges.
 
 obstore reports the HTTP status and the service's error body only in its messages (``... status
 code: 412 Precondition Failed: <?xml ...><Code>PreconditionFailed</Code>...``):
@@ -156,14 +156,19 @@ class ObstoreObjectStore(RemoteObjectStore[Any]):
 
     # -- what a service means -------------------------------------------------------------------
 
-    def _translate(self, exc: Exception, action: str, key: str | None) -> S3StreamError:
+    def _translate(
+        self, exc: Exception, action: str, key: str | None, failure: Failure | None = None
+    ) -> S3StreamError:
         """Map an obstore exception of `action` on `key` onto the s3stream error kinds: the
-        service's own meanings first (`_service_error`), then what every service means."""
+        service's own meanings first (`_service_error`), then what every service means.
+        `failure`: what the error says, when it is not obstore's (read from its message)."""
         if isinstance(exc, S3StreamError):
             return exc
         from obstore import exceptions as ox
 
-        failure = Failure(self._what(action, key), first_line(exc), status_of(exc), code_of(exc))
+        if failure is None:
+            what = self._what(action, key)
+            failure = Failure(what, first_line(exc), status_of(exc), code_of(exc))
         known = self._service_error(exc, action, key, failure)
         if known is not None:
             return known
@@ -204,6 +209,13 @@ class ObstoreObjectStore(RemoteObjectStore[Any]):
         del exc
         return False
 
+    def _create_refused_as_existing(self, exc: Exception) -> bool:
+        """Whether a conditional create that obstore reported as "already exists" (any 409 or
+        412) was refused because the key exists; if not, nothing was created and the error
+        stands."""
+        del exc
+        return True
+
     # -- operations -----------------------------------------------------------------------------
 
     def put(self, key: str, data: bytes) -> None:
@@ -228,6 +240,8 @@ class ObstoreObjectStore(RemoteObjectStore[Any]):
                     f"cannot create {key!r} in {self.describe()}: a concurrent conditional "
                     f"write of the key was in flight ({code_of(cause) or 'HTTP 409'}); retry"
                 ) from cause
+            if not self._create_refused_as_existing(cause):
+                raise  # e.g. Azure's 409 ContainerBeingDeleted: nothing was created
             # After a try obstore retried (only with max_attempts > 1), the object that
             # exists may be our own: read it back.
             return self._holds(key, blob) if self._max_attempts > 1 else False
@@ -329,6 +343,15 @@ class ObstoreObjectStore(RemoteObjectStore[Any]):
                     if info is not None:
                         found.append(info)
         except Exception as exc:
+            from obstore import exceptions as ox
+
+            if isinstance(exc, ox.InvalidPathError):
+                # A name under the prefix (made by another tool) that obstore cannot parse
+                # fails its whole listing: no argument of the caller's was wrong.
+                raise S3StreamError(
+                    f"cannot {self._what('list', None)}: obstore cannot read the name of an "
+                    f"object under the prefix: {first_line(exc)}"
+                ) from exc
             raise self._translate(exc, "list", None) from exc
         finally:
             self._sent(LIST_OBJECTS, max(1, -(-count // self.list_page_size)))

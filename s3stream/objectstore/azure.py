@@ -2,7 +2,9 @@
 
 Conditional create (`put_if_absent`) is a Put Blob with ``If-None-Match: *``: the service
 decides, so of concurrent creators of one blob in any process on any machine exactly one
-wins, and the others get 409 ``BlobAlreadyExists`` (obstore's ``AlreadyExistsError``).
+wins, and the others get 409 ``BlobAlreadyExists`` (obstore's ``AlreadyExistsError``). Only
+that code (and 412 ``ConditionNotMet``) means False: other 409s (``ContainerBeingDeleted``,
+``ContainerDisabled``, ...) created nothing and raise.
 
 Like `S3ObjectStore`, each call makes ONE try by default (obstore's own retries off), bounded
 by `connect_timeout_s` and `timeout_s` (obstore's overall per-request timeout, connect and
@@ -16,7 +18,9 @@ What Azure does differently from S3, and how the store bridges it:
 * obstore lists by path segment (``a`` lists ``a/...``, not ``a-b``): `list` asks for the
   directory part of the prefix and filters by string prefix, then sorts (Azure documents
   lexicographic listings; sorting costs nothing next to the listing and guarantees the
-  contract's key order).
+  contract's key order). A blob name obstore cannot parse (``a//b``, made by another tool)
+  fails the listing with an `S3StreamError` naming the problem: keep other tools' blobs out
+  of the store's prefix.
 * Azure has no suffix range (``bytes=-N``): `get_suffix` is `ObjectStore`'s, a HEAD and a
   ranged GET.
 * A missing container answers 404 like a missing blob (a HEAD has no body to tell them
@@ -44,7 +48,7 @@ from ._common import (
     delete_batches,
     split_url,
 )
-from ._obstore import Failure, ObstoreObjectStore
+from ._obstore import Failure, ObstoreObjectStore, code_of
 from .requests import DELETE_OBJECTS
 
 if TYPE_CHECKING:
@@ -80,6 +84,10 @@ ROLE_HINT = (
 DELETE_BATCH = 256
 #: Single deletes in flight when a batch must be redone blob by blob.
 _DELETE_THREADS = 16
+#: Error codes of a Put Blob with ``If-None-Match: *`` refused because the blob exists: the
+#: service answers 409 BlobAlreadyExists; for a failed condition of a write Azure documents 412
+#: ConditionNotMet (with ``*``, the condition fails only if the blob exists).
+_EXISTS_CODES = frozenset({"BlobAlreadyExists", "ConditionNotMet"})
 _NO_CONTAINER_TEXT = ("containernotfound", "container does not exist")
 
 
@@ -255,6 +263,12 @@ class AzureObjectStore(ObstoreObjectStore):
         return True
 
     # -- errors ---------------------------------------------------------------------------------
+
+    def _create_refused_as_existing(self, exc: Exception) -> bool:
+        # obstore reports every 409 and 412 of a Put Blob as "already exists"; Azure answers
+        # 409 with other codes too (ContainerBeingDeleted, ContainerDisabled, ...), having
+        # created nothing: only the codes of an existing blob mean False.
+        return code_of(exc) in _EXISTS_CODES
 
     def _no_root(self) -> str:
         return (

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from .._closeable import Closeable
 from ..errors import InvalidArgumentError
+from ..validation import check_text
 
 if TYPE_CHECKING:
     from .requests import RequestMeter
@@ -82,11 +83,20 @@ class ObjectStoreCapabilities:
 
 
 def check_key(key: str) -> str:
-    """Validate a key: non-empty str, no leading ``/``, no empty or dot segments."""
+    """Validate a key: a non-empty str encodable as UTF-8 (services store names as UTF-8: a
+    lone surrogate would be stored as another key), no leading ``/``, no empty or dot
+    segments, and no ``\\`` (Azure Blob Storage reads it as ``/``, so the key would alias
+    another one, or leave its store's prefix with ``..\\``). One rule for every store, so
+    that keys move between stores."""
     if not isinstance(key, str) or not key:
         raise InvalidArgumentError(f"object key must be a non-empty str, got {key!r}")
     if key.startswith("/") or any(part in ("", ".", "..") for part in key.split("/")):
         raise InvalidArgumentError(f"invalid object key {key!r}")
+    if "\\" in key:
+        raise InvalidArgumentError(
+            f"invalid object key {key!r}: '\\' is not allowed (Azure reads it as '/')"
+        )
+    check_text("object key", key)  # UTF-8
     return key
 
 

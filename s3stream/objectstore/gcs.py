@@ -39,6 +39,7 @@ import hashlib
 import itertools
 import json
 import os
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -245,6 +246,13 @@ class GcsObjectStore(RemoteObjectStore[tuple[Any, Any]]):
                 "or give the storage option token: 'anon', a credentials file or a "
                 "google.auth Credentials object)"
             ) from exc
+        except Exception as exc:
+            # google-auth raises anything on a file of an unexpected shape (a JSON list:
+            # AttributeError).
+            raise InvalidArgumentError(
+                f"cannot load the Google credentials of token={token!r} for {self.describe()}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
 
     def _timeout(self) -> tuple[float, float]:
         return (self._connect_timeout_s, self._read_timeout_s)
@@ -372,13 +380,26 @@ class GcsObjectStore(RemoteObjectStore[tuple[Any, Any]]):
         if not pairs:
             return
         bucket = self._gcs().bucket(self.bucket)
+        # After an outage answer no further delete is started (those in flight end within
+        # one request's timeout): the call fails anyway, and deleting on against a server
+        # that does not answer would take a timeout per eight keys.
+        unavailable = threading.Event()
+
+        def delete(pair: tuple[str, str]) -> S3StreamError | None:
+            if unavailable.is_set():
+                return None
+            error = self._delete_one(bucket, *pair)
+            if isinstance(error, UnavailableError):
+                unavailable.set()
+            return error
+
         if len(pairs) == 1:
-            results = [self._delete_one(bucket, *pairs[0])]
+            results = [delete(pairs[0])]
         else:
             # One request per object (the JSON API has no multi-object delete outside of
             # batch requests): a few at a time.
             with ThreadPoolExecutor(min(_DELETE_PARALLELISM, len(pairs))) as pool:
-                results = list(pool.map(lambda pair: self._delete_one(bucket, *pair), pairs))
+                results = list(pool.map(delete, pairs))
         failures = [f for f in results if f is not None]
         if not failures:
             return
@@ -387,6 +408,8 @@ class GcsObjectStore(RemoteObjectStore[tuple[Any, Any]]):
         shown = "; ".join(str(f) for f in failures[:3])
         more = f" and {len(failures) - 3} more" if len(failures) > 3 else ""
         message = f"could not delete {len(failures)} objects in {self.describe()}: {shown}{more}"
+        if unavailable.is_set():
+            message += " (the deletes not started yet were not tried)"
         if all(isinstance(f, UnavailableError) for f in failures):
             raise UnavailableError(message) from failures[0]
         raise S3StreamError(message) from failures[0]

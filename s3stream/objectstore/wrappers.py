@@ -135,12 +135,14 @@ class RetryingObjectStore(ObjectStore):
                 failed_tries += 1
                 raise
 
-        created = self._run("put_if_absent", key, attempt)
+        started = self._clock.monotonic()
+        created = self._run("put_if_absent", key, attempt, started)
         if created or failed_tries == 0:
             return created
-        # An earlier try may have created the object without us hearing back.
+        # An earlier try may have created the object without us hearing back: read it back
+        # within what is left of the call's deadline.
         try:
-            return self._run("get", key, lambda: self._calls.get(key)) == blob
+            return self._run("get", key, lambda: self._calls.get(key), started) == blob
         except ObjectNotFoundError:
             return False
 
@@ -177,9 +179,21 @@ class RetryingObjectStore(ObjectStore):
                 failures += 1
                 self._wait_or_give_up("list", None, exc, failures, started)
 
-    def _run(self, op: str, key: str | None, fn: Callable[[], T]) -> T:
+    def _run(
+        self, op: str, key: str | None, fn: Callable[[], T], started: float | None = None
+    ) -> T:
+        """`fn`, retried; the deadline counts from `started`, the start of the call this run
+        is part of (now unless given), and a run whose first try could not end by then
+        raises `UnavailableError` without trying."""
         failures = 0
-        started = self._clock.monotonic()
+        if started is None:
+            started = self._clock.monotonic()
+        elif self._clock.monotonic() - started + self._attempt_timeout_s > self._deadline_s:
+            target = f" {key!r}" if key else ""
+            raise UnavailableError(
+                f"{op}{target} on {self._inner.describe()} not tried: too little is left of "
+                f"the call's deadline (deadline_s={self._deadline_s})"
+            )
         while True:
             try:
                 return fn()
