@@ -1430,3 +1430,75 @@ def test_check_of_a_preallocated_wal_without_a_header(tmp_path: Path) -> None:
     path.write_bytes(bytes(DATA_START + 64 * KiB))
     check = check_file_wal(path)
     assert check.ok and not check.formatted
+
+
+def test_zeroed_headers_over_a_ring_of_records_are_damage_not_a_new_wal(tmp_path: Path) -> None:
+    """Both header slots read as zeros while the ring holds records (the headers were wiped):
+    a damaged WAL, refused unless the loss is accepted; never formatted again silently, as a
+    crash during creation (zeros everywhere) may be."""
+    path = tmp_path / "w.wal"
+    acked = crash_image(path, [[b"a" * 100, b"b" * 200], [b"c" * 50]])
+    assert acked
+    with open(path, "r+b") as f:
+        f.write(bytes(DATA_START))
+    assert check_file_wal(path).damage is not None
+    with pytest.raises(CorruptionError, match="ring holds records"):
+        reopen(path)
+    assert reopen(path, accept=True) == []  # accepted: formatted, the records gone
+    # Zeros everywhere (a creation that crashed before its first header): formatted quietly.
+    fresh = tmp_path / "fresh.wal"
+    fresh.write_bytes(bytes(DATA_START + 64 * KiB))
+    wal = FileWal(fresh, settings=small(64 * KiB))
+    assert recover_all(wal) == []
+    wal.close()
+
+
+def test_a_wal_never_writes_through_or_over_a_file_that_is_not_its_lock(tmp_path: Path) -> None:
+    """The lock file beside a WAL: an existing file of that name that is no lock file of ours
+    is refused and left as it was; a symlink there is never followed (its target would be
+    overwritten with the holder's pid)."""
+    user = tmp_path / "notes.wal.lock"
+    user.write_text("my notes\n")
+    with pytest.raises(InvalidArgumentError, match="not the lock file"):
+        FileWal(tmp_path / "notes.wal", settings=small(64 * KiB))
+    assert user.read_text() == "my notes\n"
+    victim = tmp_path / "victim.cfg"
+    victim.write_text("config\n")
+    (tmp_path / "w.wal.lock").symlink_to(victim)
+    with pytest.raises(InvalidArgumentError, match="symlink"):
+        FileWal(tmp_path / "w.wal", settings=small(64 * KiB))
+    assert victim.read_text() == "config\n"
+    # A lock file a holder left (a crash): taken over as before.
+    wal = FileWal(tmp_path / "ok.wal", settings=small(64 * KiB))
+    recover_all(wal)
+    wal._abandon()
+    again = FileWal(tmp_path / "ok.wal", settings=small(64 * KiB))
+    recover_all(again)
+    again.close()
+
+
+def test_a_fifo_is_refused_at_once_never_waited_on(tmp_path: Path) -> None:
+    """Opening, inspecting or verifying a FIFO as a WAL would wait for a writer forever; it is
+    refused at once, and no lock file is made beside it."""
+    fifo = tmp_path / "x.wal"
+    os.mkfifo(fifo)
+    for call in (
+        lambda: FileWal(fifo, settings=small(64 * KiB)),
+        lambda: check_file_wal(fifo),
+        lambda: read_wal_header(fifo),
+    ):
+        outcome: list[object] = []
+        t = threading.Thread(target=lambda c=call, out=outcome: out.append(_raised(c)), daemon=True)
+        t.start()
+        t.join(5)
+        assert not t.is_alive(), "blocked on the FIFO"
+        assert isinstance(outcome[0], InvalidArgumentError), outcome
+    assert not (tmp_path / "x.wal.lock").exists()
+
+
+def _raised(call: object) -> object:
+    try:
+        call()  # type: ignore[operator]
+    except Exception as exc:
+        return exc
+    return None

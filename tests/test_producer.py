@@ -3,6 +3,7 @@ reopen and a take-over (storage/producers.py, docs/consuming.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import signal
 import subprocess
@@ -22,6 +23,7 @@ from s3stream import (
     ManualClock,
     Record,
     RecordBatch,
+    S3StreamError,
     SequenceError,
     UnavailableError,
 )
@@ -317,6 +319,12 @@ class _HeldWal(WriteAheadLog):
         for f in self.held:
             f.set_exception(UnavailableError("injected: WAL write timed out"))
 
+    def release_held(self, data: list[bytes]) -> None:
+        """Write the held appends (`data`, in order) after all, acknowledging them."""
+        self.holding = False
+        for f, record in zip(self.held, data, strict=True):
+            f.set_result(self.inner.append(record).result())
+
     def trim(self, position: WalPosition) -> None:
         self.inner.trim(position)
 
@@ -383,3 +391,77 @@ def test_commit_times_of_many_merged_objects_are_bounded_and_never_early(tmp_pat
             for k in range(r.start_offset, r.end_offset):
                 assert committed[k] <= r.committed_at(k, obj.committed_ms) <= committed[-1]
         assert values(s) == [b"%d" % k for k in range(40)]
+
+
+def test_a_producer_with_an_append_in_flight_does_not_expire(tmp_path: Path) -> None:
+    """An append still in flight past `producer_expiry_ms` (a stalled WAL, a wall clock that
+    stepped forward): its producer is not idle, so a resend of it is the same append, never
+    a second copy."""
+    clock = s3stream.ManualClock()
+    wal = _HeldWal(MemoryWal())
+    held: list[bytes] = []
+    real_append = wal.append
+
+    def append(data: bytes) -> Future[WalPosition]:
+        if wal.holding:
+            held.append(data)
+        return real_append(data)
+
+    wal.append = append  # type: ignore[method-assign]
+    settings = dataclasses.replace(SMALL, producer_expiry_ms=60_000)
+    with s3stream.open(str(tmp_path), settings=settings, wal=wal, clock=clock) as client:
+        s = client.create_stream()
+        wal.holding = True
+        first = s.append_async(RecordBatch(b"order-17"), producer_id="p", sequence=0)
+        clock.advance(61)  # past the expiry, the append still in flight
+        resend = s.append_async(RecordBatch(b"order-17"), producer_id="p", sequence=0)
+        wal.release_held(held)
+        assert first.result(10).base_offset == resend.result(10).base_offset == 0
+        assert values(s) == [b"order-17"]
+
+
+def test_a_slow_producer_rebuild_stalls_no_other_append(tmp_path: Path) -> None:
+    """The first idempotent append after a reopen rebuilds the stream's producers from the
+    store; with the store slow and the stream tailed, plain appends of that stream and of the
+    client's other streams are acknowledged meanwhile (the rebuild holds a lock of its own,
+    not the stream's tail lock every acknowledgement takes)."""
+    from s3stream.objectstore.local import LocalObjectStore
+
+    settings = dataclasses.replace(SMALL, upload_threshold_bytes=4096, upload_interval_ms=0)
+    with s3stream.open(str(tmp_path), settings=settings) as client:
+        x, y = client.create_stream(), client.create_stream()
+        for k in range(5):
+            x.append(RecordBatch(b"x" * 100), producer_id="p", sequence=k)
+        ids = x.stream_id, y.stream_id
+
+    class SlowData(LocalObjectStore):
+        slow = threading.Event()
+
+        def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+            if self.slow.is_set() and key.startswith("data/"):
+                time.sleep(3)
+            return super().get(key, start, end)
+
+    store = SlowData(tmp_path)
+    with s3stream.StreamClient(store, MemoryWal(), node_id="n2", settings=settings) as client:
+        x, y = client.open_stream(ids[0]), client.open_stream(ids[1])
+        threading.Thread(
+            target=lambda: x.fetch(x.confirm_offset, wait_s=10), daemon=True
+        ).start()  # a tailer of X
+        time.sleep(0.2)
+        store.slow.set()
+
+        def idempotent() -> None:
+            with contextlib.suppress(S3StreamError):
+                x.append(RecordBatch(b"i"), producer_id="p", sequence=5, timeout_s=10)
+
+        rebuild = threading.Thread(target=idempotent, daemon=True)
+        rebuild.start()
+        time.sleep(0.3)  # the rebuild reads the slow store
+        started = time.monotonic()
+        x.append(RecordBatch(b"plain"), timeout_s=2)
+        for _ in range(3):
+            y.append(RecordBatch(b"y"), timeout_s=2)
+        assert time.monotonic() - started < 1.5
+        rebuild.join(15)
+        store.slow.clear()

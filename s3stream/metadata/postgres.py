@@ -52,6 +52,7 @@ except ImportError as exc:  # pragma: no cover - only without the postgres extra
 
 from ..clock import Clock, SystemClock
 from ..errors import (
+    ContendedError,
     CorruptionError,
     InvalidArgumentError,
     ObjectNotFoundError,
@@ -331,7 +332,18 @@ class PostgresMetadataLog(ExternalMetadataLog):
             self._times.add(started, granted, built, self._clock.monotonic(), len(entries))
             return created
 
-        return self._main.run(commit)
+        try:
+            return self._main.run(commit)
+        except ContendedError as exc:
+            if lock_ms == self._target.statement_timeout_ms * 9 // 10:
+                raise
+            # The wait was this commit's own (what was left of its deadline), not the
+            # session's lock_timeout the mapped message names.
+            raise ContendedError(
+                f"{self.describe()}: another writer held the metadata log's commit lock for "
+                f"longer than this commit could wait ({lock_ms} ms, what was left of its "
+                "deadline)"
+            ) from exc
 
     def has_entry(self, seq: int) -> bool:
         return bool(self._read(self._q_has, (self.namespace, seq)))

@@ -71,7 +71,7 @@ class WriterState:
 
     @property
     def tail(self) -> threading.Condition:
-        """The stream's condition (and lock) for its tailers and producer table."""
+        """The stream's condition (and lock) for its tailers."""
         cond = self._tail
         if cond is None:
             with self.made_lock:
@@ -137,7 +137,8 @@ class WriterState:
             )
 
         cond = self.tail
-        # Bounded: the condition's lock may be held for long (a producer table rebuild).
+        # Bounded, as every wait here (the condition's lock is held only briefly now that
+        # producer tables are rebuilt under a lock of their own).
         locked = cond.acquire(timeout=max(0.0, remaining))
         try:
             if locked:
@@ -364,8 +365,8 @@ class Appender:
                     waiting.append(w)
         # Conditional appends wait among the tailers for the offset they expect to be
         # acknowledged or handed out again (`WriterState.wait_settled`): it is handed out
-        # again now. Woken outside the append lock: a tail condition may be held for long
-        # (`Storage.load_producers` rebuilds under it).
+        # again now. Woken outside the append lock, which is not to be held while waiting for
+        # another lock.
         for w in waiting:
             w.wake_tailers()
         return True

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -103,6 +104,11 @@ class Storage:
         self._meta = meta
         self._keys = keys
         self._settings = settings
+        # One producer-table rebuild per stream at a time, under a lock of its own: the
+        # stream's tail lock would stall every append's acknowledgement meanwhile (wake_tailers
+        # takes it), and with them the client's other streams.
+        self._rebuild_guard = threading.Lock()
+        self._rebuilding: dict[int, threading.Lock] = {}
         self._clock = clock
         self._cache = LogCache(settings.log_cache_bytes)
         # A block cache made here is ours to close; one passed in belongs to the caller.
@@ -254,7 +260,9 @@ class Storage:
         table = w.producers
         if table is not None:
             return table
-        with w.tail:  # one rebuild per stream; appends of other streams go on
+        with self._rebuild_guard:
+            lock = self._rebuilding.setdefault(w.stream_id, threading.Lock())
+        with lock:  # one rebuild per stream; appends of other streams go on
             if w.producers is None:
                 table = ProducerTable(self._settings.producer_expiry_ms)
                 now = self._clock.now_ms()

@@ -137,8 +137,13 @@ class ProducerTable:
         if p is None:
             return None
         if now_ms - p.last_ms > self._expiry_ms:
-            del self._producers[producer_id]
-            return None
+            # Idle that long, it is forgotten; but never while an append of it is still in
+            # flight (a stalled WAL, a wall clock stepping forward): its resend would be
+            # written a second time.
+            _prune_durable(p)
+            if not any(not fut.done() for _, fut in p.pending):
+                del self._producers[producer_id]
+                return None
         self._drop_failed(p)
         if sequence == p.last + 1:
             return None

@@ -39,7 +39,15 @@ from ..metrics.logs import ContextLogger
 from ..settings import FileWalSettings
 from ..validation import check_int, check_text
 from .base import WalCapabilities, WalPosition, WalRecord
-from .file_scan import choose_header, clean_tail_damage, damage, ring_reader, scan_bound
+from .file_scan import (
+    choose_header,
+    clean_tail_damage,
+    damage,
+    open_wal_for_reading,
+    pread_all,
+    ring_reader,
+    scan_bound,
+)
 from .framing import (
     BLOCK_BYTES,
     DATA_START,
@@ -55,6 +63,7 @@ from .framing import (
     decode_slot,
     encode_group_mark,
     may_hold_header,
+    ring_holds_frames,
 )
 from .holder import WalHolderLock
 from .loss import check_wal_loss
@@ -77,11 +86,13 @@ _MAX_RECORD_BYTES = 64 << 20
 def read_wal_header(path: str | Path) -> HeaderSlot:
     """The current header of the WAL at `path` (read-only; for tools such as ``inspect``)."""
     p = Path(path)
+    fd = open_wal_for_reading(p)
     try:
-        with open(p, "rb") as f:
-            raw = f.read(DATA_START)
+        raw = pread_all(fd, DATA_START, 0)
     except OSError as exc:
         raise InvalidArgumentError(f"cannot read WAL {p}: {exc.strerror or exc}") from exc
+    finally:
+        os.close(fd)
     slots = [decode_slot(raw[i * SLOT_BYTES : (i + 1) * SLOT_BYTES]) for i in range(2)]
     header = choose_header(slots)
     if header is None:
@@ -419,6 +430,17 @@ class FileWal(PipelinedWal):
             # before its first header reached the disk.
             wanted = DATA_START + self._settings.capacity_bytes
             if empty and (self._is_device or size == wanted):
+                if ring_holds_frames(os.pread(self._fd, FRAME_HEADER.size, DATA_START)):
+                    # Headers zeroed over a ring that held records: a damaged WAL, not a
+                    # new one (formatting it would drop them without a word).
+                    check_wal_loss(
+                        f"WAL {path}: both header slots read as zeros, but its ring holds "
+                        "records: the headers were wiped, and every record is lost if it is "
+                        "formatted again",
+                        location=str(path),
+                        accept_loss=self._accept_loss,
+                        node_id=self._node_id,
+                    )
                 self._format(size, created=created)
                 return
             raise _no_header_error(path, slots)

@@ -8,6 +8,7 @@ code, so a check reports exactly what an opening would do, without writing anyth
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from .framing import (
     decode_frame_header_anywhere,
     decode_slot,
     find_frame,
+    ring_holds_frames,
 )
 from .os_errors import os_error
 
@@ -35,6 +37,7 @@ __all__ = [
     "choose_header",
     "clean_tail_damage",
     "damage",
+    "open_wal_for_reading",
     "pread_all",
     "ring_reader",
     "scan_bound",
@@ -199,17 +202,15 @@ def check_file_wal(path: str | Path) -> FileWalCheck:
     read-only; a live holder is not disturbed). `InvalidArgumentError` when the file cannot
     be read or is not a WAL; damage is reported in the result, not raised."""
     p = Path(path)
-    try:
-        fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise InvalidArgumentError(f"cannot read WAL {p}: {exc.strerror or exc}") from exc
+    fd = open_wal_for_reading(p)
     try:
         size = os.fstat(fd).st_size
         raw = pread_all(fd, DATA_START, 0)
         slots = [decode_slot(raw[i * SLOT_BYTES : (i + 1) * SLOT_BYTES]) for i in range(2)]
         header = choose_header(slots) if len(raw) == DATA_START else None
         if header is None:
-            return _unreadable(p, size, slots)
+            ring = pread_all(fd, FRAME_HEADER.size, DATA_START) if size > DATA_START else b""
+            return _unreadable(p, size, slots, ring_holds_frames(ring))
         if size != DATA_START + header.capacity and os.path.isfile(p):
             return _damaged(
                 p,
@@ -253,9 +254,29 @@ def check_file_wal(path: str | Path) -> FileWalCheck:
         os.close(fd)
 
 
+def open_wal_for_reading(path: Path) -> int:
+    """A read-only descriptor of the WAL at `path`; `InvalidArgumentError` if it cannot be
+    read or is neither a regular file nor a block device. Opened without blocking, so a FIFO
+    (whose open would wait for a writer) is refused instead of hanging the caller."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        raise InvalidArgumentError(f"cannot read WAL {path}: {exc.strerror or exc}") from exc
+    mode = os.fstat(fd).st_mode
+    if not (stat.S_ISREG(mode) or stat.S_ISBLK(mode)):
+        os.close(fd)
+        raise InvalidArgumentError(
+            f"{path} is neither a regular file nor a block device: it cannot be a WAL"
+        )
+    os.set_blocking(fd, True)
+    return fd
+
+
 def _unreadable(
-    path: Path, size: int, slots: list[tuple[SlotStatus, HeaderSlot | None]]
+    path: Path, size: int, slots: list[tuple[SlotStatus, HeaderSlot | None]], frames: bool
 ) -> FileWalCheck:
+    if frames and all(status is SlotStatus.EMPTY for status, _ in slots):
+        return _damaged(path, None, "both header slots read as zeros, but its ring holds records")
     if size == 0 or all(status is SlotStatus.EMPTY for status, _ in slots):
         # Not a WAL yet: empty, or preallocated by a creation that crashed before its first
         # header (an opening formats it); damage only if its node needed one.

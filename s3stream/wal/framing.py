@@ -75,6 +75,7 @@ __all__ = [
     "find_frame",
     "frame_size",
     "may_hold_header",
+    "ring_holds_frames",
     "seed_for",
 ]
 
@@ -94,6 +95,13 @@ KIND_RECORD = 1
 KIND_MARK = 2
 
 HEADER_MAGIC = b"S3SWALHD"
+
+
+def ring_holds_frames(first_bytes: bytes) -> bool:
+    """Whether the ring's first bytes (file offset `DATA_START`) start with a frame: a ring is
+    written from position 0 on and a frame never straddles the ring's end, so a WAL that ever
+    held a record has a frame there (of some lap) while a new ring holds zeros."""
+    return first_bytes[: len(FRAME_MAGIC)] == FRAME_MAGIC
 
 
 def may_hold_header(raw: bytes) -> bool:

@@ -38,7 +38,7 @@ import struct
 import threading
 from pathlib import Path
 
-from ..errors import NodeInUseError, S3StreamError, UnavailableError
+from ..errors import InvalidArgumentError, NodeInUseError, S3StreamError, UnavailableError
 from ..metrics.logs import ContextLogger
 from .os_errors import os_error
 
@@ -114,6 +114,12 @@ class WalHolderLock:
             raise os_error("cannot inspect WAL", path, exc) from exc
         if st is not None and stat.S_ISBLK(st.st_mode):
             return cls._acquire_device(path, node_id, take_over=take_over)
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            # A directory, a FIFO (reading it would wait for a writer), a character device:
+            # no WAL, and no lock file beside it either.
+            raise InvalidArgumentError(
+                f"{path} is neither a regular file nor a block device: it cannot be a WAL"
+            )
         return cls._acquire_file(path, node_id, take_over=take_over)
 
     @classmethod
@@ -124,10 +130,7 @@ class WalHolderLock:
         except OSError as exc:
             raise os_error("cannot create the directory of WAL", path, exc) from exc
         for _ in range(_ACQUIRE_ATTEMPTS):
-            try:
-                fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            except OSError as exc:
-                raise os_error("cannot open the lock file of WAL", path, exc) from exc
+            fd = _open_lock_file(path, lock_path)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
@@ -275,6 +278,54 @@ class WalHolderLock:
     def __repr__(self) -> str:
         state = "held" if self._held else "not held"
         return f"WalHolderLock({str(self._wal_path)!r}, node {self._node_id!r}, {state})"
+
+
+def _open_lock_file(path: Path, lock_path: Path) -> int:
+    """The lock file of WAL `path`, opened (created if missing). Never through a symlink (it
+    could point at any file, which the holder's pid would overwrite), and never a file that
+    is no lock file of ours (someone's ``notes.txt.lock``): `InvalidArgumentError` then."""
+    flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW
+    try:
+        return os.open(lock_path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise os_error("cannot create the lock file of WAL", path, exc) from exc
+    try:
+        fd = os.open(lock_path, flags)
+    except FileNotFoundError:
+        return _open_lock_file(path, lock_path)  # replaced by a take-over meanwhile
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise InvalidArgumentError(
+                f"the lock file {lock_path} of WAL {path} is a symlink: refusing to follow it"
+            ) from exc
+        raise os_error("cannot open the lock file of WAL", path, exc) from exc
+    try:
+        st = os.fstat(fd)
+        foreign = not stat.S_ISREG(st.st_mode) or (st.st_size and not _is_holder_text(fd))
+    except OSError as exc:
+        os.close(fd)
+        raise os_error("cannot inspect the lock file of WAL", path, exc) from exc
+    if foreign:
+        os.close(fd)
+        raise InvalidArgumentError(
+            f"{lock_path} exists and is not the lock file of a WAL (it holds no 'pid, node "
+            f"id' record): refusing to overwrite it; move it away to use WAL {path}"
+        )
+    return fd
+
+
+def _is_holder_text(fd: int) -> bool:
+    """Whether the file at `fd` reads as `_write_holder` writes: a pid line, a node id line."""
+    raw = os.pread(fd, 512, 0)
+    if len(raw) >= 512:
+        return False
+    try:
+        lines = raw.decode("utf-8").split("\n")
+    except UnicodeDecodeError:
+        return False
+    return len(lines) == 3 and lines[0].isdigit() and lines[2] == ""
 
 
 def _write_holder(fd: int, node_id: str) -> None:
