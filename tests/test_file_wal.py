@@ -1502,3 +1502,37 @@ def _raised(call: object) -> object:
     except Exception as exc:
         return exc
     return None
+
+
+@pytest.mark.parametrize("content", [b"", b"\0" * 16, b"4242\nnod", b"4242\n", b"4242"])
+def test_a_lock_file_a_crash_left_half_written_is_still_ours(
+    tmp_path: Path, content: bytes
+) -> None:
+    """A lock file emptied and not yet written by a holder that just won it, or cut short
+    (a crash, NULs after a power loss): still a lock file of ours, taken as before."""
+    path = tmp_path / "w.wal"
+    wal = FileWal(path, settings=small(64 * KiB))
+    recover_all(wal)
+    wal.close()
+    (tmp_path / "w.wal.lock").write_bytes(content)
+    again = FileWal(path, settings=small(64 * KiB))
+    recover_all(again)
+    again.close()
+
+
+def test_wiped_headers_are_found_behind_a_record_straddling_the_ring_end(tmp_path: Path) -> None:
+    """The ring's first bytes may be the tail of a record that straddles its end: the frames
+    after it still show that the ring was used."""
+    path = tmp_path / "w.wal"
+    capacity = 64 * KiB
+    wal = FileWal(path, settings=small(capacity))
+    recover_all(wal)
+    for i in range(12):  # past the end of the ring, records of odd sizes
+        wal.trim(wal.append(data_for(i, 9_000 + 7 * i)).result(10))
+    acked = wal.append(data_for(99, 5_000)).result(10)
+    assert acked > capacity
+    wal._abandon()
+    with open(path, "r+b") as f:
+        f.write(bytes(DATA_START))
+    with pytest.raises(CorruptionError, match="ring holds records"):
+        FileWal(path, settings=small(capacity))

@@ -417,6 +417,9 @@ def test_a_producer_with_an_append_in_flight_does_not_expire(tmp_path: Path) -> 
         resend = s.append_async(RecordBatch(b"order-17"), producer_id="p", sequence=0)
         wal.release_held(held)
         assert first.result(10).base_offset == resend.result(10).base_offset == 0
+        # A retry right after the late acknowledgement is the same append too.
+        again = s.append(RecordBatch(b"order-17"), producer_id="p", sequence=0)
+        assert again.base_offset == 0
         assert values(s) == [b"order-17"]
 
 

@@ -264,17 +264,21 @@ class Storage:
             lock = self._rebuilding.setdefault(w.stream_id, threading.Lock())
         with lock:  # one rebuild per stream; appends of other streams go on
             if w.producers is None:
-                table = ProducerTable(self._settings.producer_expiry_ms)
+                table = ProducerTable(self._settings.producer_expiry_ms, self._clock)
                 now = self._clock.now_ms()
                 try:
                     table.rebuild(self._newest_first(w.stream_id, now), now)
                 except ObjectNotFoundError:
                     # Compaction replaced an object meanwhile: once more on a fresh view.
                     self._meta.refresh()
-                    table = ProducerTable(self._settings.producer_expiry_ms)
+                    table = ProducerTable(self._settings.producer_expiry_ms, self._clock)
                     table.rebuild(self._newest_first(w.stream_id, now), now)
                 w.producers = table
-            return w.producers
+        with self._rebuild_guard:
+            # Built: later callers take the table without the lock (no lock per stream kept).
+            if self._rebuilding.get(w.stream_id) is lock:
+                del self._rebuilding[w.stream_id]
+        return w.producers
 
     def _newest_first(self, stream_id: int, now_ms: int) -> Iterator[tuple[FetchedBatch, int]]:
         """The stream's stored batches, newest first, each with the time it was committed,

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from types import MappingProxyType
 
+from ..clock import Clock
 from ..errors import InvalidArgumentError, SequenceError
 from ..types import AppendResult, FetchedBatch, RecordBatch
 
@@ -77,10 +78,14 @@ class _Producer:
     failed_hint: deque[int] = field(default_factory=deque)
 
 
-def _note_failure(p: _Producer, sequence: int, fut: Future[AppendResult]) -> None:
-    """Done callback of a pending append: flag `p` for a failure scan if it failed."""
+def _note_done(p: _Producer, sequence: int, clock: Clock | None, fut: Future[AppendResult]) -> None:
+    """Done callback of a pending append: flag `p` for a failure scan if it failed; its
+    settling is the producer's latest activity (a late acknowledgement must not leave it
+    expired, or a retry right after would be written again)."""
     if _failed(fut):
         p.failed_hint.append(sequence)
+    if clock is not None:
+        p.last_ms = max(p.last_ms, clock.now_ms())
 
 
 def check_unreserved(properties: Mapping[str, str]) -> None:
@@ -123,8 +128,10 @@ def batch_identity(properties: Mapping[str, str]) -> tuple[str, int] | None:
 class ProducerTable:
     """The producers of one stream (guarded by the append lock; see the module docstring)."""
 
-    def __init__(self, expiry_ms: int) -> None:
+    def __init__(self, expiry_ms: int, clock: Clock | None = None) -> None:
         self._expiry_ms = expiry_ms
+        #: Stamps the settling of each append (`_note_done`); without one, the call's time.
+        self._clock = clock
         self._producers: dict[str, _Producer] = {}
 
     def __len__(self) -> int:
@@ -137,11 +144,11 @@ class ProducerTable:
         if p is None:
             return None
         if now_ms - p.last_ms > self._expiry_ms:
-            # Idle that long, it is forgotten; but never while an append of it is still in
-            # flight (a stalled WAL, a wall clock stepping forward): its resend would be
-            # written a second time.
-            _prune_durable(p)
-            if not any(not fut.done() for _, fut in p.pending):
+            if any(not fut.done() for _, fut in p.pending):
+                # Not idle: an append of it is still in flight (a stalled WAL, a wall clock
+                # stepping forward); a resend must find it, or it would be written twice.
+                p.last_ms = now_ms
+            else:
                 del self._producers[producer_id]
                 return None
         self._drop_failed(p)
@@ -180,7 +187,7 @@ class ProducerTable:
             _prune_durable(p)
             p.pending.append((sequence, outcome))
             # After the append: a callback of an already failed future runs right here.
-            outcome.add_done_callback(partial(_note_failure, p, sequence))
+            outcome.add_done_callback(partial(_note_done, p, sequence, self._clock))
 
     def rebuild(
         self, batches_newest_first: Iterable[tuple[FetchedBatch, int]], now_ms: int

@@ -54,6 +54,7 @@ from .framing import (
     FRAME_ALIGN,
     FRAME_HEADER,
     MAX_NODE_ID_BYTES,
+    RING_PROBE_BYTES,
     SLOT_BYTES,
     FrameScanner,
     HeaderSlot,
@@ -430,13 +431,14 @@ class FileWal(PipelinedWal):
             # before its first header reached the disk.
             wanted = DATA_START + self._settings.capacity_bytes
             if empty and (self._is_device or size == wanted):
-                if ring_holds_frames(os.pread(self._fd, FRAME_HEADER.size, DATA_START)):
+                if ring_holds_frames(pread_all(self._fd, RING_PROBE_BYTES, DATA_START)):
                     # Headers zeroed over a ring that held records: a damaged WAL, not a
                     # new one (formatting it would drop them without a word).
                     check_wal_loss(
                         f"WAL {path}: both header slots read as zeros, but its ring holds "
                         "records: the headers were wiped, and every record is lost if it is "
-                        "formatted again",
+                        "formatted again (to reuse the file or device for a new WAL on "
+                        "purpose, delete the file or accept the loss)",
                         location=str(path),
                         accept_loss=self._accept_loss,
                         node_id=self._node_id,

@@ -18,6 +18,7 @@ from .framing import (
     DATA_START,
     FRAME_ALIGN,
     FRAME_HEADER,
+    RING_PROBE_BYTES,
     SLOT_BYTES,
     FrameHeader,
     FrameScanner,
@@ -209,7 +210,7 @@ def check_file_wal(path: str | Path) -> FileWalCheck:
         slots = [decode_slot(raw[i * SLOT_BYTES : (i + 1) * SLOT_BYTES]) for i in range(2)]
         header = choose_header(slots) if len(raw) == DATA_START else None
         if header is None:
-            ring = pread_all(fd, FRAME_HEADER.size, DATA_START) if size > DATA_START else b""
+            ring = pread_all(fd, RING_PROBE_BYTES, DATA_START) if size > DATA_START else b""
             return _unreadable(p, size, slots, ring_holds_frames(ring))
         if size != DATA_START + header.capacity and os.path.isfile(p):
             return _damaged(

@@ -58,6 +58,7 @@ __all__ = [
     "HEADER_MAGIC",
     "HEADER_SLOT",
     "MAX_NODE_ID_BYTES",
+    "RING_PROBE_BYTES",
     "SLOT_BYTES",
     "FrameHeader",
     "FrameScanner",
@@ -97,11 +98,22 @@ KIND_MARK = 2
 HEADER_MAGIC = b"S3SWALHD"
 
 
-def ring_holds_frames(first_bytes: bytes) -> bool:
-    """Whether the ring's first bytes (file offset `DATA_START`) start with a frame: a ring is
-    written from position 0 on and a frame never straddles the ring's end, so a WAL that ever
-    held a record has a frame there (of some lap) while a new ring holds zeros."""
-    return first_bytes[: len(FRAME_MAGIC)] == FRAME_MAGIC
+#: How much of the ring's start `ring_holds_frames` is given to look at.
+RING_PROBE_BYTES = 4 << 20
+
+
+def ring_holds_frames(window: bytes) -> bool:
+    """Whether the ring's first bytes (`RING_PROBE_BYTES` from file offset `DATA_START`) hold
+    a frame header: a ring is written from position 0 on, so a WAL that ever held a record
+    has frames there (of some lap; the first may be the tail of a record body straddling the
+    ring's end, hence a window, not offset 0 alone), while a new ring holds zeros. Missed only
+    when a record body of more than the window straddles the end."""
+    at = window.find(FRAME_MAGIC)
+    while at >= 0:
+        if at % FRAME_ALIGN == 0:
+            return True
+        at = window.find(FRAME_MAGIC, at + 1)
+    return False
 
 
 def may_hold_header(raw: bytes) -> bool:

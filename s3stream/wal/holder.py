@@ -302,8 +302,7 @@ def _open_lock_file(path: Path, lock_path: Path) -> int:
             ) from exc
         raise os_error("cannot open the lock file of WAL", path, exc) from exc
     try:
-        st = os.fstat(fd)
-        foreign = not stat.S_ISREG(st.st_mode) or (st.st_size and not _is_holder_text(fd))
+        foreign = not stat.S_ISREG(os.fstat(fd).st_mode) or not _may_be_holder_text(fd)
     except OSError as exc:
         os.close(fd)
         raise os_error("cannot inspect the lock file of WAL", path, exc) from exc
@@ -316,16 +315,17 @@ def _open_lock_file(path: Path, lock_path: Path) -> int:
     return fd
 
 
-def _is_holder_text(fd: int) -> bool:
-    """Whether the file at `fd` reads as `_write_holder` writes: a pid line, a node id line."""
-    raw = os.pread(fd, 512, 0)
+def _may_be_holder_text(fd: int) -> bool:
+    """Whether the file at `fd` may be one `_write_holder` wrote: its bytes (NULs aside, which
+    a crash can leave in a file never synced) are empty or a start of "pid\nnode id\n". Any
+    start, as read: a holder that just won the lock empties the file before writing it, and
+    a crash may have cut the write short. What this refuses is a file that is clearly someone
+    else's (text that does not open with a pid line)."""
+    raw = os.pread(fd, 512, 0).replace(b"\0", b"")
     if len(raw) >= 512:
         return False
-    try:
-        lines = raw.decode("utf-8").split("\n")
-    except UnicodeDecodeError:
-        return False
-    return len(lines) == 3 and lines[0].isdigit() and lines[2] == ""
+    pid, newline, _ = raw.partition(b"\n")
+    return pid.isdigit() if newline else (not pid or pid.isdigit())
 
 
 def _write_holder(fd: int, node_id: str) -> None:
