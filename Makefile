@@ -54,12 +54,15 @@ lint: install
 
 # The suite, and `test-min` beside it (both wait on servers more than on the CPU): its output
 # follows the suite's; either failing fails the target. Each run has a temp dir of its own
-# (--basetemp): in the shared /tmp/pytest-of-<user>, pytest keeps the 3 newest runs, and the
-# pytest runs the tests start (the kit examples) could rotate the suite's own dir away.
+# (--basetemp, outside the clone: some tests must run outside the repository; one per clone,
+# emptied by each run): in the shared /tmp/pytest-of-<user>, pytest keeps the 3 newest runs,
+# and the pytest runs the tests start (the kit examples) could rotate the suite's dir away.
 PYTEST_ARGS ?=
+SUITE_TMP := /tmp/s3stream-pytest-$(shell printf '%s' '$(CURDIR)' | cksum | cut -d' ' -f1)
 test: lint min-env
-	@$(MAKE) --no-print-directory min-suite > $(VENV_MIN)/test-min.log 2>&1 & min=$$!; \
-	$(BIN)/python -m pytest -q -ra --durations=25 --basetemp=$(VENV)/pytest-tmp $(PYTEST_ARGS); suite=$$?; \
+	@mkdir -p $(SUITE_TMP); \
+	$(MAKE) --no-print-directory min-suite > $(VENV_MIN)/test-min.log 2>&1 & min=$$!; \
+	$(BIN)/python -m pytest -q -ra --durations=25 --basetemp=$(SUITE_TMP)/suite $(PYTEST_ARGS); suite=$$?; \
 	wait $$min; lowest=$$?; \
 	echo "== make test-min (the lowest declared versions), run beside the suite =="; \
 	cat $(VENV_MIN)/test-min.log; \
@@ -94,7 +97,8 @@ min-env:
 	test -x $(VENV_MIN)/azurite/node_modules/.bin/azurite-blob || { $(call install_azurite,$(VENV_MIN)) }
 
 min-suite:
-	$(VENV_MIN)/bin/python -m pytest -q -ra --basetemp=$(VENV_MIN)/pytest-tmp $(MIN_SUITE)
+	mkdir -p $(SUITE_TMP)
+	$(VENV_MIN)/bin/python -m pytest -q -ra --basetemp=$(SUITE_TMP)/min $(MIN_SUITE)
 	! $(VENV_MIN)/bin/uv pip install -q --dry-run --python $(VENV_MIN)/bin/python \
 	  -e '.[s3]' 'boto3==1.34.162' 2>$(VENV_MIN)/refused.txt
 	grep -q 'depends on boto3>=1.35.2' $(VENV_MIN)/refused.txt
