@@ -109,15 +109,22 @@ def test_zero_capacity_caches_nothing_but_still_reads() -> None:
     assert cache.metrics.cached_bytes == 0
 
 
-def test_concurrent_readers_of_one_block_share_one_get() -> None:
+def _slow_store(latency_s: float) -> tuple[MemoryObjectStore, FaultyObjectStore]:
+    """An object of stream 1 (10 batches) in memory, and the same store with every GET
+    `latency_s` late."""
     inner = MemoryObjectStore()
     inner.put(KEY, make_object({1: 10}))
     slow = FaultyObjectStore(
         inner,
         rng=random.Random(1),
         clock=SystemClock(),
-        rules=[FaultRule(latency_s=(0.2, 0.2), operations=frozenset({"get"}))],
+        rules=[FaultRule(latency_s=(latency_s, latency_s), operations=frozenset({"get"}))],
     )
+    return inner, slow
+
+
+def test_concurrent_readers_of_one_block_share_one_get() -> None:
+    inner, slow = _slow_store(0.2)
     store = MetricsObjectStore(slow)
     cache = BlockCache(store, capacity_bytes=1 << 20)
     blocks = read_index(inner, KEY).find(1, 0)
@@ -226,14 +233,7 @@ def test_a_second_readahead_of_a_taken_over_block_is_not_lost() -> None:
 
 
 def _slow_cache(latency_s: float) -> tuple[MemoryObjectStore, BlockCache]:
-    inner = MemoryObjectStore()
-    inner.put(KEY, make_object({1: 10}))
-    slow = FaultyObjectStore(
-        inner,
-        rng=random.Random(1),
-        clock=SystemClock(),
-        rules=[FaultRule(latency_s=(latency_s, latency_s), operations=frozenset({"get"}))],
-    )
+    inner, slow = _slow_store(latency_s)
     return inner, BlockCache(slow, capacity_bytes=1 << 20, readahead_workers=1)
 
 

@@ -1244,36 +1244,44 @@ def test_a_compaction_whose_session_ended_before_its_commit_aborts(
 
 
 class _SlowDataGets(MemoryObjectStore):
-    """Every GET of a data object answers, slowly (far within any call timeout)."""
+    """Every GET of a data object answers, `delay` seconds late (far within any call
+    timeout), once `delay` is set."""
 
-    slow = False
-    started = threading.Event()
+    def __init__(self) -> None:
+        super().__init__()
+        self.delay = 0.0
+        self.started = threading.Event()
 
     def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
-        if self.slow and key.startswith("data/"):
+        if self.delay and key.startswith("data/"):
             self.started.set()
-            time.sleep(0.3)
+            time.sleep(self.delay)
         return super().get(key, start, end)
 
 
-def test_close_keeps_its_deadline_while_background_compaction_runs() -> None:
-    """close(timeout_s) stops a compaction pass in progress before its next request (in the
-    planning's index reads as in a task's GETs and PUTs) instead of waiting for the whole
-    pass: the deadline holds, and nothing is lost or changed half-way."""
+#: Uploads of one object per flush, small blocks: many objects to compact.
+_SMALL_UPLOADS = {
+    "upload_threshold_bytes": 1 << 20,
+    "stream_split_bytes": 1 << 20,
+    "block_target_bytes": 2 * KiB,
+    "upload_interval_ms": 0,
+}
+
+
+def _background_client_on_slow_store(
+    flushes: int, delay_s: float
+) -> tuple[_SlowDataGets, StreamClient]:
+    """A store holding 3 streams of `flushes` small objects each, its data GETs then slowed
+    to `delay_s`, and a client compacting it in the background (already reading it)."""
     store = _SlowDataGets()
-    small = {
-        "upload_threshold_bytes": 1 << 20,
-        "stream_split_bytes": 1 << 20,
-        "block_target_bytes": 2 * KiB,
-        "upload_interval_ms": 0,
-    }
-    with StreamClient(store, MemoryWal(), node_id="w", settings=ClientSettings(**small)) as c:
+    settings = ClientSettings(**_SMALL_UPLOADS)
+    with StreamClient(store, MemoryWal(), node_id="w", settings=settings) as c:
         streams = [c.create_stream() for _ in range(3)]
-        for _ in range(20):
+        for _ in range(flushes):
             for s in streams:
                 s.append(RecordBatch(b"x" * 300, count=2))
             c.flush()
-    store.slow = True
+    store.delay = delay_s
     background = CompactionSettings(
         deletion_delay_ms=0, background=True, interval_ms=3_600_000, bytes_per_s=0
     )
@@ -1281,14 +1289,24 @@ def test_close_keeps_its_deadline_while_background_compaction_runs() -> None:
         store,
         MemoryWal(),
         node_id="n1",
-        settings=ClientSettings(**small, log_cache_bytes=0, compaction=background),
+        settings=ClientSettings(**_SMALL_UPLOADS, log_cache_bytes=0, compaction=background),
     )
+    return store, client
+
+
+def test_close_keeps_its_deadline_while_background_compaction_runs() -> None:
+    """close(timeout_s) stops a compaction pass in progress before its next request (in the
+    planning's index reads as in a task's GETs and PUTs) instead of waiting for the whole
+    pass: the deadline holds, and nothing is lost or changed half-way."""
+    store, client = _background_client_on_slow_store(20, 0.3)
     assert store.started.wait(10), "the background pass never read an object"
     started = time.monotonic()
     client.close(timeout_s=1.0)
     assert time.monotonic() - started < 2.0  # one slow GET in flight at most, then stop
-    store.slow = False
-    with StreamClient(store, MemoryWal(), node_id="r", settings=ClientSettings(**small)) as c:
+    store.delay = 0
+    with StreamClient(
+        store, MemoryWal(), node_id="r", settings=ClientSettings(**_SMALL_UPLOADS)
+    ) as c:
         for sid in range(3):
             got = c.open_stream(sid).fetch(0, 40)
             assert sum(b.count for b in got.batches) == 40
@@ -1321,36 +1339,8 @@ def test_retention_keeps_a_block_while_a_records_own_timestamp_is_recent() -> No
 def test_a_compactor_whose_stop_timed_out_runs_again_once_its_pass_ended() -> None:
     """`stop(timeout_s)` that returns False (a slow request in flight) leaves the pass to end
     on its own; after that the compactor is as after any stop: passes work, `start` starts."""
-
-    class Slow(MemoryObjectStore):
-        delay = 0.0
-        started = threading.Event()
-
-        def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
-            if self.delay and key.startswith("data/"):
-                self.started.set()
-                time.sleep(self.delay)
-            return super().get(key, start, end)
-
-    store = Slow()
-    small = {
-        "upload_threshold_bytes": 1 << 20,
-        "stream_split_bytes": 1 << 20,
-        "block_target_bytes": 2 * KiB,
-        "upload_interval_ms": 0,
-    }
-    with StreamClient(store, MemoryWal(), node_id="w", settings=ClientSettings(**small)) as c:
-        streams = [c.create_stream() for _ in range(3)]
-        for _ in range(10):
-            for s in streams:
-                s.append(RecordBatch(b"x" * 300, count=2))
-            c.flush()
-    store.delay = 0.8
-    background = CompactionSettings(
-        deletion_delay_ms=0, background=True, interval_ms=3_600_000, bytes_per_s=0
-    )
-    settings = ClientSettings(**small, log_cache_bytes=0, compaction=background)
-    with StreamClient(store, MemoryWal(), node_id="n1", settings=settings) as client:
+    store, client = _background_client_on_slow_store(10, 0.8)
+    with client:
         assert store.started.wait(10)
         compactor = client.compactor
         assert compactor.stop(0.1) is False  # a GET of 0.8 s is in flight

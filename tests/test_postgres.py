@@ -516,6 +516,22 @@ def test_serialized_commit_refuses_a_rolled_back_log(postgres: Any, url: str) ->
     m.log.close()
 
 
+def _writer_and_a_lock_holder(
+    postgres: Any, url: str
+) -> tuple[PostgresMetadataLog, MetadataManager, psycopg.Connection[Any]]:
+    """A log at `url` with one entry, its manager (commits retried for 30 s), and another
+    session holding the log's commit lock (the namespace's row) until it rolls back."""
+    log = PostgresMetadataLog(url)
+    m = MetadataManager(log, clock=SystemClock(), writer_id="a", commit_timeout_s=30)
+    m.load()
+    m.create_stream({})
+    holder = psycopg.connect(postgres.url(), autocommit=False)
+    holder.execute(
+        "SELECT 1 FROM s3stream.namespaces WHERE namespace = %s FOR UPDATE", (log.namespace,)
+    )
+    return log, m, holder
+
+
 def test_a_commit_waits_its_turn_past_lock_timeout_until_its_deadline(
     postgres: Any, url: str
 ) -> None:
@@ -524,14 +540,7 @@ def test_a_commit_waits_its_turn_past_lock_timeout_until_its_deadline(
     the lock is free (it failed at the lock timeout before)."""
     import threading
 
-    log = PostgresMetadataLog(f"{url}&statement_timeout=1s")
-    m = MetadataManager(log, clock=SystemClock(), writer_id="a", commit_timeout_s=30)
-    m.load()
-    m.create_stream({})
-    holder = psycopg.connect(postgres.url(), autocommit=False)
-    holder.execute(
-        "SELECT 1 FROM s3stream.namespaces WHERE namespace = %s FOR UPDATE", (log.namespace,)
-    )
+    log, m, holder = _writer_and_a_lock_holder(postgres, f"{url}&statement_timeout=1s")
     release = threading.Timer(2.5, holder.rollback)
     release.start()
     started = time.monotonic()
@@ -548,14 +557,7 @@ def test_a_commit_waiting_for_the_lock_keeps_its_own_deadline(postgres: Any, url
     """The wait for the log's commit lock ends with the commit's deadline, not with the
     session's lock_timeout (0.9 x statement_timeout, here 5.4 s), and says what it waited
     for."""
-    log = PostgresMetadataLog(f"{url}&statement_timeout=6s")
-    m = MetadataManager(log, clock=SystemClock(), writer_id="a", commit_timeout_s=30)
-    m.load()
-    m.create_stream({})
-    holder = psycopg.connect(postgres.url(), autocommit=False)
-    holder.execute(
-        "SELECT 1 FROM s3stream.namespaces WHERE namespace = %s FOR UPDATE", (log.namespace,)
-    )
+    log, m, holder = _writer_and_a_lock_holder(postgres, f"{url}&statement_timeout=6s")
     started = time.monotonic()
     try:
         with pytest.raises(UnavailableError, match="commit lock"):

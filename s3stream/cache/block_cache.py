@@ -315,19 +315,18 @@ class BlockCache:
         """GET and decode `items` (whose futures this caller owns), completing every future;
         raises the first error after failing the futures it could not complete."""
         runs = self._runs(items)
+        # A throttled readahead's blocks may be taken over by demand reads until it passes the
+        # limiter (`get_blocks`); then demand reads join it.
+        may_lose = prefetched and self._throttled
         for n, run in enumerate(runs):
             blocks = [b for b, _ in run]
-            if prefetched and self._throttled and not self._still_waiting(key, run):
+            if may_lose and not self._still_waiting(key, run):
                 continue  # demand reads took every block of this run over
             try:
                 if self._limiter is not None:
                     self._limiter.acquire(blocks[-1].end_position - blocks[0].position, priority)
-                if (
-                    prefetched
-                    and self._throttled
-                    and not self._still_waiting(key, run, discard=True)
-                ):
-                    continue  # taken over while throttled; from here demand reads join
+                if may_lose and not self._still_waiting(key, run, discard=True):
+                    continue  # taken over while it waited for the limiter
                 data = self._reader.fetch(key, blocks, on_response=self._count_get)
                 decoded = decode_run(key, blocks, data)
             except BaseException as exc:

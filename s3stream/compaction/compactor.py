@@ -214,9 +214,9 @@ class Compactor:
             state = self._meta.state
             tasks = plan_stream_object_compaction(state, self._settings, self._index_of)
             self._run_tasks(tasks, state, report, progress, "stream object compaction")
-            if self._stop.is_set():
-                raise _Stopped
         except _Stopped:
+            pass
+        if self._stop.is_set():
             # Stopping (the client is closing): the rest of the pass, purge and sweep
             # included, waits for the next one.
             report.duration_s = self._clock.monotonic() - started
@@ -369,12 +369,10 @@ class Compactor:
         thread = self._thread
         if thread is not None:
             thread.join(None if deadline is None else left())
-            if thread.is_alive():
-                self._log.warning("compaction did not stop within %.3g s", timeout_s)
-                return False
-            self._thread = None
-        # Let a foreground pass cut short by stopping finish first.
-        if not self._pass_lock.acquire(timeout=left()):
+            if not thread.is_alive():
+                self._thread = None
+        # Then let a foreground pass cut short by stopping finish too.
+        if self._thread is not None or not self._pass_lock.acquire(timeout=left()):
             self._log.warning("compaction did not stop within %.3g s", timeout_s)
             return False
         try:

@@ -291,7 +291,7 @@ class PostgresMetadataLog(ExternalMetadataLog):
             self._ns_row = True
 
         # The session's lock_timeout, or less: what is left of the commit's deadline.
-        lock_ms = max(1, self._target.statement_timeout_ms * 9 // 10)
+        lock_ms = self._target.lock_timeout_ms
         if timeout_s is not None and timeout_s * 1000 < lock_ms:  # (False for NaN)
             lock_ms = max(1, int(timeout_s * 1000))
         begin = f"BEGIN; SET LOCAL lock_timeout = {lock_ms}; "
@@ -335,7 +335,7 @@ class PostgresMetadataLog(ExternalMetadataLog):
         try:
             return self._main.run(commit)
         except ContendedError as exc:
-            if lock_ms == self._target.statement_timeout_ms * 9 // 10:
+            if lock_ms == self._target.lock_timeout_ms:
                 raise
             # The wait was this commit's own (what was left of its deadline), not the
             # session's lock_timeout the mapped message names.

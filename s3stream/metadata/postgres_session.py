@@ -134,10 +134,7 @@ class PostgresSession:
             raise connect_error(exc, t) from exc
         conn.deadline_s = t.call_deadline_s
         ms = str(t.statement_timeout_ms)
-        # A lock wait ends a little before the statement would be cancelled, so that it is
-        # told apart (LockNotAvailable: contention, retried until the commit's deadline) from
-        # a statement that is slow (QueryCanceled: the server or the network).
-        lock_ms = str(max(1, t.statement_timeout_ms * 9 // 10))
+        lock_ms = str(t.lock_timeout_ms)
         try:
             conn.execute(
                 "SELECT set_config('statement_timeout', %s, false), "
@@ -221,7 +218,7 @@ def map_error(exc: psycopg.Error, target: PostgresTarget) -> S3StreamError:
         # Contention, not an outage: another writer held the log's commit lock that long.
         return ContendedError(
             f"{where}: another writer held the metadata log's commit lock for longer than "
-            f"lock_timeout ({target.statement_timeout_ms * 9 // 10} ms): {text}"
+            f"lock_timeout ({target.lock_timeout_ms} ms): {text}"
         )
     if isinstance(exc, pg_errors.QueryCanceled):
         return UnavailableError(

@@ -60,6 +60,14 @@ class PostgresTarget:
         first (cleanly) and this only catches a server or network that stopped answering."""
         return self.statement_timeout_ms / 1000 + max(1.0, self.statement_timeout_ms / 10_000)
 
+    @property
+    def lock_timeout_ms(self) -> int:
+        """The session's lock_timeout: a lock wait ends a little before the statement would be
+        cancelled, so that it is told apart (LockNotAvailable: contention, retried until the
+        commit's deadline) from a statement that is slow (QueryCanceled: the server or the
+        network). A commit may set less for itself (what is left of its deadline)."""
+        return max(1, self.statement_timeout_ms * 9 // 10)
+
 
 def parse_postgres_url(url: str, *, namespace: str, timeout_ms: int) -> PostgresTarget:
     """Read `url`; `namespace` and `timeout_ms` are the defaults the URL may override."""

@@ -8,6 +8,8 @@ Roles:
   above the last acknowledged one.
 - `closed_error` and `not_ready_error`: a WAL used after `close()`, or before `recover()` or
   `reset()` made it ready.
+- `check_wal_medium`: a file WAL lives in a regular file or on a block device, nothing else
+  (a directory, a FIFO, a character device).
 
 The record check is split in two on purpose: an append tests ``type(data) is not bytes or
 len(data) > limit`` inline (it is the hot path) and calls `record_error` only to build the
@@ -16,10 +18,14 @@ error.
 
 from __future__ import annotations
 
+import stat
+from pathlib import Path
+
 from ..errors import InvalidArgumentError, S3StreamError, StreamClosedError
 
 __all__ = [
     "check_trim_position",
+    "check_wal_medium",
     "closed_error",
     "not_ready_error",
     "record_error",
@@ -68,3 +74,16 @@ def not_ready_error(wal: str, what: str) -> S3StreamError:
     """The error of `what` (``"append()"``, ``"trim()"``) on the WAL `wal` before it is
     ready."""
     return S3StreamError(f"{wal}: recover() or reset() must run before {what}")
+
+
+def check_wal_medium(path: Path, mode: int) -> bool:
+    """Whether the file WAL at `path`, of `st_mode` `mode`, is on a block device (else a
+    regular file); `InvalidArgumentError` if it is neither (nothing is opened or written
+    beside it then: a FIFO's open would wait for a writer)."""
+    if stat.S_ISBLK(mode):
+        return True
+    if not stat.S_ISREG(mode):
+        raise InvalidArgumentError(
+            f"WAL {path} is neither a regular file nor a block device: it cannot be a WAL"
+        )
+    return False

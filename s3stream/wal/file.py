@@ -19,7 +19,6 @@ import fcntl
 import logging
 import mmap
 import os
-import stat
 import threading
 from array import array
 from collections.abc import Callable, Iterator, Sequence
@@ -39,6 +38,7 @@ from ..metrics.logs import ContextLogger
 from ..settings import FileWalSettings
 from ..validation import check_int, check_text
 from .base import WalCapabilities, WalPosition, WalRecord
+from .checks import check_wal_medium
 from .file_scan import (
     choose_header,
     clean_tail_damage,
@@ -338,12 +338,7 @@ class FileWal(PipelinedWal):
     def _open_fd(self, *, created: bool) -> None:
         path, fd = self._path, self._fd
         try:
-            st = os.fstat(fd)
-            if not (stat.S_ISREG(st.st_mode) or stat.S_ISBLK(st.st_mode)):
-                raise InvalidArgumentError(
-                    f"WAL {path} is neither a regular file nor a block device"
-                )
-            self._is_device = stat.S_ISBLK(st.st_mode)
+            self._is_device = check_wal_medium(path, os.fstat(fd).st_mode)
             if self._settings.direct_io:
                 self._open_direct()
             with self._exclusive():

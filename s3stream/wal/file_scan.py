@@ -8,12 +8,12 @@ code, so a check reports exactly what an opening would do, without writing anyth
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InvalidArgumentError
+from .checks import check_wal_medium
 from .framing import (
     DATA_START,
     FRAME_ALIGN,
@@ -263,12 +263,11 @@ def open_wal_for_reading(path: Path) -> int:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as exc:
         raise InvalidArgumentError(f"cannot read WAL {path}: {exc.strerror or exc}") from exc
-    mode = os.fstat(fd).st_mode
-    if not (stat.S_ISREG(mode) or stat.S_ISBLK(mode)):
+    try:
+        check_wal_medium(path, os.fstat(fd).st_mode)
+    except BaseException:
         os.close(fd)
-        raise InvalidArgumentError(
-            f"{path} is neither a regular file nor a block device: it cannot be a WAL"
-        )
+        raise
     os.set_blocking(fd, True)
     return fd
 

@@ -40,6 +40,7 @@ from pathlib import Path
 
 from ..errors import InvalidArgumentError, NodeInUseError, S3StreamError, UnavailableError
 from ..metrics.logs import ContextLogger
+from .checks import check_wal_medium
 from .os_errors import os_error
 
 __all__ = ["LOCK_SUFFIX", "WalHolderLock", "lock_path_for"]
@@ -112,14 +113,9 @@ class WalHolderLock:
             st = None
         except OSError as exc:
             raise os_error("cannot inspect WAL", path, exc) from exc
-        if st is not None and stat.S_ISBLK(st.st_mode):
+        # Checked before any lock file is made beside it.
+        if st is not None and check_wal_medium(path, st.st_mode):
             return cls._acquire_device(path, node_id, take_over=take_over)
-        if st is not None and not stat.S_ISREG(st.st_mode):
-            # A directory, a FIFO (reading it would wait for a writer), a character device:
-            # no WAL, and no lock file beside it either.
-            raise InvalidArgumentError(
-                f"{path} is neither a regular file nor a block device: it cannot be a WAL"
-            )
         return cls._acquire_file(path, node_id, take_over=take_over)
 
     @classmethod

@@ -238,6 +238,15 @@ class _Listing:
         return max((m[1] for m in self.markers), default=0)
 
 
+def _onto_anchor(listing: _Listing, pos: int, chain: list[_Obj]) -> tuple[int, list[_Obj]]:
+    """Where a recovery at `pos` with `chain` walked goes on after `listing`: from its anchor
+    if a trim moved it past `pos` (what lies below is gone, records included), else as it
+    was."""
+    if listing.anchor <= pos:
+        return pos, chain
+    return listing.anchor, [o for o in chain if o.first >= listing.anchor]
+
+
 class _PlanStep(NamedTuple):
     first: int
     key: str
@@ -519,8 +528,8 @@ class ObjectWal(PipelinedWal):
                         f"WAL object {key!r} vanished during recovery and no trim covers it",
                         location=key,
                     )
-                trim, pos = max(trim, listing.trim), listing.anchor
-                chain = [o for o in chain if o.first >= pos]
+                trim = max(trim, listing.trim)
+                pos, chain = _onto_anchor(listing, pos, chain)
                 continue
             proof = next((p for p in past if p.proves), None)
             if proof is not None:
@@ -529,8 +538,7 @@ class ObjectWal(PipelinedWal):
                 listing = self._list()
                 trim = max(trim, listing.trim)
                 if listing.anchor > end:  # trimmed meanwhile: read on from the new anchor
-                    pos = listing.anchor
-                    chain = [o for o in chain if o.first >= pos]
+                    pos, chain = _onto_anchor(listing, pos, chain)
                     continue
                 if end in listing.objects:  # the chain grew meanwhile: read on
                     continue
@@ -571,9 +579,7 @@ class ObjectWal(PipelinedWal):
                 # Someone extended the chain (an older writer still at work): read on.
                 listing = self._list()
             trim = max(trim, listing.trim)
-            if listing.anchor > pos:  # trimmed meanwhile: what lies below the anchor is gone
-                pos = listing.anchor
-                chain = [o for o in chain if o.first >= pos]
+            pos, chain = _onto_anchor(listing, pos, chain)
         raise UnavailableError(
             f"{self.describe()}: could not seal the WAL: another writer kept extending it"
         )
