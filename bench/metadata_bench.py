@@ -31,9 +31,15 @@ change side by side in one session, on this noisy machine.
     .venv/bin/python bench/metadata_bench.py [--seconds 10] [--writers 1,2,4,8,16]
         [--backends store,postgres] [--postgres-url URL] [--put-latency-ms MS]
         [--get-latency-ms MS] [--seaweedfs] [--code DIR] [--objects-dir DIR] [--out FILE]
+        [--manager-only]
 
 ``--seaweedfs`` puts the store on a SeaweedFS S3 server on loopback (a fresh prefix per row)
 instead of a local directory; with ``--put-latency-ms`` it is the S3-like profile.
+
+``--manager-only`` measures the metadata log alone (issue 18): N processes, each a
+`MetadataManager` on the PostgreSQL log committing `create_stream` in a loop, no data objects
+and no client: commits/s over all, slowest ÷ fastest, commit p99 and client CPU per commit.
+With ``--code DIR`` the processes import another tree's package (run it twice, alternating).
 
 ``--creates`` measures stream creation instead (issue 19): streams/s of one client on a local
 directory store, the embedded default: `client.create_stream` from 1 and 8 threads, the
@@ -384,6 +390,11 @@ def main() -> None:
     p.add_argument("--get-latency-ms", type=float, default=0.0, help="delay of every GET/HEAD")
     p.add_argument("--creates", action="store_true", help="measure create_stream instead")
     p.add_argument(
+        "--manager-only",
+        action="store_true",
+        help="PostgreSQL metadata commits alone: a MetadataManager per process, no data objects",
+    )
+    p.add_argument(
         "--seaweedfs",
         action="store_true",
         help="the store on a SeaweedFS S3 server on loopback instead of a local directory",
@@ -409,6 +420,11 @@ def main() -> None:
     if a.creates:
         out = a.out or ROOT / "bench/results/metadata_creates.json"
         creates(a.seconds, out)
+        return
+    if a.manager_only:
+        out = a.out or ROOT / "bench/results/metadata_manager_only.json"
+        counts = [int(x) for x in a.writers.split(",")]
+        manager_only(counts, a.seconds, a.code.resolve(), a.postgres_url, out)
         return
     latency = (a.put_latency_ms, a.get_latency_ms)
     out = a.out or ROOT / "bench/results/metadata.json"
@@ -492,6 +508,89 @@ def _print_costs(row: dict[str, Any]) -> None:
             for k, (u, s) in sorted(threads.items(), key=lambda kv: -sum(kv[1]))
         )
         print(f"{'':8} writer threads, ms per commit (user+sys): {parts}", flush=True)
+
+
+def _manager_committer(code: str, url: str, writer: str, seconds: float, out: Any) -> None:
+    """One process of `manager_only`: `create_stream` in a loop for `seconds`; reports its
+    commits, latencies and CPU."""
+    sys.path.insert(0, code)
+    import resource
+
+    from s3stream.clock import SystemClock
+    from s3stream.metadata import MetadataManager
+    from s3stream.metadata.postgres import PostgresMetadataLog
+
+    log = PostgresMetadataLog(url)
+    m = MetadataManager(log, clock=SystemClock(), writer_id=writer)
+    m.load()
+    m.create_stream({"writer": writer})  # tables and the first entry outside the timing
+    latencies: list[float] = []
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        started = time.monotonic()
+        m.create_stream({"writer": writer, "n": str(len(latencies))})
+        latencies.append(time.monotonic() - started)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    log.close()
+    out.put((writer, latencies, cpu))
+
+
+def manager_only(counts: list[int], seconds: float, code: Path, url: str | None, out: Path) -> None:
+    """Metadata commits alone on the PostgreSQL log (see the module docstring)."""
+    import multiprocessing
+
+    from s3stream.testing.postgres import PostgresServer
+
+    server = None if url is not None else PostgresServer(fsync=True).start()
+    base = url or (server.url() if server is not None else "")
+    rows = []
+    try:
+        for n in counts:
+            sep = "&" if "?" in base else "?"
+            target = f"{base}{sep}namespace=bench-{uuid.uuid4().hex[:8]}"
+            queue: Any = multiprocessing.Queue()
+            procs = [
+                multiprocessing.Process(
+                    target=_manager_committer, args=(str(code), target, f"w{i}", seconds, queue)
+                )
+                for i in range(n)
+            ]
+            for proc in procs:
+                proc.start()
+            results = [queue.get(timeout=seconds + 120) for _ in procs]
+            for proc in procs:
+                proc.join()
+            commits = [len(lat) for _, lat, _ in results]
+            latencies = sorted(x for _, lat, _ in results for x in lat)
+            total = sum(commits)
+            row = {
+                "writers": n,
+                "code": str(code),
+                "commits_per_s": total / seconds,
+                "slowest_over_fastest": min(commits) / max(commits) if max(commits) else 0.0,
+                "commit_ms": {
+                    "p50": pct(latencies, 0.5) * 1000,
+                    "p99": pct(latencies, 0.99) * 1000,
+                },
+                "client_cpu_ms_per_commit": 1000 * sum(c for _, _, c in results) / max(total, 1),
+            }
+            rows.append(row)
+            print(
+                f"manager only, {n:2} writers ({code.name}): {row['commits_per_s']:8.1f} "
+                f"commits/s, slowest/fastest {row['slowest_over_fastest']:.2f}, commit p50 "
+                f"{row['commit_ms']['p50']:.1f} ms p99 {row['commit_ms']['p99']:.1f} ms, "
+                f"client CPU {row['client_cpu_ms_per_commit']:.2f} ms/commit",
+                flush=True,
+            )
+    finally:
+        if server is not None:
+            server.stop()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"cpus": os.cpu_count(), "python": sys.version.split()[0], "rows": rows}
+    out.write_text(json.dumps(meta, indent=2) + "\n")
+    print(f"saved {out}")
 
 
 def creates(seconds: float, out: Path) -> None:

@@ -141,6 +141,8 @@ class SeaweedS3Server(ServerProcess, LoopbackS3Server):
         p = self._ports
         args = [
             executable,
+            # Its log files beside its data, not in /tmp (where they outlived every run).
+            f"-logdir={self._data_dir}",
             "mini",
             f"-dir={self._data_dir}",
             "-ip=127.0.0.1",
