@@ -247,7 +247,10 @@ class _Chunk:
                     ),
                 ):
                     out_lens.append(lens[h0:h1])
-                    out_data.append(_slice_data(data, lens, h0, h1))
+                    part = _slice_data(data, lens, h0, h1)
+                    out_data.append(part)
+                    # Counted too: a chunk's header column must stay under Arrow's 2 GiB.
+                    self.bytes += len(part)
 
     def _offsets(self) -> I64:
         if self.contiguous:

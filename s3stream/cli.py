@@ -863,7 +863,8 @@ def _compact(args: argparse.Namespace) -> int:
     if args.nice and hasattr(os, "nice"):
         # A batch job: the processes it shares the machine with (the writers appending to
         # the streams, the object store) should win any contention for the CPU.
-        os.nice(args.nice)
+        # Niceness stops at 19 anyway; a larger int overflowed os.nice's C int.
+        os.nice(min(args.nice, 40))
     client = open_client(
         args.url,
         node_id=args.node_id,
@@ -1471,6 +1472,12 @@ def _interrupts(*, deferred: bool) -> Callable[[], None]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (docs/cli.md)."""
+    for out in (sys.stdout, sys.stderr):
+        # Tags and properties are any Unicode: an ASCII or Latin-1 terminal (or a Windows
+        # redirect) must get escapes, not a UnicodeEncodeError traceback.
+        reconfigure = getattr(out, "reconfigure", None)
+        if callable(reconfigure):
+            reconfigure(errors="backslashreplace")
     args = _parser().parse_args(argv)
     command = f"s3stream {args.command}"
     # Only the main thread may set a handler (`main` called in-process from another thread

@@ -75,6 +75,7 @@ from .validation import (
     check_timeout,
 )
 from .wal.base import WriteAheadLog
+from .wal.memory import MemoryWal
 
 __all__ = ["MAX_CREATE_BATCH", "ClientMetrics", "StreamClient", "WalFactory"]
 
@@ -295,7 +296,11 @@ class StreamClient(Closeable):
         if callable(observe_commits):
             observe_commits(WalInstruments(self._registry).commit.record)
         #: Opens another node's WAL for `take_over` (None when given a WAL instance).
-        self._wal_factory: WalFactory | None = None if isinstance(wal, WriteAheadLog) else wal
+        # Not an in-memory one: a take-over through it would replay nothing of the other
+        # node's WAL and then release its streams.
+        self._wal_factory: WalFactory | None = (
+            None if isinstance(wal, WriteAheadLog) or isinstance(self._wal, MemoryWal) else wal
+        )
         s = self._settings
         # One limiter for all background traffic; one key factory so the uploader's and the
         # compactor's keys never collide.
@@ -841,7 +846,19 @@ class StreamClient(Closeable):
         ever dropped acknowledged appends raises `FencedError`.
         """
         timeout = check_timeout("timeout_s", timeout_s)
-        with self._lock:
+        entered = self._clock.monotonic()
+        limit = self._settings.call_timeout_ms / 1000 if timeout is None else timeout
+        # Another call may hold the client's lock across store calls (a stream's close
+        # uploads and commits under it): wait for it within this call's deadline only.
+        if not self._lock.acquire(timeout=limit):
+            raise UnavailableError(
+                f"close did not start within {limit:g} s: another call of this client (a "
+                "stream's close or open) held it all that time; nothing was closed, call "
+                "close() again"
+            )
+        timeout = max(0.0, limit - (self._clock.monotonic() - entered))
+        with contextlib.ExitStack() as held:
+            held.callback(self._lock.release)
             again = self._closed
             self._closed = True
             for take_over in self._taking_over:
@@ -873,9 +890,13 @@ class StreamClient(Closeable):
             started = self._clock.monotonic()
             self._compactor.stop(limit / 2)
             timeout = max(0.0, limit - (self._clock.monotonic() - started))
+            deadline = self._clock.monotonic() + timeout
             try:
                 self._storage.close(
-                    timeout, on_flushed=lambda: self._release_streams(owned, unattached=True)
+                    timeout,
+                    on_flushed=lambda: self._release_streams(
+                        owned, unattached=True, deadline=deadline
+                    ),
                 )
             finally:
                 self._block_cache.close()
@@ -887,7 +908,13 @@ class StreamClient(Closeable):
         finally:
             self._close_done.set()
 
-    def _release_streams(self, owned: list[tuple[int, int]], *, unattached: bool = False) -> None:
+    def _release_streams(
+        self,
+        owned: list[tuple[int, int]],
+        *,
+        unattached: bool = False,
+        deadline: float | None = None,
+    ) -> None:
         """Close, in one metadata entry, the streams this client still owns (all uploaded).
         With `unattached`, also the streams the metadata says this node owns that have no
         handle here (opened by this node before a restart, whose recovery uploaded their
@@ -924,8 +951,9 @@ class StreamClient(Closeable):
                 ]
             return ops
 
+        left = None if deadline is None else max(0.001, deadline - self._clock.monotonic())
         try:
-            self._meta.commit(build)
+            self._meta.commit(build, timeout_s=left)
         except S3StreamError as exc:
             # Everything is uploaded, so nothing is lost; but the streams stay owned, and
             # other nodes must take this node over (cheap: its WAL is empty) or force-open
@@ -1057,6 +1085,7 @@ class _ClientStreams:
                 # Still listed as this client's: its close() tries the release again.
                 raise _release_failed([stream.stream_id], self._node_id, exc) from exc
             self._streams.pop(stream.stream_id, None)
+            self._storage.forget_released(stream.stream_id)
 
     def destroy(self, stream: Stream) -> None:
         """Delete `stream` and its data."""

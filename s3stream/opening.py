@@ -52,7 +52,6 @@ from .validation import (
 from .wal.base import WriteAheadLog
 from .wal.file import FileWal
 from .wal.holder import WalHolderLock
-from .wal.memory import MemoryWal
 from .wal.object import ObjectWal
 from .wal.registry import (
     OBJECT_PREFIX,
@@ -458,8 +457,9 @@ def _check_before_writing(
         given = split_scheme(url)[1]
         if "\0" in given:
             raise InvalidArgumentError(f"a store directory cannot hold a NUL byte, got {url!r}")
-        # Lexically normalised, as the store's own mkdir will see it ("new/../mine" is mine).
-        root = Path(os.path.abspath(os.path.expanduser(given)))
+        # Resolved as the kernel will resolve it for the store's writes: "link/../victim" is
+        # beside the link's target, not beside the link ("new/../mine", with no "new", is mine).
+        root = Path(os.path.realpath(os.path.expanduser(given)))
         _refuse_undecoded_twin(url, root)
         if root.exists() and not root.is_dir():
             raise InvalidArgumentError(f"{str(root)!r} exists and is not a directory")
@@ -534,7 +534,8 @@ def _build_client(
             timeout_s=resolved.store_timeout_ms / 1000,
         )
     elif split_scheme(wal if wal is not None else url)[0] == "memory":
-        wal_arg = MemoryWal()
+        # Through the factory: a node with streams open must not open on an empty WAL.
+        wal_arg = url_wal_factory("memory://", clock=clock, accept_wal_loss=accept_wal_loss)
     else:
         target: str | Callable[[str], str]
         if wal is None:

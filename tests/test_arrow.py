@@ -598,3 +598,22 @@ def test_polars_scan_is_imported_on_first_use() -> None:
         "assert s3stream.polars_scan.scan.__doc__ and 'polars' in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_header_bytes_count_towards_an_arrow_batchs_size(tmp_path: Path) -> None:
+    """An Arrow batch closes near `max_batch_bytes` counting its headers too: counted by
+    keys and values only, records with large headers filled one column chunk past Arrow's
+    2 GiB (66,500 records of 33 KB headers raised "exceed 2 GiB" on intact data)."""
+    from s3stream.arrow import RangeSlice, arrow_batches
+
+    with s3stream.open(str(tmp_path), wal="memory://") as client:
+        s = client.create_stream()
+        for _ in range(20):
+            s.append_records([Record(b"v", headers=(("h", b"x" * 10_000),)) for _ in range(5)])
+        client.flush()
+    with s3stream.open_reader(str(tmp_path)) as reader:
+        fetched = reader.read(0, 0, max_bytes=1 << 30)
+    piece = [(RangeSlice(0, None, None, "t", 0, 100), fetched.batches)]
+    batches = list(arrow_batches(piece, include_headers=True, max_batch_bytes=100_000))
+    assert sum(b.num_rows for b in batches) == 100
+    assert max(b.num_rows for b in batches) <= 15  # ~100 kB of headers each

@@ -792,3 +792,16 @@ def test_version_and_counts_read_as_english(store: Store) -> None:
     assert verified.returncode == 0, verified.stdout
     assert "stream 1: 3 batches OK" in verified.stdout and " entries and " in verified.stdout
     assert not re.search(r"\b1 (batches|streams|objects|entries|records)\b", verified.stdout)
+
+
+def test_an_ascii_terminal_and_a_huge_nice_give_no_traceback(tmp_path: Path) -> None:
+    """A tag outside ASCII printed to an ASCII stdout raised UnicodeEncodeError, and
+    ``--nice`` past a C int raised OverflowError: both tracebacks."""
+    root = tmp_path / "store"
+    with s3stream.open(root, wal="memory://") as client:
+        client.create_stream(tags={"topic": "récords"})
+    shown = run("inspect", str(root), env={**ENV, "PYTHONIOENCODING": "ascii"})
+    assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr
+    assert "r\\xe9cords" in shown.stdout
+    compacted = run("compact", str(root), "--nice", "99999999999999999999999")
+    assert compacted.returncode == 0 and "Traceback" not in compacted.stderr, compacted.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -18,9 +19,11 @@ from s3stream import (
     InvalidArgumentError,
     OffsetOutOfRangeError,
     RecordBatch,
+    S3StreamError,
     StreamClosedError,
     StreamNotFoundError,
     StreamOwnedError,
+    UnavailableError,
 )
 from s3stream.objectstore.local import LocalObjectStore
 from s3stream.wal.memory import MemoryWal
@@ -783,3 +786,32 @@ def test_close_from_an_append_callback_closes_cleanly(tmp_path: Path) -> None:
             time.sleep(0.05)
     with again:
         assert [b.payload for b in read_all(again.open_stream(s.stream_id))] == [b"a", b"b"]
+
+
+def test_close_keeps_its_deadline_while_a_stream_close_holds_the_client() -> None:
+    """`Stream.close` uploads under the client's lock; `close(timeout_s=1)` from another
+    thread used to wait for it (its whole flush deadline, 8 s here). Now it raises
+    `UnavailableError` at its own deadline, closing nothing, and a later close works."""
+    settings = s3stream.ClientSettings(
+        background_bytes_per_s=2000, call_timeout_ms=4000, upload_interval_ms=0
+    )
+    client = s3stream.open("memory://", settings=settings)
+    stream = client.create_stream()
+    stream.append(RecordBatch(b"x" * 60000))  # 30 s of upload at 2 kB/s
+    closer = threading.Thread(target=lambda: _ignore_errors(stream.close))
+    closer.start()
+    time.sleep(0.3)
+    started = time.monotonic()
+    with pytest.raises(UnavailableError, match="did not start within 1 s"):
+        client.close(timeout_s=1)
+    assert time.monotonic() - started < 2.0
+    assert not client.closed
+    closer.join(10)
+    client.close(timeout_s=10)  # the limiter lets the upload through once closing
+    with pytest.raises(StreamClosedError):
+        stream.append(RecordBatch(b"late"))
+
+
+def _ignore_errors(call: Callable[[], object]) -> None:
+    with contextlib.suppress(S3StreamError):
+        call()

@@ -109,6 +109,23 @@ def test_open_refuses_a_directory_of_other_files(foreign: Path) -> None:
     assert not (foreign.parent / "not-there").exists()
 
 
+def test_a_path_through_a_symlink_and_dotdot_is_judged_where_it_leads(
+    foreign: Path, tmp_path: Path
+) -> None:
+    """``link/../victim`` is resolved by the kernel through the link's target: the check of
+    the directory looked at the lexically normalised path instead (an empty or missing
+    one) and the store then wrote meta/ and wal/ beside somebody's files."""
+    deep = foreign / "deep"
+    deep.mkdir()
+    elsewhere = tmp_path / "x" / "y"  # lexically, link/../.. is x: empty, no files
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "link").symlink_to(deep)
+    before = tree(foreign)
+    with pytest.raises(InvalidArgumentError, match="empty or new directory"):
+        s3stream.open(f"{elsewhere}/link/../../{foreign.name}")
+    assert tree(foreign) == before
+
+
 def test_what_a_desktop_leaves_in_a_folder_is_not_somebodys_files(tmp_path: Path) -> None:
     for name in (".DS_Store", "Thumbs.db"):
         (tmp_path / name).write_bytes(b"\0")

@@ -1368,3 +1368,19 @@ def test_an_http_server_that_is_not_s3_is_named(scripted: Callable[..., Scripted
             },
             settings=s3stream.ClientSettings(store_timeout_ms=2_000),
         )
+
+
+def test_local_listing_skips_names_that_are_not_keys(tmp_path: Path) -> None:
+    """Names other tools leave under the root (a ``\\``, bytes that are not UTF-8) were
+    listed as keys that `get` and `delete_many` then refused (a delete of a whole listing
+    failed); a prefix with a NUL raised a bare ValueError."""
+    root = tmp_path / "objects"
+    store = LocalObjectStore(root, fsync=False)
+    store.put("data/ok", b"1")
+    (root / "data" / "back\\slash").write_bytes(b"x")
+    os.mkdir(os.path.join(os.fsencode(root / "data"), b"not-utf8-\xff"))
+    (root / "data" / "plain").mkdir()
+    keys = [info.key for info in store.list("")]
+    assert keys == ["data/ok"]
+    store.delete_many(keys)
+    assert list(store.list("a\x00/b")) == [] and list(store.list("a/\x00")) == []

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 import tomllib
 import uuid
 import warnings
@@ -26,7 +27,13 @@ from typing import Any
 import pytest
 
 from s3stream.clock import ManualClock, SystemClock
-from s3stream.errors import ContendedError, ObjectNotFoundError, S3StreamError
+from s3stream.errors import (
+    ContendedError,
+    InvalidArgumentError,
+    ObjectNotFoundError,
+    S3StreamError,
+    UnavailableError,
+)
 from s3stream.objectstore import RetryingObjectStore, S3ObjectStore
 from s3stream.objectstore.s3 import DIRECTORY_BUCKET_SUFFIX
 from s3stream.testing.s3_servers import LoopbackS3Server, MotoS3Server, start_s3_server
@@ -364,3 +371,88 @@ def test_forced_seaweedfs_does_not_fall_back(tmp_path: Path) -> None:
         start_s3_server(tmp_path, choice="seaweedfs", weed=str(tmp_path / "no-such-weed"))
     with pytest.raises(ValueError, match="choice"):
         start_s3_server(tmp_path, choice="minio")
+
+
+# -- answers AWS documents that SeaweedFS and moto do not give (scripted) ------------------------
+
+
+def test_501_not_implemented_is_permanent_and_not_retried(
+    scripted: Callable[[Callable[[str, str], Reply]], Scripted],
+) -> None:
+    """AWS answers a request it does not implement (a conditional write on a service without
+    them) with 501 NotImplemented: retrying it until the deadline only delayed the error."""
+    server = scripted(lambda method, path: (501, {}, _error_xml("NotImplemented")))
+    with pytest.raises(S3StreamError, match="conditional writes") as info:
+        server.store().put_if_absent("k", b"v")
+    assert not info.value.retryable
+    assert server.requests == [("PUT", "/bucket/k")]
+
+
+def test_a_range_the_server_ignores_is_cut_from_the_whole_object(
+    scripted: Callable[[Callable[[str, str], Reply]], Scripted],
+) -> None:
+    """A proxy or service that ignores Range answers 200 with the whole object: a ranged read
+    returned all of it (other bytes than asked for)."""
+    whole = bytes(range(100))
+    server = scripted(lambda method, path: (200, {"ETag": '"x"'}, whole))
+    store = server.store()
+    assert store.get("k", 10, 20) == whole[10:20]
+    assert store.get("k", 95) == whole[95:]
+    assert store.get_suffix("k", 5) == whole[-5:]
+
+
+def test_a_body_that_trickles_in_ends_within_the_try(tmp_path: Path) -> None:
+    """botocore's read timeout bounds each socket read, not the body: a GET whose body came
+    at 20 kB/s returned after the whole body (a 30 s call with 2 s timeouts)."""
+
+    class Slow(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(600_000))
+            self.end_headers()
+            try:
+                for _ in range(300):
+                    self.wfile.write(b"x" * 2000)
+                    self.wfile.flush()
+                    time.sleep(0.1)
+            except OSError:
+                pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    server.daemon_threads = True
+    server.block_on_close = False
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        store = S3ObjectStore(
+            "bucket",
+            endpoint_url=f"http://127.0.0.1:{server.server_address[1]}",
+            aws_access_key_id="test",
+            aws_secret_access_key="test",
+            connect_timeout_s=1,
+            read_timeout_s=1,
+        )
+        started = time.monotonic()
+        with pytest.raises(UnavailableError, match="slow link"):
+            store.get("k")
+        assert time.monotonic() - started < 2 + 65_536 / 20_000 + 0.5
+        store.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize(
+    "url", ["s3://bucket/team?region=us-east-1", "s3://bucket/p#x", "s3a://bucket?x=1"]
+)
+def test_a_store_url_with_a_query_is_refused(url: str) -> None:
+    """`s3://b/team?region=...` kept the query in the store's prefix while the default WAL's
+    URL cut it off: data and WAL in two places, and a node's acknowledged appends lost when
+    another store (`s3://b/team`) registered the same node. (Every remote store's URL goes
+    through the same `split_url`.)"""
+    with pytest.raises(InvalidArgumentError, match="query or fragment"):
+        S3ObjectStore.from_url(url, endpoint_url="http://127.0.0.1:9")

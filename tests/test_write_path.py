@@ -28,6 +28,7 @@ import s3stream
 from s3stream import (
     BackpressureError,
     ClientSettings,
+    CompactionSettings,
     CorruptionError,
     FencedError,
     FileWalSettings,
@@ -35,6 +36,7 @@ from s3stream import (
     NodeInUseError,
     RecordBatch,
     S3StreamError,
+    StreamClient,
     StreamClosedError,
     StreamOwnedError,
     UnavailableError,
@@ -42,9 +44,11 @@ from s3stream import (
 )
 from s3stream.objectstore.base import ObjectInfo, ObjectStore
 from s3stream.objectstore.local import LocalObjectStore
+from s3stream.objectstore.memory import MemoryObjectStore
 from s3stream.objectstore.wrappers import ForwardingObjectStore
 from s3stream.testing import disk_faults
 from s3stream.testing.disk_faults import failing_writes
+from s3stream.testing.faults import FaultRule
 from s3stream.wal.file import FileWal
 from s3stream.wal.memory import MemoryWal
 
@@ -918,6 +922,192 @@ def test_log_cache_takes_uploads_grouped_by_stream_and_evicts_whole_runs() -> No
             assert complete and [b.base_offset for b in batches] == list(range(first, offsets[sid]))
 
 
+def test_a_stream_reopened_after_another_node_wrote_it_reads_that_nodes_batches() -> None:
+    """Node A closes a stream, node B appends to it and closes it, A opens it again and
+    appends: A's fetch, reads, record iteration and seek by time return B's batches from
+    objects, not A's old cached batches followed by its new one with B's skipped. (A closed
+    stream's cache tail used to stay, and a read took it and the new entries as one run.)"""
+    settings = ClientSettings(upload_interval_ms=0, compaction=CompactionSettings(background=False))
+    store = MemoryObjectStore()
+    a = StreamClient(store, MemoryWal(), node_id="A", settings=settings)
+    b = StreamClient(store, MemoryWal(), node_id="B", settings=settings)
+    try:
+        first = a.create_stream()
+        for i in range(10):
+            first.append(RecordBatch(f"A{i}".encode(), base_timestamp=i))
+        first.close()
+        assert a._storage.log_cache.first_offset(first.stream_id) is None  # released: dropped
+        theirs = b.open_stream(first.stream_id)
+        for i in range(10, 20):
+            theirs.append(RecordBatch(f"B{i}".encode(), base_timestamp=i))
+        theirs.close()
+        again = a.open_stream(first.stream_id)
+        again.append(RecordBatch(b"A20", base_timestamp=20))
+        want = [f"A{i}".encode() for i in range(10)] + [f"B{i}".encode() for i in range(10, 20)]
+        want.append(b"A20")
+        got = again.fetch(10)
+        assert [bytes(x.payload) for x in got.batches] == want[10:]
+        assert [bytes(x.payload) for x in a.read(first.stream_id, 0).batches] == want
+        assert [off for off, _ in again.read_records(0)] == list(range(21))
+        assert again.offset_for_timestamp(15) == 15
+    finally:
+        a.close()
+        b.close()
+
+
+def test_appends_refused_by_a_close_are_not_replayed_into_the_closed_stream(
+    tmp_path: Path,
+) -> None:
+    """Appends still in the WAL when `Stream.close` stops the writer are refused
+    (`StreamClosedError`), but their records stay in the WAL. A reopen used to replay them
+    into the closed stream, whose commit was refused ("closed") until the deadline: every
+    reopen and take-over of the node failed."""
+    import threading
+
+    from s3stream import StreamState
+    from s3stream.testing.disk_faults import _commits_paused
+
+    settings = ClientSettings(call_timeout_ms=5000, upload_interval_ms=0)
+    wal_settings = FileWalSettings(capacity_bytes=16 << 20)
+    store = tmp_path / "store"
+    client = s3stream.open(store, settings=settings, file_wal_settings=wal_settings)
+    stream = client.create_stream()
+    stream.append(RecordBatch(b"acknowledged"))
+    client.flush()
+    assert isinstance(client.wal, FileWal)
+    with _commits_paused(client.wal):
+        futures = [stream.append_async(RecordBatch(b"in flight")) for _ in range(3)]
+        closer = threading.Thread(target=stream.close)
+        closer.start()
+        closer.join(10)
+        assert not closer.is_alive()
+    for future in futures:
+        with pytest.raises(StreamClosedError):
+            future.result(5)
+    client.close()
+    with s3stream.open(store, settings=settings, file_wal_settings=wal_settings) as again:
+        assert again.recovery.fenced == 3 and again.recovery.uploaded_batches == 0
+        info = again.stream_info(stream.stream_id)
+        assert (info.state, info.end_offset) == (StreamState.CLOSED, 1)
+        assert read_back(again, stream.stream_id) == [b"acknowledged"]
+        assert again.open_stream(stream.stream_id).confirm_offset == 1
+
+
+#: A metadata entry's create lands, its reply is lost, and reading the log back fails.
+_LOST_COMMIT_REPLY = [
+    FaultRule(ambiguous_rate=1.0, operations=frozenset({"put_if_absent"}), key_prefix="meta/log/"),
+    FaultRule(error_rate=1.0, operations=frozenset({"get", "head", "list"}), key_prefix="meta/"),
+]
+
+
+def _append_and_lose_the_commit_reply(store: Any, client: StreamClient) -> s3stream.Stream:
+    """A new stream with one append whose upload's metadata entry lands unseen (the flush
+    fails): `_LOST_COMMIT_REPLY`."""
+    with store.healthy():
+        stream = client.create_stream()
+    stream.append(RecordBatch(b"first"))
+    with pytest.raises(UnavailableError):
+        client.flush(timeout_s=1)
+    assert store.counters.ambiguous["put_if_absent"] >= 1
+    return stream
+
+
+def _faulty_client(rules: list[Any], node_id: str, store: Any = None) -> tuple[Any, StreamClient]:
+    import random
+
+    from s3stream.testing.faults import FaultyObjectStore
+
+    faulty = store or FaultyObjectStore(MemoryObjectStore(), rng=random.Random(7), rules=rules)
+    settings = ClientSettings(
+        store_timeout_ms=300,
+        call_timeout_ms=5000,
+        upload_interval_ms=0,
+        stream_split_bytes=1000,
+        compaction=CompactionSettings(background=False),
+    )
+    with faulty.healthy():
+        client = StreamClient(faulty, MemoryWal(), node_id=node_id, settings=settings)
+    return faulty, client
+
+
+def test_an_upload_whose_commit_landed_unseen_is_not_committed_again() -> None:
+    """The metadata entry of an upload lands, its reply is lost and reading it back fails
+    too: the uploader tries the upload again later. That try used to find the streams' ends
+    moved by its own entry and fail ("upload starts at 0 but the committed end is 1"),
+    forever: no flush succeeded, appends hit backpressure, until the client was reopened."""
+    store, client = _faulty_client(_LOST_COMMIT_REPLY, "n1")
+    try:
+        stream = _append_and_lose_the_commit_reply(store, client)
+        with store.healthy():
+            client.flush(timeout_s=5)
+            stream.append(RecordBatch(b"second"))
+            client.flush(timeout_s=5)
+            assert client.stream_info(stream.stream_id).end_offset == 2
+            assert read_back(client, stream.stream_id) == [b"first", b"second"]
+    finally:
+        with store.healthy():
+            client.close()
+
+
+def test_a_failed_delete_of_a_fenced_streams_object_leaves_the_commit_standing() -> None:
+    """An upload held an object only of a stream another client took over: after the commit
+    the object is deleted. When that delete failed, the committed upload was tried again
+    and failed on the live streams' moved ends, forever."""
+    from s3stream.testing.faults import FaultRule
+
+    store, mine = _faulty_client(
+        [FaultRule(error_rate=1.0, operations=frozenset({"delete_many"}))], "n1"
+    )
+    _, theirs = _faulty_client([], "n2", store)
+    try:
+        with store.healthy():
+            live, taken = mine.create_stream(), mine.create_stream()
+        live.append(RecordBatch(b"live"))
+        taken.append(RecordBatch(b"B" * 5000))  # an object of its own (stream_split_bytes)
+        with store.healthy():
+            theirs.open_stream(taken.stream_id, force=True)
+        with pytest.raises(FencedError):
+            mine.flush(timeout_s=3)  # the taken stream's append is reported lost
+        assert store.counters.errors["delete_many"] >= 1
+        live.append(RecordBatch(b"after"))
+        mine.flush(timeout_s=3)
+        assert mine.stream_info(live.stream_id).end_offset == 2
+    finally:
+        with store.healthy():
+            for c in (mine, theirs):
+                with contextlib.suppress(FencedError):
+                    c.close()
+
+
+def test_the_log_cache_never_reads_across_a_gap_between_writers() -> None:
+    """Entries of an older writer still pending when a writer starts elsewhere in the stream
+    stay for their upload; reads stop at the gap and report an offset inside it as not
+    cached (the caller reads objects), and a new writer's first entry after uploaded ones
+    drops those."""
+    from s3stream.cache.log_cache import LogCache
+    from s3stream.format.batch import WAL_PREFIX, encode_batch
+
+    cache = LogCache(1 << 20)
+
+    def put(offset: int, epoch: int) -> None:
+        payload = f"p{offset}".encode()
+        record = encode_batch(7, offset, 1, 0, 0, None, payload, prefix=WAL_PREFIX.pack(1, epoch))
+        cache.put(7, offset, 1, 0, 0, {}, payload, record, WAL_PREFIX.size, offset, epoch)
+
+    for offset in range(5):
+        put(offset, 1)
+    put(9, 2)  # pending entries before it: kept
+    batches, complete = cache.read(7, 0, 10, 1 << 20)
+    assert complete and [b.base_offset for b in batches] == [0, 1, 2, 3, 4]
+    assert cache.read(7, 5, 10, 1 << 20) == ([], False)
+    batches, complete = cache.read(7, 9, 10, 1 << 20)
+    assert complete and [b.base_offset for b in batches] == [9]
+    cache.mark_uploaded(cache.take())
+    put(30, 3)  # all before it uploaded: dropped
+    assert cache.first_offset(7) == 30
+    assert cache.cached_bytes == cache.pending_bytes > 0
+
+
 def test_releasing_a_fenced_epoch_leaves_a_reopened_writer_and_its_entries(
     tmp_path: Path,
 ) -> None:
@@ -1115,3 +1305,69 @@ def test_an_upload_a_close_left_behind_writes_nothing_after_it(tmp_path: Path) -
         with s3stream.open(store_dir, wal=wal, environ={}) as again:
             got = [b.payload for b in again.open_stream(stream.stream_id).fetch(0).batches]
             assert [bytes(g) for g in got] == payloads
+
+
+def test_an_in_memory_wal_is_refused_for_a_node_with_streams_open(tmp_path: Path) -> None:
+    """A node that crashed with acknowledged appends in its file WAL, opened again with
+    ``wal="memory://"``: the open recovered nothing and its close released the streams, so
+    the appends in the real WAL could never be replayed (another node wrote over their
+    offsets). Now the open is refused, as for a missing file WAL, unless accept_wal_loss."""
+    store = tmp_path / "store"
+    crashed = s3stream.open(store, settings={"upload_interval_ms": "1h"})
+    stream = crashed.create_stream()
+    for i in range(3):
+        stream.append(RecordBatch(b"acked %d" % i))
+    crashed.abandon()
+    with pytest.raises(CorruptionError, match="in-memory WAL holds none of them"):
+        s3stream.open(store, wal="memory://")
+    with s3stream.open(store) as again:  # its own WAL: everything is there
+        assert again.recovery.uploaded_batches == 3
+        assert read_back(again, stream.stream_id) == [b"acked 0", b"acked 1", b"acked 2"]
+    with s3stream.open(store, wal="memory://") as later:  # released: nothing to lose now
+        assert later.stream_info(stream.stream_id).end_offset == 3
+
+
+def test_an_unseen_commit_whose_objects_were_compacted_away_is_still_recognised() -> None:
+    """As `test_an_upload_whose_commit_landed_unseen_is_not_committed_again`, but another node
+    compacts the landed objects away before the retry: the retry no longer finds its object
+    keys, and recognises its commit by the stream's end at its own epoch instead."""
+    store, client = _faulty_client(_LOST_COMMIT_REPLY, "n1")
+    compacting = ClientSettings(
+        compaction=CompactionSettings(
+            background=False, deletion_delay_ms=0, stream_set_max_age_ms=1
+        )
+    )
+    try:
+        stream = _append_and_lose_the_commit_reply(store, client)
+        with store.healthy():
+            landed = {o.key for o in client.object_store.list("data/")}
+            with StreamClient(store, MemoryWal(), node_id="c2", settings=compacting) as other:
+                other.compact()
+                other.compact()
+                assert not landed & set(other.metadata.state.objects)  # rewritten, purged
+            client.flush(timeout_s=5)
+            stream.append(RecordBatch(b"second"))
+            client.flush(timeout_s=5)
+            assert read_back(client, stream.stream_id) == [b"first", b"second"]
+    finally:
+        with store.healthy():
+            client.close()
+
+
+def test_a_client_on_an_in_memory_wal_takes_no_node_over_without_its_wal(
+    tmp_path: Path,
+) -> None:
+    """A client opened with ``wal="memory://"`` has no WAL of another node to replay: its
+    `take_over(node)` without `wal=` is refused before anything happens (the node is not
+    fenced), as for a client given a WAL instance."""
+    store = tmp_path / "store"
+    node = s3stream.open(store, node_id="n1", settings={"upload_interval_ms": "1h"})
+    stream = node.create_stream()
+    stream.append(RecordBatch(b"acked"))
+    taker = s3stream.open(store, node_id="t", wal="memory://", accept_wal_loss=True)
+    with taker, pytest.raises(InvalidArgumentError, match="pass wal="):
+        taker.take_over("n1")
+    node.flush(timeout_s=5)  # not fenced
+    node.close()
+    with s3stream.open(store, node_id="n1") as again:
+        assert read_back(again, stream.stream_id) == [b"acked"]

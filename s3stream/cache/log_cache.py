@@ -125,6 +125,11 @@ def entry_batch(e: CachedBatch) -> FetchedBatch:
     )
 
 
+def _end_of(e: CachedBatch) -> int:
+    """The offset after an entry's batch."""
+    return e[BASE] + e[COUNT]
+
+
 def _payload_len(e: CachedBatch) -> int:
     """Bytes of an entry's payload (fetch limits count payloads)."""
     n = len(e[RECORD]) + len(e[APART]) - e[SKIP] - BATCH_HEADER.size
@@ -324,6 +329,16 @@ class LogCache:
             tail = self._streams.get(stream_id)
             if tail is None:
                 tail = self._streams[stream_id] = _StreamTail(stream_id)
+            elif (
+                tail.head < len(tail.entries)
+                and _end_of(tail.entries[-1]) != base_offset
+                and tail.uploaded == len(tail.entries)
+            ):
+                # A new writer elsewhere in the stream (it was closed here, written by another
+                # node, reopened here): a read would take the old entries and the new ones
+                # for one run and skip what lies between. Uploaded entries are in objects.
+                self._drop_tail_locked(tail)
+                tail = self._streams[stream_id] = _StreamTail(stream_id)
             entries = tail.entries
             if tail.taken == len(entries):
                 self._untaken[stream_id] = tail  # its first entry not yet taken
@@ -468,32 +483,48 @@ class LogCache:
                 self._refuse_locked(stream_id, epoch)
                 if epoch > self._discarded.get(stream_id, -1):
                     self._discarded[stream_id] = epoch
-            tail = self._streams.pop(stream_id, None)
-            self._untaken.pop(stream_id, None)
+            tail = self._streams.get(stream_id)
+            return [] if tail is None else self._drop_tail_locked(tail)
+
+    def forget_uploaded(self, stream_id: int) -> bool:
+        """Drop the stream's cached entries if all are uploaded (its writer released here:
+        reads go to objects, and its memory is not kept for the client's life); False if
+        some are still pending (they stay for their upload)."""
+        with self._lock:
+            tail = self._streams.get(stream_id)
             if tail is None:
-                return []
-            dropped = tail.entries[tail.uploaded :]
-            uploaded = tail.entries[tail.head : tail.uploaded]
-            self._uploaded_bytes -= sum(entry_memory(e) for e in uploaded)
+                return True
+            if tail.uploaded < len(tail.entries):
+                return False
+            self._drop_tail_locked(tail)
+            return True
+
+    def _drop_tail_locked(self, tail: _StreamTail) -> list[CachedBatch]:
+        """Remove a stream's entries from the cache; returns those not uploaded."""
+        stream_id = tail.stream_id
+        del self._streams[stream_id]
+        self._untaken.pop(stream_id, None)
+        dropped = tail.entries[tail.uploaded :]
+        uploaded = tail.entries[tail.head : tail.uploaded]
+        self._uploaded_bytes -= sum(entry_memory(e) for e in uploaded)
+        if dropped:
             self._pending_bytes -= sum(entry_memory(e) for e in dropped)
             for e in dropped:
                 self._finish_locked(e[SEQ])
             self._pending = [e for e in self._pending if e[SID] != stream_id]
             self._untaken_bytes = sum(entry_size(e) for e in self._pending)
-            if uploaded:
-                # Rare (a stream destroyed or fenced): its records go now, not when eviction
-                # would have reached them.
-                runs = [
-                    run
-                    for run in zip(
-                        self._evict_tails, self._evict_left, self._evict_memory, strict=True
-                    )
-                    if run[0] is not tail
-                ]
-                self._evict_tails = deque(run[0] for run in runs)
-                self._evict_left = deque(run[1] for run in runs)
-                self._evict_memory = deque(run[2] for run in runs)
-            return dropped
+        if uploaded:
+            # Rare (a stream destroyed, fenced or released): its records go now, not when
+            # eviction would have reached them.
+            runs = [
+                run
+                for run in zip(self._evict_tails, self._evict_left, self._evict_memory, strict=True)
+                if run[0] is not tail
+            ]
+            self._evict_tails = deque(run[0] for run in runs)
+            self._evict_left = deque(run[1] for run in runs)
+            self._evict_memory = deque(run[2] for run in runs)
+        return dropped
 
     def discarded_epoch(self, stream_id: int) -> int | None:
         """The newest epoch at which the stream was discarded (`discard_stream` with an
@@ -514,8 +545,9 @@ class LogCache:
     ) -> tuple[list[FetchedBatch], bool]:
         """Batches of the stream overlapping ``[start, end)``, at least one, up to `max_bytes`.
 
-        Returns (batches, complete): `complete` is False when the cache no longer holds
-        `start` (evicted or never cached), in which case the caller reads objects first.
+        Returns (batches, complete): `complete` is False when the cache does not hold
+        `start` (evicted, never cached, or in a gap between writers), in which case the
+        caller reads objects first. The batches are contiguous: a read stops at a gap.
         """
         found: list[CachedBatch] = []
         with self._lock:
@@ -525,11 +557,15 @@ class LogCache:
                 return [], False
             i = bisect.bisect_right(entries, start, lo=tail.head, key=_base_of) - 1
             n = len(entries)
+            if i + 1 < n and _end_of(entries[i]) <= start:
+                return [], False  # `start` falls in a gap (`put` keeps none, but defend)
             total = 0
+            expected = entries[i][BASE]
             while i < n:
                 e = entries[i]
-                if e[BASE] >= end:
+                if e[BASE] >= end or e[BASE] != expected:
                     break
+                expected = e[BASE] + e[COUNT]
                 size = _payload_len(e)
                 if found and total + size > max_bytes:
                     break

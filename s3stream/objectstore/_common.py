@@ -101,6 +101,13 @@ def split_url(url: str, schemes: Collection[str], kind: str, noun: str) -> tuple
     authority, _, prefix = rest.partition("/")
     if not authority:
         raise InvalidArgumentError(f"the URL {url!r} names no {noun}")
+    if "?" in rest or "#" in rest:
+        # Taken as part of the prefix, the store's objects would land under a prefix other
+        # code (the default WAL's URL) reads as ending before the '?': two places at once.
+        raise InvalidArgumentError(
+            f"the store URL {url!r} has a query or fragment ('?' or '#'): a store's options "
+            "go in storage_options (a WAL's own URL takes its settings in its query)"
+        )
     return scheme, authority, prefix
 
 

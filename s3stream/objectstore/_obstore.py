@@ -178,6 +178,18 @@ class ObstoreObjectStore(RemoteObjectStore[Any]):
         if isinstance(exc, ox.InvalidPathError | ValueError):
             return InvalidArgumentError(f"cannot {what}: {text}")
         if status is not None:
+            if status == 501:
+                # A request the service does not implement (AWS documents 501 NotImplemented,
+                # e.g. for a conditional write it does not support): no retry changes that.
+                return S3StreamError(
+                    f"cannot {what}: the service does not implement this request ({detail}: "
+                    f"{text})"
+                    + (
+                        "; s3stream needs conditional writes (If-None-Match)"
+                        if action == "create"
+                        else ""
+                    )
+                )
             if failure.code in self.retryable_codes or status in (408, 429) or status >= 500:
                 return UnavailableError(f"cannot {what}: {detail}: {text}")
             return S3StreamError(f"cannot {what}: {detail}: {text}")

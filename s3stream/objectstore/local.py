@@ -301,6 +301,8 @@ class LocalObjectStore(ObjectStore):
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         check_prefix(prefix)
+        if "\x00" in prefix:
+            return iter(())  # no file name holds one
         dir_part, sep, name_prefix = prefix.rpartition("/")
         if dir_part:
             segments = dir_part.split("/")
@@ -335,7 +337,11 @@ class LocalObjectStore(ObjectStore):
             with os.scandir(directory) as it:
                 for entry in it:
                     name = entry.name
-                    if name.startswith(TEMP_PREFIX) or not name.startswith(name_prefix):
+                    if (
+                        name.startswith(TEMP_PREFIX)
+                        or not name.startswith(name_prefix)
+                        or not _is_key_name(name)
+                    ):
                         continue
                     try:
                         if entry.is_dir(follow_symlinks=False):
@@ -476,3 +482,16 @@ def _pread_exact(fd: int, length: int, offset: int) -> bytes:
 def _unlink_quietly(path: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)
+
+
+def _is_key_name(name: str) -> bool:
+    """Whether a file name found under the root can be part of a key (`check_key`): names
+    other tools left (a ``\\``, bytes that are not UTF-8) are not listed, since `get` and
+    `delete_many` would refuse the keys they make."""
+    if "\\" in name:
+        return False
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

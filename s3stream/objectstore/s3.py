@@ -95,6 +95,11 @@ _DENIED_CODES = frozenset(
         "403",
     }
 )
+#: A GET's body is read in pieces, each checked against the try's time (`_read_body`): the
+#: first this large, the next ones sized by the pace so far, at least `_BODY_MIN_PIECE`.
+_BODY_FIRST_PIECE = 1 << 16
+_BODY_MIN_PIECE = 1 << 14
+
 _RETRYABLE_CODES = frozenset(
     {
         "BandwidthLimitExceeded",
@@ -353,17 +358,22 @@ class S3ObjectStore(RemoteObjectStore["S3Client"]):
         if start == 0 and end is None:
             return self._get_object(key, full, None)
         last = "" if end is None else str(end - 1)
-        return self._get_object(key, full, f"bytes={start}-{last}")
+        return self._get_object(key, full, f"bytes={start}-{last}", slice(start, end))
 
     def get_suffix(self, key: str, length: int) -> bytes:
         full = self._full_key(key)
         check_suffix_length(length)
-        return self._get_object(key, full, f"bytes=-{length}")
+        return self._get_object(key, full, f"bytes=-{length}", slice(-length, None))
 
-    def _get_object(self, key: str, full: str, byte_range: str | None) -> bytes:
+    def _get_object(
+        self, key: str, full: str, byte_range: str | None, part: slice | None = None
+    ) -> bytes:
+        """The object's bytes, or the `byte_range` of them (`part`: the same range as a slice
+        of the whole, for a server that ignores Range and answers with everything)."""
         client = self._s3()
         extra = {"Range": byte_range} if byte_range else {}
         for attempt in range(self._max_attempts):
+            started = self._clock.monotonic()
             try:
                 response = self._send(
                     GET_OBJECT,
@@ -376,7 +386,12 @@ class S3ObjectStore(RemoteObjectStore["S3Client"]):
                 raise self._translate(exc, "read", key) from exc
             body = response["Body"]
             try:
-                return body.read()
+                data = self._read_body(body, key, started)
+                if part is not None and not response.get("ContentRange"):
+                    # 200 with the whole object (a proxy or service that ignores Range):
+                    # the range is cut here, so a ranged read never returns other bytes.
+                    data = data[part]
+                return data
             except Exception as exc:
                 # The headers arrived but the body broke off; botocore does not retry that.
                 if not _is_transient(exc) or attempt + 1 >= self._max_attempts:
@@ -385,6 +400,32 @@ class S3ObjectStore(RemoteObjectStore["S3Client"]):
                 body.close()
             self._backoff(attempt)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _read_body(self, body: Any, key: str, started: float) -> bytes:
+        """A response body, read within one try's time from `started` (connect plus read
+        timeout): botocore's read timeout bounds each socket read, not the body, so a slow
+        but live link would hold a call for as long as the body takes. The first piece
+        measures the link; each next one is sized to take at most half the time left at that
+        pace (on a fast link: the rest at once)."""
+        budget = self._connect_timeout_s + self._read_timeout_s
+        clock = self._clock
+        limit = started + budget
+        chunks = []
+        size = _BODY_FIRST_PIECE
+        got = 0
+        began = clock.monotonic()
+        while chunk := body.read(size):
+            chunks.append(chunk)
+            got += len(chunk)
+            now = clock.monotonic()
+            if now > limit:
+                raise UnavailableError(
+                    f"cannot read {key!r} in {self.describe()}: the body did not arrive "
+                    f"within {budget:g} s (a slow link)"
+                )
+            pace = got / max(now - began, 1e-6)
+            size = max(_BODY_MIN_PIECE, int(pace * (limit - now) / 2))
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def head(self, key: str) -> ObjectInfo | None:
         full = self._full_key(key)
@@ -542,6 +583,17 @@ class S3ObjectStore(RemoteObjectStore["S3Client"]):
                 return S3StreamError(
                     f"cannot {what}: access denied, {detail}{hint} (check the credentials, "
                     "their IAM policy and the bucket policy)"
+                )
+            if status == 501 or code == "NotImplemented":
+                # AWS's answer to a request it does not implement (e.g. a conditional write
+                # a service does not support): no retry changes that.
+                return S3StreamError(
+                    f"cannot {what}: the service does not implement this request ({detail})"
+                    + (
+                        "; s3stream needs conditional writes (If-None-Match)"
+                        if action == "create"
+                        else ""
+                    )
                 )
             if code in _RETRYABLE_CODES or status >= 500 or status == 429:
                 return UnavailableError(f"cannot {what}: {detail} after {retries + 1} tries")

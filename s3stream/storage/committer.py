@@ -78,8 +78,9 @@ class Committer:
         trim the WAL below them if `trim`. Raises what the metadata commit raises."""
         groups = entries.groups
         first = {sid: lst[0] for sid, lst in groups.items()}
+        ends = {sid: lst[-1][BASE] + lst[-1][COUNT] for sid, lst in groups.items()}
         fenced: set[int] = set()
-        build = self._builder(first, objects, fenced)
+        build = self._builder(first, ends, objects, fenced)
         with self.lock:
             _, state = self._meta.commit(build)
             self._cache.mark_uploaded(entries, fenced)
@@ -87,7 +88,12 @@ class Committer:
                 self._drop_fenced(sid, groups[sid], state)
         dead = [o.key for o in objects if all(r[0] in fenced for r in o.ranges)]
         if dead:
-            self._store.delete_many(dead)
+            try:
+                self._store.delete_many(dead)
+            except S3StreamError as exc:
+                # The commit stands: failing here would retry a committed upload. Objects
+                # no entry references are the orphan sweep's to delete.
+                self._log.warning("deleting %d unreferenced objects failed: %s", len(dead), exc)
         self._log.debug("upload committed: %d objects", len(objects))
         self._ins.upload.record(
             self._clock.monotonic() - started, sum(len(o.data) for o in objects), len(objects)
@@ -107,24 +113,47 @@ class Committer:
     def _builder(
         self,
         first: dict[int, CachedBatch],
+        ends: dict[int, int],
         objects: Sequence[PackedObject],
         fenced: set[int],
     ) -> Callable[[MetadataState], Sequence[CommitObjects]]:
         """The commit's entry, built afresh on each metadata state the log retries on;
-        `fenced` collects the streams another owner has taken."""
+        `fenced` collects the streams another owner has taken (`ends`: where the upload
+        leaves each stream)."""
         now = self._clock.now_ms()
 
         def build(state: MetadataState) -> Sequence[CommitObjects]:
             fenced.clear()
+            held_objects = state.objects
+            landed = [m for o in objects if (m := held_objects.get(o.key)) is not None]
+            if landed:
+                # An earlier try of this very commit was written (its reply was lost, and
+                # the read-back that would have said so failed too): committing it again
+                # would fail forever on the moved ends. What it left out was fenced then.
+                held = {r.stream_id for m in landed for r in m.ranges}
+                fenced.update(sid for sid in first if sid not in held)
+                return []
+            moved: list[int] = []
             for sid, e in first.items():
                 s = state.streams.get(sid)
                 if s is None or s.state is StreamState.DELETED or s.epoch != e[EPOCH]:
                     fenced.add(sid)
                 elif s.end_offset != e[BASE]:
+                    if s.end_offset < ends[sid]:
+                        raise CorruptionError(
+                            f"stream {sid}: upload starts at {e[BASE]} but the "
+                            f"committed end is {s.end_offset}"
+                        )
+                    moved.append(sid)
+            if moved:
+                if len(moved) + len(fenced) < len(first):
                     raise CorruptionError(
-                        f"stream {sid}: upload starts at {e[BASE]} but the "
-                        f"committed end is {s.end_offset}"
+                        f"streams {sorted(moved)} are committed past this upload, others of "
+                        "it are not: the metadata does not match this client's uploads"
                     )
+                # Landed, and its objects compacted away since (so not found above): only
+                # this client moves a stream's end at its epoch, and uploads commit in order.
+                return []
             metas = []
             for o in objects:
                 ranges = tuple(

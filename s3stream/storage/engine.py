@@ -196,6 +196,11 @@ class Storage:
         What was stopped (see `Appender.release_writer`)."""
         return self._appender.release_writer(stream_id, error, epoch=epoch, discard=discard)
 
+    def forget_released(self, stream_id: int) -> None:
+        """The stream was released here (closed in the metadata): its cached batches, all
+        uploaded, go now (reads go to objects; another node may write it next)."""
+        self._cache.forget_uploaded(stream_id)
+
     def report_fenced(self, stream_id: int, released: Released) -> None:
         """What `released` (of a destroy) had not uploaded went to another owner, who took
         the stream before the deletion: report it as dropped (`flush`, `close`)."""

@@ -61,6 +61,9 @@ WINDOW = 5
 
 Outcome = AppendResult | Future[AppendResult]
 
+#: A table this small is never swept for idle producers (`ProducerTable.record`).
+_SWEEP_MIN = 1024
+
 
 @dataclass(slots=True)
 class _Producer:
@@ -133,6 +136,10 @@ class ProducerTable:
         #: Stamps the settling of each append (`_note_done`); without one, the call's time.
         self._clock = clock
         self._producers: dict[str, _Producer] = {}
+        #: The table's size at which a new producer first sweeps out the idle ones (then
+        #: twice the size left): one-shot producers never append again, so `check` alone
+        #: would keep them for the stream's life.
+        self._sweep_at = _SWEEP_MIN
 
     def __len__(self) -> int:
         return len(self._producers)
@@ -179,6 +186,9 @@ class ProducerTable:
         """Remember an append just made (after `check` returned None)."""
         p = self._producers.get(producer_id)
         if p is None:
+            if len(self._producers) >= self._sweep_at:
+                self._forget_idle(now_ms)
+                self._sweep_at = max(_SWEEP_MIN, 2 * len(self._producers))
             p = self._producers[producer_id] = _Producer(sequence)
         p.last = sequence
         p.recent.append((sequence, outcome))
@@ -188,6 +198,18 @@ class ProducerTable:
             p.pending.append((sequence, outcome))
             # After the append: a callback of an already failed future runs right here.
             outcome.add_done_callback(partial(_note_done, p, sequence, self._clock))
+
+    def _forget_idle(self, now_ms: int) -> None:
+        """Drop the producers idle past the expiry with no append in flight (as `check`
+        drops one that comes back), in one pass over the table."""
+        expiry = self._expiry_ms
+        idle = [
+            pid
+            for pid, p in self._producers.items()
+            if now_ms - p.last_ms > expiry and all(fut.done() for _, fut in p.pending)
+        ]
+        for pid in idle:
+            del self._producers[pid]
 
     def rebuild(
         self, batches_newest_first: Iterable[tuple[FetchedBatch, int]], now_ms: int

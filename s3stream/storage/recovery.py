@@ -1,13 +1,15 @@
 """WAL recovery: replay what a previous run of this node acknowledged but did not commit.
 
 Each record the WAL returns is checked against the metadata: already committed → dropped;
-a stream taken over since (another epoch, deleted) → dropped as fenced; otherwise it must
+a stream taken over, closed or deleted since → dropped as fenced (never acknowledged, or
+no longer this node's); otherwise it must
 continue its stream's offsets exactly (a gap means acknowledged data is missing: corruption).
 What remains is uploaded and committed, then the WAL is reset.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -15,9 +17,12 @@ from ..cache.log_cache import LogCache
 from ..errors import CorruptionError, S3StreamError
 from ..format.batch import WAL_PREFIX, decode_wal_record
 from ..metadata import MetadataState
+from ..types import StreamState
 from ..wal.base import WriteAheadLog
 
 __all__ = ["RecoveryReport", "recover_wal"]
+
+_log = logging.getLogger("s3stream.storage")
 
 
 @dataclass(slots=True)
@@ -43,6 +48,7 @@ def recover_wal(
     the end; then reset the WAL. Raises what `upload` raises, leaving the WAL as it was."""
     report = RecoveryReport()
     expected: dict[int, int] = {}
+    closed: dict[int, int] = {}
     for pos, data in wal.recover():
         report.records += 1
         report.bytes += len(data)
@@ -58,6 +64,15 @@ def recover_wal(
             continue
         if epoch != s.epoch:
             report.fenced += 1
+            continue
+        if s.state is not StreamState.OPEN:
+            # Closed since at this epoch: its release uploaded everything acknowledged
+            # first, so records past its end were refused (appends completing after the
+            # close), never acknowledged; replayed, they failed every commit ("closed") and
+            # every reopen and take-over of this WAL with it. (The other way here: a
+            # take-over or open that accepted the loss of this WAL, accept_wal_loss.)
+            report.fenced += 1
+            closed[sid] = closed.get(sid, 0) + 1
             continue
         want = expected.get(sid, s.end_offset)
         if batch.base_offset != want:
@@ -75,6 +90,13 @@ def recover_wal(
         report.uploaded_batches += 1
         if cache.pending_bytes >= upload_threshold_bytes:
             upload()
+    if closed:
+        _log.warning(
+            "dropped %d WAL records past the end of closed streams %s: appends their close "
+            "refused (or, after a take-over or open with accept_wal_loss, appends given up)",
+            sum(closed.values()),
+            sorted(closed),
+        )
     # Uploads made while replaying trim nothing (a WAL takes no trim before its recovery
     # ends); the reset drops everything at once.
     upload()

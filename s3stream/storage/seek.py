@@ -168,9 +168,13 @@ def seek_with_log_cache(
     objects on the next round; each round moves forward.
     """
     pos = start
+    stuck = False
     while pos < end:
         first_cached = cache.first_offset(stream_id)
-        objects_end = end if first_cached is None else min(end, max(first_cached, pos))
+        # Stuck: the cache did not hold `pos` though it holds offsets below it (a gap
+        # between writers): the objects answer for `pos` before the cache is asked again.
+        floor = pos + 1 if stuck else pos
+        objects_end = end if first_cached is None else min(end, max(first_cached, floor))
         if pos < objects_end:
             hit = seek_committed(meta, source, stream_id, pos, objects_end, ts)
             if hit is not None:
@@ -181,5 +185,6 @@ def seek_with_log_cache(
         hit, evicted_at = _seek_log_cache(cache, stream_id, pos, end, ts)
         if evicted_at is None:
             return hit
+        stuck = evicted_at == pos
         pos = evicted_at
     return None

@@ -246,11 +246,29 @@ def register_wal(
     _registry.register(scheme, target, clobber=clobber)
 
 
-def open_memory_wal(url: str, **_ignored: Any) -> WriteAheadLog:
-    """Factory of ``memory://``: a new, empty `MemoryWal` (nothing survives the process)."""
+def open_memory_wal(
+    url: str,
+    *,
+    node_id: str = "",
+    must_exist: bool = False,
+    accept_wal_loss: bool = False,
+    **_ignored: Any,
+) -> WriteAheadLog:
+    """Factory of ``memory://``: a new, empty `MemoryWal` (nothing survives the process).
+    With `must_exist` (the node still has streams open: its own WAL may hold acknowledged
+    appends) `CorruptionError`, unless `accept_wal_loss`: the client would release those
+    streams at its close, and their appends in the node's real WAL would be lost."""
     _, rest = split_scheme(url)
     if rest.strip("/"):
         raise InvalidArgumentError(f"a memory WAL URL takes no path or options, got {url!r}")
+    if must_exist:
+        check_open_node_wal(
+            node_id,
+            "an in-memory WAL holds none of them: open the node with its own WAL (or take it "
+            "over with it)",
+            location=url,
+            accept_loss=accept_wal_loss,
+        )
     return MemoryWal()
 
 
