@@ -331,7 +331,8 @@ class LogCache:
                 tail = self._streams[stream_id] = _StreamTail(stream_id)
             elif (
                 tail.head < len(tail.entries)
-                and _end_of(tail.entries[-1]) != base_offset
+                # `_end_of` inlined: this runs for every append
+                and (last := tail.entries[-1])[BASE] + last[COUNT] != base_offset
                 and tail.uploaded == len(tail.entries)
             ):
                 # A new writer elsewhere in the stream (it was closed here, written by another

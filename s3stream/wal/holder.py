@@ -43,7 +43,7 @@ from ..metrics.logs import ContextLogger
 from .checks import check_wal_medium
 from .os_errors import os_error
 
-__all__ = ["LOCK_SUFFIX", "WalHolderLock", "lock_path_for"]
+__all__ = ["LOCK_SUFFIX", "WalHolderLock", "live_holder", "lock_path_for"]
 
 _log = logging.getLogger(__name__)
 
@@ -329,6 +329,28 @@ def _write_holder(fd: int, node_id: str) -> None:
     data = f"{os.getpid()}\n{node_id}\n".encode()
     os.ftruncate(fd, 0)
     os.pwrite(fd, data, 0)
+
+
+def live_holder(wal_path: str | Path) -> tuple[int | None, str | None] | None:
+    """(pid, node id) of the live process holding the file WAL at `wal_path`, or None if
+    none does (or it is a device, or has no lock file). Read-only: for tools that write
+    nothing (`s3stream verify`), so it creates no lock file and writes no pid; a shared
+    ``flock`` that the holder's exclusive one refuses is the test."""
+    lock_path = lock_path_for(wal_path)
+    try:
+        fd = os.open(lock_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _read_holder(fd)
+        return None  # the descriptor's close lets the shared lock go
+    finally:
+        os.close(fd)
 
 
 def _read_holder(fd: int) -> tuple[int | None, str | None]:
