@@ -1321,12 +1321,19 @@ def test_in_memory_commit_cost_stays_small_with_10k_objects() -> None:
         entry = LogEntry(seq=state.seq + 1, ops=(op,), writer="w", ts_ms=0)
         state = state.apply(entry)
         entries.append(entry)
-    state = m.state
-    started = time.process_time()
-    for entry in entries:
-        state = state.apply(validate_entry(encode_entry(entry)))
-    per_commit = (time.process_time() - started) / len(entries)
-    assert per_commit < 0.5e-3, f"{per_commit * 1e6:.0f} us per commit"
+    # A guard against work that grows with the objects (copying the whole map per commit
+    # costs milliseconds here), not a speed target: the best of three passes, so that one
+    # collection by the garbage collector or a stolen core cannot fail it (one pass once
+    # took 4 ms per commit in a full run, and 0.1 ms alone).
+    passes = []
+    for _ in range(3):
+        state = m.state
+        started = time.process_time()
+        for entry in entries:
+            state = state.apply(validate_entry(encode_entry(entry)))
+        passes.append((time.process_time() - started) / len(entries))
+    per_commit = min(passes)
+    assert per_commit < 0.5e-3, f"{per_commit * 1e6:.0f} us per commit (passes: {passes})"
     assert len(m.objects_for(sids[0], 0)) == 200
     assert [o.key for o in m.objects_for(sids[7], 100, 102)] == ["o5007", "o5057"]
 
