@@ -452,8 +452,7 @@ def main() -> None:
                 metadata = None
                 if backend == "postgres":
                     base = a.postgres_url or (server.url() if server else "")
-                    sep = "&" if "?" in base else "?"
-                    metadata = f"{base}{sep}namespace=bench-{uuid.uuid4().hex[:8]}"
+                    metadata = _namespaced(base)
                     if a.pg_optimistic:
                         metadata += "&optimistic"
                 pid = server.pid if server is not None and backend == "postgres" else None
@@ -479,10 +478,21 @@ def main() -> None:
             server.stop()
         if s3 is not None:
             s3.stop()
+    _save(out, rows)
+
+
+def _save(out: Path, rows: list[dict[str, Any]]) -> None:
+    """Write a run's rows (and what ran them) to `out` as JSON."""
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"cpus": os.cpu_count(), "python": sys.version.split()[0], "rows": rows}
     out.write_text(json.dumps(meta, indent=2) + "\n")
     print(f"saved {out}")
+
+
+def _namespaced(url: str) -> str:
+    """The PostgreSQL log URL `url` with a namespace of its own (a fresh log per row)."""
+    sep = "&" if "?" in url else "?"
+    return f"{url}{sep}namespace=bench-{uuid.uuid4().hex[:8]}"
 
 
 def _print_costs(row: dict[str, Any]) -> None:
@@ -548,8 +558,7 @@ def manager_only(counts: list[int], seconds: float, code: Path, url: str | None,
     rows = []
     try:
         for n in counts:
-            sep = "&" if "?" in base else "?"
-            target = f"{base}{sep}namespace=bench-{uuid.uuid4().hex[:8]}"
+            target = _namespaced(base)
             queue: Any = multiprocessing.Queue()
             procs = [
                 multiprocessing.Process(
@@ -587,10 +596,7 @@ def manager_only(counts: list[int], seconds: float, code: Path, url: str | None,
     finally:
         if server is not None:
             server.stop()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"cpus": os.cpu_count(), "python": sys.version.split()[0], "rows": rows}
-    out.write_text(json.dumps(meta, indent=2) + "\n")
-    print(f"saved {out}")
+    _save(out, rows)
 
 
 def creates(seconds: float, out: Path) -> None:
@@ -600,9 +606,7 @@ def creates(seconds: float, out: Path) -> None:
         _create_rate(threads, seconds, via) for via in ("client", "manager") for threads in (1, 8)
     ]
     rows += [_create_rate(1, seconds, "batch", batch) for batch in (100, 1000)]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"cpus": os.cpu_count(), "rows": rows}, indent=2) + "\n")
-    print(f"saved {out}")
+    _save(out, rows)
 
 
 def _create_rate(threads: int, seconds: float, via: str, batch: int = 1) -> dict[str, Any]:

@@ -846,8 +846,12 @@ class StreamClient(Closeable):
         ever dropped acknowledged appends raises `FencedError`.
         """
         timeout = check_timeout("timeout_s", timeout_s)
-        entered = self._clock.monotonic()
         limit = self._settings.call_timeout_ms / 1000 if timeout is None else timeout
+        deadline = self._clock.monotonic() + limit
+
+        def left() -> float:
+            return max(0.0, deadline - self._clock.monotonic())
+
         # Another call may hold the client's lock across store calls (a stream's close
         # uploads and commits under it): wait for it within this call's deadline only.
         if not self._lock.acquire(timeout=limit):
@@ -856,9 +860,7 @@ class StreamClient(Closeable):
                 "stream's close or open) held it all that time; nothing was closed, call "
                 "close() again"
             )
-        timeout = max(0.0, limit - (self._clock.monotonic() - entered))
-        with contextlib.ExitStack() as held:
-            held.callback(self._lock.release)
+        try:
             again = self._closed
             self._closed = True
             for take_over in self._taking_over:
@@ -867,16 +869,14 @@ class StreamClient(Closeable):
                 if self._creating:
                     # Creates in flight attach their streams first, so that they are released
                     # with the others (within this call's deadline).
-                    limit = self._settings.call_timeout_ms / 1000 if timeout is None else timeout
-                    started = self._clock.monotonic()
-                    self._creates_done.wait_for(lambda: self._creating == 0, limit)
-                    timeout = max(0.0, limit - (self._clock.monotonic() - started))
+                    self._creates_done.wait_for(lambda: self._creating == 0, left())
                 owned = [(sid, s.epoch) for sid, s in self._streams.items() if not s.closed]
                 self._owner.closed_how = "closed (client closed)"
+        finally:
+            self._lock.release()
         if again:
             # Closed (or closing) already: report how that ended, not a success it was not.
-            wait = self._settings.call_timeout_ms / 1000 if timeout is None else timeout
-            if not self._close_done.wait(wait):
+            if not self._close_done.wait(left()):
                 raise UnavailableError("the client is still closing (another close() call)")
             if self._close_error is not None:
                 raise self._close_error
@@ -885,15 +885,12 @@ class StreamClient(Closeable):
             # Let throttled background work through so that stopping never waits on tokens.
             self._limiter.close()
             # A compaction task in progress stops before its next request; the wait for it
-            # takes at most half of this call's deadline, the flush and release the rest.
-            limit = self._settings.call_timeout_ms / 1000 if timeout is None else timeout
-            started = self._clock.monotonic()
-            self._compactor.stop(limit / 2)
-            timeout = max(0.0, limit - (self._clock.monotonic() - started))
-            deadline = self._clock.monotonic() + timeout
+            # takes at most half of what is left of this call's deadline, the flush and
+            # release the rest.
+            self._compactor.stop(left() / 2)
             try:
                 self._storage.close(
-                    timeout,
+                    left(),
                     on_flushed=lambda: self._release_streams(
                         owned, unattached=True, deadline=deadline
                     ),

@@ -487,18 +487,14 @@ class LogCache:
             tail = self._streams.get(stream_id)
             return [] if tail is None else self._drop_tail_locked(tail)
 
-    def forget_uploaded(self, stream_id: int) -> bool:
+    def forget_uploaded(self, stream_id: int) -> None:
         """Drop the stream's cached entries if all are uploaded (its writer released here:
-        reads go to objects, and its memory is not kept for the client's life); False if
-        some are still pending (they stay for their upload)."""
+        reads go to objects, and its memory is not kept for the client's life); entries
+        still pending stay for their upload."""
         with self._lock:
             tail = self._streams.get(stream_id)
-            if tail is None:
-                return True
-            if tail.uploaded < len(tail.entries):
-                return False
-            self._drop_tail_locked(tail)
-            return True
+            if tail is not None and tail.uploaded == len(tail.entries):
+                self._drop_tail_locked(tail)
 
     def _drop_tail_locked(self, tail: _StreamTail) -> list[CachedBatch]:
         """Remove a stream's entries from the cache; returns those not uploaded."""
@@ -559,7 +555,9 @@ class LogCache:
             i = bisect.bisect_right(entries, start, lo=tail.head, key=_base_of) - 1
             n = len(entries)
             if i + 1 < n and _end_of(entries[i]) <= start:
-                return [], False  # `start` falls in a gap (`put` keeps none, but defend)
+                # `start` falls in a gap: `put` drops a stream's uploaded entries when a new
+                # writer does not continue them, but keeps those still pending.
+                return [], False
             total = 0
             expected = entries[i][BASE]
             while i < n:

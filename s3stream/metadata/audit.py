@@ -126,8 +126,6 @@ def _written_since(log: MetadataLogStore, seq: int) -> bool:
     """Whether entry `seq` and its checkpoint both exist now (written while the audit ran)."""
     try:
         log.read_checkpoint(seq)
-    except ObjectNotFoundError:
-        return False
-    except CorruptionError:
-        return False  # reported as what the pointer names, below
+    except (ObjectNotFoundError, CorruptionError):
+        return False  # missing or bad: reported as what the pointer names
     return log.has_entry(seq)

@@ -1,6 +1,6 @@
 """Small argument checks and parsing shared by the object-store implementations: keys and
 prefixes, a remote store's location (bucket or container, prefix, endpoint) and its URL and
-``storage_options``."""
+``storage_options``; what an answer both S3 clients read alike means (`not_implemented`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .._registry import split_scheme
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, S3StreamError
 from ..validation import check_text
 from .base import ObjectInfo, check_key
 
@@ -24,6 +24,7 @@ __all__ = [
     "check_suffix_length",
     "delete_batches",
     "listed",
+    "not_implemented",
     "split_url",
 ]
 
@@ -149,3 +150,14 @@ def listed(name: str, cut: int, prefix: str, size: int) -> ObjectInfo | None:
     except InvalidArgumentError:
         return None
     return ObjectInfo(key, size)
+
+
+def not_implemented(what: str, detail: str, action: str) -> S3StreamError:
+    """The error of a 501 (AWS's NotImplemented: a request the service does not implement,
+    e.g. a conditional write where it has none): permanent, no retry changes it. `what`
+    names the call, `detail` the answer, `action` the kind of call ("create": a
+    conditional write, which s3stream needs)."""
+    need = "; s3stream needs conditional writes (If-None-Match)" if action == "create" else ""
+    return S3StreamError(
+        f"cannot {what}: the service does not implement this request ({detail}){need}"
+    )

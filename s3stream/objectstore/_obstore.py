@@ -36,7 +36,7 @@ from ..errors import (
     UnavailableError,
 )
 from ..validation import check_int
-from ._common import as_bytes, listed
+from ._common import as_bytes, listed, not_implemented
 from ._remote import RemoteObjectStore
 from .base import ObjectInfo, check_key
 from .requests import GET_OBJECT, HEAD_OBJECT, LIST_OBJECTS, PUT_OBJECT
@@ -179,17 +179,7 @@ class ObstoreObjectStore(RemoteObjectStore[Any]):
             return InvalidArgumentError(f"cannot {what}: {text}")
         if status is not None:
             if status == 501:
-                # A request the service does not implement (AWS documents 501 NotImplemented,
-                # e.g. for a conditional write it does not support): no retry changes that.
-                return S3StreamError(
-                    f"cannot {what}: the service does not implement this request ({detail}: "
-                    f"{text})"
-                    + (
-                        "; s3stream needs conditional writes (If-None-Match)"
-                        if action == "create"
-                        else ""
-                    )
-                )
+                return not_implemented(what, f"{detail}: {text}", action)
             if failure.code in self.retryable_codes or status in (408, 429) or status >= 500:
                 return UnavailableError(f"cannot {what}: {detail}: {text}")
             return S3StreamError(f"cannot {what}: {detail}: {text}")

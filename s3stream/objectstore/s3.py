@@ -59,6 +59,7 @@ from ._common import (
     check_suffix_length,
     delete_batches,
     listed,
+    not_implemented,
     split_url,
 )
 from ._remote import RemoteObjectStore
@@ -585,16 +586,7 @@ class S3ObjectStore(RemoteObjectStore["S3Client"]):
                     "their IAM policy and the bucket policy)"
                 )
             if status == 501 or code == "NotImplemented":
-                # AWS's answer to a request it does not implement (e.g. a conditional write
-                # a service does not support): no retry changes that.
-                return S3StreamError(
-                    f"cannot {what}: the service does not implement this request ({detail})"
-                    + (
-                        "; s3stream needs conditional writes (If-None-Match)"
-                        if action == "create"
-                        else ""
-                    )
-                )
+                return not_implemented(what, detail, action)
             if code in _RETRYABLE_CODES or status >= 500 or status == 429:
                 return UnavailableError(f"cannot {what}: {detail} after {retries + 1} tries")
             return S3StreamError(f"cannot {what}: {detail}")

@@ -151,13 +151,12 @@ class ProducerTable:
         if p is None:
             return None
         if now_ms - p.last_ms > self._expiry_ms:
-            if any(not fut.done() for _, fut in p.pending):
-                # Not idle: an append of it is still in flight (a stalled WAL, a wall clock
-                # stepping forward); a resend must find it, or it would be written twice.
-                p.last_ms = now_ms
-            else:
+            if self._idle(p, now_ms):
                 del self._producers[producer_id]
                 return None
+            # Not idle: an append of it is still in flight (a stalled WAL, a wall clock
+            # stepping forward); a resend must find it, or it would be written twice.
+            p.last_ms = now_ms
         self._drop_failed(p)
         if sequence == p.last + 1:
             return None
@@ -199,16 +198,13 @@ class ProducerTable:
             # After the append: a callback of an already failed future runs right here.
             outcome.add_done_callback(partial(_note_done, p, sequence, self._clock))
 
+    def _idle(self, p: _Producer, now_ms: int) -> bool:
+        """Whether `p` is forgotten: idle past the expiry with no append in flight."""
+        return now_ms - p.last_ms > self._expiry_ms and all(fut.done() for _, fut in p.pending)
+
     def _forget_idle(self, now_ms: int) -> None:
-        """Drop the producers idle past the expiry with no append in flight (as `check`
-        drops one that comes back), in one pass over the table."""
-        expiry = self._expiry_ms
-        idle = [
-            pid
-            for pid, p in self._producers.items()
-            if now_ms - p.last_ms > expiry and all(fut.done() for _, fut in p.pending)
-        ]
-        for pid in idle:
+        """Drop the idle producers (as `check` drops one that comes back), in one pass."""
+        for pid in [pid for pid, p in self._producers.items() if self._idle(p, now_ms)]:
             del self._producers[pid]
 
     def rebuild(
