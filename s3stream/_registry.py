@@ -46,7 +46,9 @@ def split_scheme(url: str) -> tuple[str, str]:
     if "://" in url:
         scheme, rest = url.split("://", 1)
         scheme = scheme.lower()
-        return scheme, _expand_home(unquote(rest), url) if scheme == "file" else rest
+        if scheme != "file":
+            return scheme, rest
+        return scheme, _expand_home(unquote(_local_path(rest, url)), url)
     typo = _SCHEME_WITHOUT_SLASHES.match(url)
     if typo is not None:
         scheme = typo.group(1).lower()
@@ -57,6 +59,25 @@ def split_scheme(url: str) -> tuple[str, str]:
             f"mean {meant!r}?); for a local directory of that name write './{url}'"
         )
     return "file", _expand_home(url, url)
+
+
+def _local_path(rest: str, url: str) -> str:
+    """The path of a ``file://`` URL whose part after ``//`` is `rest`: ``file:///abs`` and
+    ``file://localhost/abs`` (RFC 8089) name ``/abs``, ``file://~/x`` the home directory's
+    ``x``; another host is refused rather than read as a relative path (it once put a store
+    in ``./localhost/abs``)."""
+    if rest.startswith(("/", "~")):
+        return rest
+    if not rest:
+        raise InvalidArgumentError(f"a file URL needs a path (file:///absolute/path), got {url!r}")
+    host, slash, path = rest.partition("/")
+    if host.lower() == "localhost":
+        return slash + path or "/"
+    raise InvalidArgumentError(
+        f"a file URL names a path on this machine, file:///absolute/path (three slashes) or "
+        f"file://localhost/absolute/path, not a host {host!r}: got {url!r} (for a relative "
+        "path, give it without 'file://')"
+    )
 
 
 def _expand_home(path: str, url: str) -> str:

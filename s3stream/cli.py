@@ -269,10 +269,21 @@ def _size(n: int | None) -> str:
     return f"{value:.1f} {units[i]}"
 
 
+#: Characters a terminal acts on instead of showing: C0/C1 controls and DEL (cursor moves,
+#: screen clears, faked lines), and the bidirectional overrides that reorder what follows.
+_UNSHOWABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _shown(text: str) -> str:
+    """`text` (a tag, a property, a name: anybody's bytes) safe to print on a terminal, its
+    unshowable characters as Python escapes (``\\n``, ``\\x1b``, ``\\u202e``)."""
+    return _UNSHOWABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
 def _table(header: Sequence[str], rows: Sequence[Sequence[object]], right: Iterable[int]) -> None:
     """Print `rows` in columns under `header`; the columns numbered in `right` (numbers,
-    sizes) aligned to the right."""
-    cells = [list(header), *([str(c) for c in row] for row in rows)]
+    sizes) aligned to the right. Cells are `_shown`."""
+    cells = [list(header), *([_shown(str(c)) for c in row] for row in rows)]
     widths = [max(len(line[i]) for line in cells) for i in range(len(header))]
     right = set(right)
     for line in cells:
@@ -638,7 +649,7 @@ def _dump(args: argparse.Namespace) -> int:
                     }
                     print(json.dumps(facts))
                 else:
-                    props = " ".join(f"{k}={v}" for k, v in sorted(b.properties.items()))
+                    props = _shown(" ".join(f"{k}={v}" for k, v in sorted(b.properties.items())))
                     print(
                         f"{b.base_offset:>12}  {b.count:>7}  {_utc(b.base_timestamp):<23}  "
                         f"{b.size:>9}  {props}".rstrip()
@@ -1444,7 +1455,7 @@ def _version() -> str:
 
 def _error(command: str, message: object) -> None:
     """One line on stderr, whatever the message holds."""
-    text = " ".join(str(message).split()) or type(message).__name__
+    text = _shown(" ".join(str(message).split())) or type(message).__name__
     _stderr(f"{command}: error: {text}")
 
 

@@ -33,7 +33,7 @@ from .metadata.log import MetadataLog
 from .metadata.marker import check_not_bound_elsewhere, marker_key
 from .metadata.registry import check_metadata_url, open_metadata_log
 from .objectstore.base import ObjectStore
-from .objectstore.local import LocalObjectStore
+from .objectstore.local import TEMP_PREFIX, LocalObjectStore
 from .objectstore.registry import open_object_store
 from .objectstore.stack import store_stack
 from .records import Record, batch_records, records_in
@@ -544,14 +544,34 @@ def foreign_entries(root: Path, metadata_prefix: str = "meta") -> list[str]:
         raise InvalidArgumentError(
             f"cannot list the directory {str(root)!r}: {exc.strerror}"
         ) from exc
-    own = _STORE_NAMES | {metadata_prefix.split("/", 1)[0]}
+    meta_top = metadata_prefix.split("/", 1)[0]
+    own = _STORE_NAMES | {meta_top}
     others = [
         n for n in names if n not in own and n not in _DESKTOP_NAMES and not n.startswith(".Trash-")
     ]
+    # A folder of ours by name may be the user's ("data" is a common name): before a store
+    # exists, s3stream has put nothing in data/ (objects come after the node's registration,
+    # the log's first entry) and in the metadata folder at most temporary files.
+    for top in {DEFAULT_DATA_PREFIX, meta_top}:
+        found = _first_file(root / top)
+        if found is not None:
+            others.append(found)
     if not others:
         return []
     with LocalObjectStore(root, fsync=False) as store:  # an existing directory: creates nothing
         return [] if holds_store(store, metadata_prefix) else others
+
+
+def _first_file(top: Path) -> str | None:
+    """The path (relative to `top`'s parent) of a file below the directory `top` other than
+    a local store's temporary files, or None (also when `top` is no directory)."""
+    if top.is_symlink() or not top.is_dir():
+        return None
+    for dirpath, _, filenames in os.walk(top):
+        for name in filenames:
+            if not name.startswith(TEMP_PREFIX):
+                return os.path.relpath(os.path.join(dirpath, name), top.parent)
+    return None
 
 
 def _require_existing_directory(

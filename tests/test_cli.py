@@ -807,6 +807,28 @@ def test_an_ascii_terminal_and_a_huge_nice_give_no_traceback(tmp_path: Path) -> 
     assert compacted.returncode == 0 and "Traceback" not in compacted.stderr, compacted.stderr
 
 
+def test_control_characters_in_tags_and_properties_are_printed_escaped(tmp_path: Path) -> None:
+    """Tags and batch properties are anybody's strings: printed raw, an escape sequence in
+    one could clear the screen or fake a line of output. Tables and dumps show them as
+    escapes; JSON output escapes them already."""
+    root = tmp_path / "store"
+    evil = "a\x1b[2J\nfake line\u202eb"
+    with s3stream.open(root, wal="memory://") as client:
+        s = client.create_stream(tags={"topic": evil})
+        s.append(RecordBatch(b"x", properties={"k": evil}))
+    shown, dumped, as_json = run_all(
+        ["inspect", str(root)],
+        ["dump", str(root), str(s.stream_id)],
+        ["inspect", str(root), "--json"],
+    )
+    for out in (shown, dumped):
+        assert out.returncode == 0, out.stderr
+        assert "\x1b" not in out.stdout and "\u202e" not in out.stdout
+        assert "\n" + "fake line" not in out.stdout
+        assert "a\\x1b[2J\\nfake line\\u202eb" in out.stdout, out.stdout
+    assert json.loads(as_json.stdout)["streams"][0]["tags"] == {"topic": evil}
+
+
 BUSY_WRITER = textwrap.dedent(
     """
     import sys, time

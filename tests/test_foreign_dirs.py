@@ -155,6 +155,32 @@ def test_what_an_interrupted_first_open_left_is_not_foreign(tmp_path: Path) -> N
         client.create_stream()
 
 
+def test_a_users_own_data_or_meta_folder_is_not_taken_for_a_store(tmp_path: Path) -> None:
+    """``data`` is a common folder name: a directory whose only entry is the user's own
+    ``data/`` (or ``meta/``) with files in it holds no store, and opening it writes nothing
+    (before, the store put its objects beside the user's files). An empty ``data/`` and a
+    local store's temporary files are still what an interrupted first open may leave."""
+    for folder in ("data", "meta"):
+        root = tmp_path / folder / "proj"
+        (root / folder / "2024").mkdir(parents=True)
+        (root / folder / "2024" / "photo.jpg").write_bytes(b"\xff\xd8")
+        before = tree(root)
+        with pytest.raises(InvalidArgumentError, match="empty or new directory") as info:
+            s3stream.open(root, settings=SMALL)
+        assert f"{folder}/2024/photo.jpg" in str(info.value)
+        with pytest.raises(InvalidArgumentError, match="holds no s3stream store"):
+            s3stream.open_reader(root)
+        assert tree(root) == before
+    fine = tmp_path / "fine"
+    (fine / "data" / "sub").mkdir(parents=True)
+    (fine / "meta" / "log").mkdir(parents=True)
+    (fine / "meta" / "log" / ".tmp-123-0").write_bytes(b"x")
+    with s3stream.open(fine, settings=SMALL) as client:
+        client.create_stream().append(RecordBatch(b"x"))
+    with s3stream.open(fine, settings=SMALL) as client:  # a store now: data/ holds objects
+        assert len(client.list_streams()) == 1
+
+
 # -- 3. an open checks before it writes, and a failed open deletes nothing -----------------------
 
 

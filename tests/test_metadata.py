@@ -1720,3 +1720,29 @@ def test_an_op_the_format_cannot_hold_is_an_invalid_argument() -> None:
     with pytest.raises(InvalidArgumentError):
         m.commit(lambda s: [RegisterNode("big", 1 << 70)])
     m.create_stream({})  # the manager goes on
+
+
+def test_a_slow_checkpoint_write_keeps_the_commits_deadline() -> None:
+    """A commit whose entry lands on a checkpoint seq returns by its deadline even when the
+    checkpoint's PUT is slow: the checkpoint is finished in the background, and a manager
+    loaded afterwards starts from it."""
+
+    class SlowCheckpoints(MemoryObjectStore):
+        def put(self, key: str, data: bytes) -> None:
+            if "/checkpoints/" in key:
+                time.sleep(1.5)
+            super().put(key, data)
+
+    store = SlowCheckpoints()
+    m = manager(store, clock=SystemClock(), checkpoint_interval=2, commit_timeout_s=0.4)
+    m.create_stream({})
+    started = time.monotonic()
+    m.create_stream({})  # entry 2: a checkpoint
+    assert time.monotonic() - started < 1.0
+    assert store.head("meta/checkpoint") is None
+    deadline = time.monotonic() + 10
+    while store.head("meta/checkpoint") is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    later = manager(store, "w2", clock=SystemClock())
+    assert len(later.list_streams()) == 2

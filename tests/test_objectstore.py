@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import pickle
@@ -934,6 +935,34 @@ def test_fsspec_store_on_a_local_directory(tmp_path: Path) -> None:
     assert [i.key for i in store.list()] == ["a/b", "a/c"]
     clone = pickle.loads(pickle.dumps(store))
     assert clone.get("a/c") == b"x"
+
+
+def test_a_stuck_fsspec_backend_keeps_the_deadline(tmp_path: Path) -> None:
+    """A try that blocks in the kernel for good (here: opening a FIFO nobody writes, as a
+    hung network filesystem would block) does not hold the call past its deadline once the
+    store's tries are bounded, as every client's store stack bounds them."""
+    import random
+
+    from s3stream.clock import SystemClock
+    from s3stream.objectstore.stack import store_stack
+
+    (tmp_path / "data").mkdir()
+    fifo = tmp_path / "data" / "stuck"
+    os.mkfifo(fifo)
+    raw = FsspecObjectStore(f"file://{tmp_path}", auto_mkdir=True)
+    store = store_stack(raw, clock=SystemClock(), rng=random.Random(1), timeout_s=1.5)
+    assert raw.attempt_timeout_s == pytest.approx(0.5)
+    try:
+        started = time.monotonic()
+        with pytest.raises(UnavailableError, match=r"no answer within 0\.5 s"):
+            store.get("data/stuck")
+        assert time.monotonic() - started < 2.5
+        store.put("data/fine", b"ok")  # other keys still work meanwhile
+        assert store.get("data/fine") == b"ok"
+    finally:
+        # Release the tries left blocked in open(): a writer's open wakes every reader.
+        with contextlib.suppress(OSError):
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
 
 
 def test_fsspec_bad_url() -> None:

@@ -346,6 +346,26 @@ def test_a_file_url_names_the_directory_path_as_uri_encoded(tmp_path: Path) -> N
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["new dir ü", "st%41", "a#b?c"])
 
 
+def test_a_file_url_with_localhost_is_absolute_and_another_host_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RFC 8089: ``file://localhost/abs`` is ``/abs``. It once opened ``./localhost/abs``
+    (relative to the working directory); a URL naming another host, or no path at all,
+    is refused and creates nothing."""
+    monkeypatch.chdir(tmp_path)
+    root = tmp_path / "st"
+    with s3stream.open(f"file://localhost{root}") as c:
+        c.create_stream().append(RecordBatch(b"x"))
+    with s3stream.open(str(root)) as c:
+        assert len(c.list_streams()) == 1
+    for url in ("file://otherhost/tmp/x", "file://rel/dir", "file://"):
+        with pytest.raises(s3stream.InvalidArgumentError, match="file:///"):
+            s3stream.open(url)
+        with pytest.raises(s3stream.InvalidArgumentError, match="file:///"):
+            s3stream.open_reader(url)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["st"]
+
+
 def test_a_store_made_under_an_undecoded_file_url_is_not_shadowed(tmp_path: Path) -> None:
     """A store whose directory name holds an escape (made by its plain path, or through a
     file URL before URLs were decoded): opening it by ``"file://" + path`` names the decoded

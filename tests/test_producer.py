@@ -488,3 +488,46 @@ def test_a_slow_producer_rebuild_stalls_no_other_append(tmp_path: Path) -> None:
         assert time.monotonic() - started < 1.5
         rebuild.join(15)
         store.slow.clear()
+
+
+def test_a_slow_producer_rebuild_keeps_the_calls_deadline(tmp_path: Path) -> None:
+    """The first idempotent append after a reopen reads the stream's newest batches from the
+    store; with the store slow, the call still raises `UnavailableError` by its deadline
+    (sync and async alike), writes nothing, and a retry once the load is done is recognised
+    as the duplicate it is."""
+    from s3stream.objectstore.local import LocalObjectStore
+
+    with s3stream.open(str(tmp_path), settings=SMALL) as client:
+        x = client.create_stream()
+        first = [x.append(RecordBatch(b"v%d" % k), producer_id="p", sequence=k) for k in range(5)]
+        sid = x.stream_id
+
+    class SlowData(LocalObjectStore):
+        def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+            if key.startswith("data/"):
+                time.sleep(1.5)
+            return super().get(key, start, end)
+
+    settings = dataclasses.replace(SMALL, call_timeout_ms=400)
+    store = SlowData(tmp_path)
+    with s3stream.StreamClient(store, MemoryWal(), node_id="n2", settings=settings) as client:
+        x = client.open_stream(sid)
+        started = time.monotonic()
+        with pytest.raises(UnavailableError, match=r"not loaded from the store within 0\.3 s"):
+            x.append(RecordBatch(b"v4"), producer_id="p", sequence=4, timeout_s=0.3)
+        assert time.monotonic() - started < 1.0
+        started = time.monotonic()
+        with pytest.raises(UnavailableError, match="call_timeout_ms=400"):
+            x.append_async(RecordBatch(b"v4"), producer_id="p", sequence=4)
+        assert time.monotonic() - started < 1.0
+        assert x.confirm_offset == 5  # nothing written
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                again = x.append(RecordBatch(b"v4"), producer_id="p", sequence=4, timeout_s=5)
+                break
+            except UnavailableError:
+                assert time.monotonic() < deadline
+        assert again == first[4]
+        assert x.append(RecordBatch(b"v5"), producer_id="p", sequence=5).base_offset == 5
+        assert values(x) == [b"v%d" % k for k in range(6)]

@@ -33,6 +33,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from .._bounded import within_deadline
 from ..clock import Clock
 from ..errors import (
     ContendedError,
@@ -99,6 +100,14 @@ _STALE = _Stale.STALE
 _Outcome = tuple[bool, LogEntry, bytes, MetadataState] | _Stale | None
 #: A group's entry, its bytes and the state after it.
 _Group = tuple[LogEntry, bytes, MetadataState]
+
+
+class _CheckpointLate(Exception):
+    """A checkpoint write outlasted the commit call that started it (never leaves the
+    module: the commit itself succeeded)."""
+
+    def __init__(self, seq: int) -> None:
+        super().__init__(seq)
 
 
 @dataclass(eq=False, slots=True)
@@ -291,7 +300,7 @@ class MetadataManager:
                     self._leading = True
                 # A group takes at most _MAX_GROUP requests, in queue order: this one may be
                 # left for the next group, which this caller then leads (or waits for).
-                self._lead()
+                self._lead(request.deadline)
         except BaseException:
             # Interrupted (Ctrl-C) while queued: withdraw, so that no later group writes the
             # ops of a call its caller saw fail. Taken into a group already, it is decided
@@ -454,9 +463,10 @@ class MetadataManager:
 
     # -- internals -----------------------------------------------------------------------
 
-    def _lead(self) -> None:
+    def _lead(self, deadline: float) -> None:
         """Commit the queued requests as one group (this caller's among them), complete them,
-        then hand the lead over (to a waiter whose request is still queued)."""
+        then hand the lead over (to a waiter whose request is still queued). `deadline`: the
+        leading caller's, which a checkpoint written after the group does not overrun."""
         batch: list[_Request] = []
         written: MetadataState | None = None
         try:
@@ -474,9 +484,24 @@ class MetadataManager:
                     r.done = True
                 self._leading = False
                 self._queue_cond.notify_all()
-        # After handing over: the next group need not wait for the checkpoint.
+        # After handing over: the next group need not wait for the checkpoint. Nor need this
+        # caller past its deadline (a slow store): the write then goes on in its thread.
         if written is not None and written.seq % self._checkpoint_interval == 0:
-            self._write_checkpoint(written)
+            state = written
+            try:
+                within_deadline(
+                    lambda: self._write_checkpoint(state),
+                    clock=self._clock,
+                    deadline=deadline,
+                    name=f"s3stream-checkpoint-{state.seq}",
+                    timeout_error=lambda: _CheckpointLate(state.seq),
+                )
+            except _CheckpointLate:
+                self._logger.info(
+                    "metadata checkpoint %d still being written at the commit's deadline; "
+                    "left to finish in the background",
+                    state.seq,
+                )
 
     def _commit_group_locked(self, batch: list[_Request]) -> MetadataState | None:
         """Take queued requests into `batch` and write one entry with the ops of every one

@@ -23,15 +23,26 @@ at a time writes (one client, readers elsewhere) says so with ``single_writer=Tr
 constructor keyword, or ``storage_options={"single_writer": True}`` of `s3stream.open`): the
 per-key locks above then make every conditional create of that one writer exclusive. Nothing
 checks the claim: a second writing process on the same root may corrupt the metadata log.
+
+fsspec has no common timeout setting, so a backend that stops answering could block a call for
+good. Once a client bounds the store's tries (`bound_attempts`, as `store_stack` does), each
+try runs in a thread of its own and the caller stops waiting for it after that time
+(`_bounded.within_deadline`): a try left behind may still land (a PUT is then as ambiguous as
+one whose answer was lost, which the retry layer handles), and until it ends it holds its
+thread. Without such a bound (a store used on its own) calls run in the caller's thread.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
+from typing import Any, TypeVar
 
+from .._bounded import within_deadline
+from ..clock import Clock, SystemClock
 from ..errors import InvalidArgumentError, ObjectNotFoundError, S3StreamError, UnavailableError
+from ..validation import check_positive
 from ._common import as_bytes, check_prefix, check_suffix_length
 from .base import ObjectInfo, ObjectStore, ObjectStoreCapabilities, check_key, check_range
 
@@ -43,6 +54,8 @@ _LOCK_STRIPES = 64
 # Schemes with a dedicated store: an fsspec store on one of them is reached as ``fsspec+X://``.
 _DEDICATED_SCHEMES = frozenset({"file", "memory", "s3", "s3a"})
 
+T = TypeVar("T")
+
 
 class FsspecObjectStore(ObjectStore):
     """Objects below the root of an fsspec URL, e.g. ``gcs://bucket/prefix``.
@@ -50,9 +63,17 @@ class FsspecObjectStore(ObjectStore):
     `storage_options` go to the fsspec filesystem unchanged (see its documentation), except
     ``single_writer`` (bool, default False): True declares that one process at a time writes
     through this store, which lets the metadata log commit through it (see the module).
+    `clock` times the tries once they are bounded (default: the system clock).
     """
 
-    def __init__(self, url: str, *, single_writer: bool = False, **storage_options: Any) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        single_writer: bool = False,
+        clock: Clock | None = None,
+        **storage_options: Any,
+    ) -> None:
         if not isinstance(url, str) or not url:
             raise InvalidArgumentError(f"url must be a non-empty str, got {url!r}")
         if not isinstance(single_writer, bool):
@@ -71,6 +92,9 @@ class FsspecObjectStore(ObjectStore):
         self._fs = fs
         self._root = str(root).rstrip("/")
         self._stripes = [threading.Lock() for _ in range(_LOCK_STRIPES)]
+        self._clock = clock if clock is not None else SystemClock()
+        #: Longest one try may take (`bound_attempts`); None: unbounded, in the caller's thread.
+        self._try_s: float | None = None
 
     @property
     def fs(self) -> Any:
@@ -95,6 +119,30 @@ class FsspecObjectStore(ObjectStore):
             single_writer=self._single_writer,
         )
 
+    @property
+    def attempt_timeout_s(self) -> float | None:
+        return self._try_s
+
+    def bound_attempts(self, seconds: float) -> None:
+        check_positive("seconds", seconds)
+        self._try_s = seconds if self._try_s is None else min(self._try_s, seconds)
+
+    def _try(self, action: str, key: str | None, work: Callable[[], T]) -> T:
+        """`work` (one try of a call, raising translated errors), within the per-try bound."""
+        limit = self._try_s
+        if limit is None:
+            return work()
+        where = f"{action} {key!r}" if key else action
+        return within_deadline(
+            work,
+            clock=self._clock,
+            deadline=self._clock.monotonic() + limit,
+            name=f"s3stream-fsspec-{action}",
+            timeout_error=lambda: UnavailableError(
+                f"cannot {where} on {self._url}: no answer within {limit:.3g} s (one try)"
+            ),
+        )
+
     def _path(self, key: str) -> str:
         check_key(key)
         return f"{self._root}/{key}" if self._root else key
@@ -108,63 +156,86 @@ class FsspecObjectStore(ObjectStore):
     def put(self, key: str, data: bytes) -> None:
         path = self._path(key)
         blob = as_bytes(data)
-        try:
-            self._fs.pipe_file(path, blob)
-        except Exception as exc:
-            raise _translate(exc, "write", key) from exc
+
+        def work() -> None:
+            try:
+                self._fs.pipe_file(path, blob)
+            except Exception as exc:
+                raise _translate(exc, "write", key) from exc
+
+        self._try("write", key, work)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         path = self._path(key)
         blob = as_bytes(data)
-        with self._stripes[hash(key) % _LOCK_STRIPES]:
-            try:
-                self._fs.pipe_file(path, blob, mode="create")
-            except FileExistsError:
-                return False
-            except Exception as exc:
-                raise _translate(exc, "create", key) from exc
-        return True
+
+        def work() -> bool:
+            with self._stripes[hash(key) % _LOCK_STRIPES]:
+                try:
+                    self._fs.pipe_file(path, blob, mode="create")
+                except FileExistsError:
+                    return False
+                except Exception as exc:
+                    raise _translate(exc, "create", key) from exc
+            return True
+
+        return self._try("create", key, work)
 
     def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         path = self._path(key)
         check_range(start, end)
-        try:
-            data = self._fs.cat_file(path, start=start or None, end=end)
-        except Exception as exc:
-            raise _translate(exc, "read", key) from exc
-        return bytes(data)
+
+        def work() -> bytes:
+            try:
+                return bytes(self._fs.cat_file(path, start=start or None, end=end))
+            except Exception as exc:
+                raise _translate(exc, "read", key) from exc
+
+        return self._try("read", key, work)
 
     def get_suffix(self, key: str, length: int) -> bytes:
         path = self._path(key)
         check_suffix_length(length)
-        try:
-            # fsspec reads a negative start as counted from the end: one request where possible.
-            data = self._fs.cat_file(path, start=-length)
-        except Exception as exc:
-            raise _translate(exc, "read", key) from exc
-        return bytes(data)
+
+        def work() -> bytes:
+            try:
+                # fsspec reads a negative start as counted from the end: one request where
+                # possible.
+                return bytes(self._fs.cat_file(path, start=-length))
+            except Exception as exc:
+                raise _translate(exc, "read", key) from exc
+
+        return self._try("read", key, work)
 
     def head(self, key: str) -> ObjectInfo | None:
         path = self._path(key)
-        try:
-            info = self._fs.info(path)
-        except FileNotFoundError:
-            return None
-        except Exception as exc:
-            raise _translate(exc, "stat", key) from exc
-        if info.get("type") != "file":
-            return None
-        return ObjectInfo(key, int(info["size"]))
+
+        def work() -> ObjectInfo | None:
+            try:
+                info = self._fs.info(path)
+            except FileNotFoundError:
+                return None
+            except Exception as exc:
+                raise _translate(exc, "stat", key) from exc
+            if info.get("type") != "file":
+                return None
+            return ObjectInfo(key, int(info["size"]))
+
+        return self._try("stat", key, work)
 
     def delete_many(self, keys: Iterable[str]) -> None:
         paths = [(key, self._path(key)) for key in keys]
-        for key, path in paths:
+
+        def delete(key: str, path: str) -> None:
             try:
                 self._fs.rm_file(path)
             except FileNotFoundError:
-                continue
+                return
             except Exception as exc:
                 raise _translate(exc, "delete", key) from exc
+
+        for key, path in paths:
+            self._try("delete", key, partial(delete, key, path))
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         check_prefix(prefix)
@@ -176,12 +247,17 @@ class FsspecObjectStore(ObjectStore):
             top = self._path(dir_part) if dir_part else (self._root or "/")
         except InvalidArgumentError:
             return  # a prefix no valid key can have
-        try:
-            found = self._fs.find(top, withdirs=False, detail=True)
-        except FileNotFoundError:
-            return
-        except Exception as exc:
-            raise _translate(exc, "list", None) from exc
+
+        def work() -> dict[str, Any]:
+            try:
+                found: dict[str, Any] = self._fs.find(top, withdirs=False, detail=True)
+            except FileNotFoundError:
+                return {}
+            except Exception as exc:
+                raise _translate(exc, "list", None) from exc
+            return found
+
+        found = self._try("list", None, work)
         infos = []
         for path, info in found.items():
             key = self._key(path)
@@ -201,6 +277,7 @@ class FsspecObjectStore(ObjectStore):
             "url": self._url,
             "single_writer": self._single_writer,
             "storage_options": self._storage_options,
+            "try_s": self._try_s,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -209,6 +286,7 @@ class FsspecObjectStore(ObjectStore):
             single_writer=state.get("single_writer", False),
             **state["storage_options"],
         )
+        self._try_s = state.get("try_s")
 
 
 def from_url(url: str, **storage_options: Any) -> FsspecObjectStore:

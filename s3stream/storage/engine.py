@@ -224,7 +224,7 @@ class Storage:
         With `expected`: only at that next offset (`OffsetMismatchError`). With `ident`
         (producer id, sequence; `batch` stamped with them): at most once."""
         if ident is not None:
-            self.load_producers(w)
+            self.load_producers(w, None)
         return self._appender.append(w, batch, expected, ident)
 
     def append_and_wait(
@@ -236,8 +236,12 @@ class Storage:
         ident: Ident | None = None,
     ) -> AppendResult:
         """`append`, then wait for durability (bounded by `timeout_s` or `call_timeout_ms`)."""
-        if ident is not None:
-            self.load_producers(w)
+        if ident is not None and w.producers is None:
+            started = self._clock.monotonic()
+            self.load_producers(w, timeout_s)
+            if timeout_s is not None:
+                # The load took part of the call's time; the append gets the rest.
+                timeout_s = max(0.0, timeout_s - (self._clock.monotonic() - started))
         return self._appender.append_and_wait(w, batch, timeout_s, expected, ident)
 
     def append_would_wait(
@@ -258,16 +262,36 @@ class Storage:
             or self._appender.would_wait(batch, stamped=idempotent)
         )
 
-    def load_producers(self, w: WriterState) -> ProducerTable:
+    def load_producers(self, w: WriterState, timeout_s: float | None) -> ProducerTable:
         """The stream's idempotent producers, rebuilt from its newest committed batches on
         first use (storage/producers.py): recovery and take-over commit everything a WAL
-        acknowledged before a stream can be opened, so every acknowledged append is seen."""
-        table = w.producers
-        if table is not None:
-            return table
+        acknowledged before a stream can be opened, so every acknowledged append is seen.
+
+        The rebuild reads the store, which may be slow: it runs in a thread of its own and
+        the caller waits for it at most `timeout_s` (None: ``call_timeout_ms``), then gets
+        `UnavailableError` with nothing written. The rebuild goes on and keeps its table,
+        so a retry finds it built (or waits for the same rebuild)."""
+        if w.producers is not None:
+            return w.producers
+        timeout = self._settings.call_timeout_ms / 1000 if timeout_s is None else timeout_s
+        return within_deadline(
+            lambda: self._rebuild_producers(w),
+            clock=self._clock,
+            deadline=self._clock.monotonic() + timeout,
+            name=f"s3stream-producers-{w.stream_id}",
+            timeout_error=lambda: UnavailableError(
+                f"the idempotent producers of stream {w.stream_id} were not loaded from the "
+                f"store within {deadline_text(timeout_s, self._settings)}; nothing was "
+                "written: retry (the load goes on meanwhile)"
+            ),
+        )
+
+    def _rebuild_producers(self, w: WriterState) -> ProducerTable:
+        """`load_producers`' work: one rebuild per stream at a time (a caller that comes
+        while one runs waits for it); appends of other streams go on."""
         with self._rebuild_guard:
             lock = self._rebuilding.setdefault(w.stream_id, threading.Lock())
-        with lock:  # one rebuild per stream; appends of other streams go on
+        with lock:
             if w.producers is None:
                 table = ProducerTable(self._settings.producer_expiry_ms, self._clock)
                 now = self._clock.now_ms()
