@@ -991,6 +991,14 @@ def test_no_space_and_read_only_filesystems(tmp_path: Path) -> None:
         with pytest.raises(UnavailableError, match="no space left"):
             FileWal(path, settings=small(2 * MiB))
         assert not path.exists(), "a half-created WAL file was left behind"
+        # Through a dangling symlink (the user's): the file made through it is removed, the
+        # link stays as it was (it was removed instead, the half-made file left).
+        link = tmp_path / "link.wal"
+        link.symlink_to(path)
+        with pytest.raises(UnavailableError, match="no space left"):
+            FileWal(link, settings=small(2 * MiB))
+        assert link.is_symlink() and not path.exists()
+        link.unlink()
         wal = FileWal(path, settings=small(256 * KiB))
         recover_all(wal)
         acked = append_all(wal, [b"on tmpfs"])
@@ -1430,6 +1438,22 @@ def test_check_of_a_preallocated_wal_without_a_header(tmp_path: Path) -> None:
     path.write_bytes(bytes(DATA_START + 64 * KiB))
     check = check_file_wal(path)
     assert check.ok and not check.formatted
+
+
+def test_check_of_a_short_file_judges_it_as_an_opening_does(tmp_path: Path) -> None:
+    """A file shorter than the headers is a cut WAL when it starts like the header magic,
+    and otherwise not a WAL at all (``verify --wal /etc/passwd`` reported it DAMAGED), as
+    `FileWal` judges it when opening."""
+    text = tmp_path / "passwd"
+    text.write_bytes(b"root:x:0:0:root:/root:/bin/bash\n")
+    with pytest.raises(InvalidArgumentError, match="not an s3stream WAL"):
+        check_file_wal(text)
+    with pytest.raises(InvalidArgumentError, match="not an s3stream WAL"):
+        FileWal(text, settings=small(256 * KiB))
+    cut = tmp_path / "cut.wal"
+    cut.write_bytes(b"S3SWA")
+    check = check_file_wal(cut)
+    assert check.damage is not None and "truncated to 5 bytes" in check.damage
 
 
 def test_zeroed_headers_over_a_ring_of_records_are_damage_not_a_new_wal(tmp_path: Path) -> None:

@@ -547,7 +547,9 @@ class FileWal(PipelinedWal):
     def _undo_create(self, created: bool) -> None:
         try:
             if created:
-                self._path.unlink()
+                # The file this call made: through a symlink, the link's target (the link
+                # was there before and is the user's).
+                os.unlink(os.path.realpath(self._path))
             else:
                 os.ftruncate(self._fd, 0)
         except OSError:

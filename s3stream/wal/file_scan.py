@@ -28,6 +28,7 @@ from .framing import (
     decode_frame_header_anywhere,
     decode_slot,
     find_frame,
+    may_hold_header,
     ring_holds_frames,
 )
 from .os_errors import os_error
@@ -211,7 +212,7 @@ def check_file_wal(path: str | Path) -> FileWalCheck:
         header = choose_header(slots) if len(raw) == DATA_START else None
         if header is None:
             ring = pread_all(fd, RING_PROBE_BYTES, DATA_START) if size > DATA_START else b""
-            return _unreadable(p, size, slots, ring_holds_frames(ring))
+            return _unreadable(p, raw, size, slots, ring_holds_frames(ring))
         if size != DATA_START + header.capacity and os.path.isfile(p):
             return _damaged(
                 p,
@@ -273,8 +274,14 @@ def open_wal_for_reading(path: Path) -> int:
 
 
 def _unreadable(
-    path: Path, size: int, slots: list[tuple[SlotStatus, HeaderSlot | None]], frames: bool
+    path: Path,
+    raw: bytes,
+    size: int,
+    slots: list[tuple[SlotStatus, HeaderSlot | None]],
+    frames: bool,
 ) -> FileWalCheck:
+    """What a file without a valid header is, judged as an opening judges it (`FileWal`):
+    never formatted, damaged, or (`InvalidArgumentError`) not a WAL at all."""
     if frames and all(status is SlotStatus.EMPTY for status, _ in slots):
         return _damaged(path, None, "both header slots read as zeros, but its ring holds records")
     if size == 0 or all(status is SlotStatus.EMPTY for status, _ in slots):
@@ -282,6 +289,11 @@ def _unreadable(
         # header (an opening formats it); damage only if its node needed one.
         return _damaged(path, None, None, formatted=False)
     if size < DATA_START:
+        if not may_hold_header(raw):
+            raise InvalidArgumentError(
+                f"{path} is not an s3stream WAL: {size} bytes, too small to hold the headers, "
+                "and no header magic"
+            )
         return _damaged(path, None, f"truncated to {size} bytes: its header slots are cut off")
     if any(status is SlotStatus.CORRUPT for status, _ in slots):
         return _damaged(path, None, "both header slots are damaged (checksum mismatch)")
