@@ -812,8 +812,10 @@ class StreamClient(Closeable):
             name=f"s3stream-take-over:{node_id}",
             timeout_error=lambda: UnavailableError(
                 f"the take-over of node {node_id!r} did not finish within {limit:g} s: the "
-                "device of its WAL, or the store, is not answering; what it started stops at "
-                "its next step in the background: run the take-over again later"
+                "device of its WAL or the store is not answering, or a process of that node "
+                "that is stopped (SIGSTOP, a debugger) holds its WAL's lock (kill it); what "
+                "the take-over started stops at its next step in the background: run it "
+                "again later"
             ),
             given_up=given_up,
         )

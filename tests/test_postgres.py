@@ -116,6 +116,28 @@ def test_url_parameters_and_defaults() -> None:
         assert "pw" not in str(err.value)
 
 
+def test_libpq_url_forms_reach_libpq_intact() -> None:
+    """A value with a space reaches libpq as %20 (urlencode's '+' reached the server as
+    "+search_path"), a multi-host URL is taken (its netloc has a port per host), a
+    database name with an escape is shown once decoded, and a timeout past PostgreSQL's
+    int range is the URL's fault."""
+    t = parse_postgres_url(
+        "postgresql://u@h/db?options=-c%20search_path%3Dpublic", namespace="m", timeout_ms=3000
+    )
+    assert "options=-c%20search_path%3Dpublic" in t.conninfo and "+" not in t.conninfo
+    multi = parse_postgres_url(
+        "postgresql://u@h1:5432,h2:5433/db?target_session_attrs=read-write",
+        namespace="m",
+        timeout_ms=3000,
+    )
+    assert multi.conninfo.startswith("postgresql://u@h1:5432,h2:5433/db?")
+    spaced = parse_postgres_url("postgresql://u@h/my%20db", namespace="m", timeout_ms=3000)
+    assert spaced.display == "postgresql://u@h/my%20db"
+    for bad in ("postgresql://u@h1:5432,h2:x/db", "postgresql://u@h/db?statement_timeout=9999999h"):
+        with pytest.raises(InvalidArgumentError):
+            parse_postgres_url(bad, namespace="m", timeout_ms=3000)
+
+
 def test_a_local_socket_url_reaches_libpq_as_given() -> None:
     """``postgresql:///dbname`` (no host: the local socket) keeps its ``//`` for libpq."""
     t = parse_postgres_url("postgresql:///meta?host=/run/pg", namespace="m", timeout_ms=3000)
@@ -144,6 +166,28 @@ def test_a_wrong_url_is_not_retryable_and_an_unreachable_server_is(
         with pytest.raises(InvalidArgumentError, match=why) as err:
             s3stream.open(tmp_path / "s", wal="memory://", metadata=bad)
         assert not err.value.retryable
+
+
+def test_a_store_bound_to_another_namespace_makes_nothing_in_this_one(
+    postgres: Any, url: str, tmp_path: Path
+) -> None:
+    """A writer opened on a store bound to another log (a mistyped namespace or schema) is
+    refused before it creates anything: no schema, no tables, no namespace row (it made
+    them all, then refused)."""
+    with s3stream.open(tmp_path / "s", wal="memory://", metadata=url) as client:
+        client.create_stream()
+    schema = f"typo_{uuid.uuid4().hex[:8]}"
+    namespace = _namespace()
+    for wrong in (
+        postgres.url(namespace=namespace, schema=schema),
+        postgres.url(namespace=namespace),
+    ):
+        with pytest.raises(InvalidArgumentError, match="lives in"):
+            s3stream.open(tmp_path / "s", wal="memory://", metadata=wrong)
+    assert not _sql(
+        postgres, "SELECT 1 FROM information_schema.schemata WHERE schema_name = %s", schema
+    )
+    assert not _sql(postgres, "SELECT 1 FROM s3stream.namespaces WHERE namespace = %s", namespace)
 
 
 def test_tables_of_another_application_are_never_written(postgres: Any, tmp_path: Path) -> None:
@@ -589,6 +633,62 @@ def test_a_read_on_a_connection_the_server_ended_while_idle_reconnects(
     m.create_stream({})
     assert m.seq == 2
     log.close()
+
+
+def test_a_commit_on_a_connection_the_server_ended_while_idle_reconnects(
+    postgres: Any, url: str, tmp_path: Path
+) -> None:
+    """A commit is the first call after the server ended the idle connections: its first
+    message (lock and read, nothing written) fails on the dead connection, and it runs again
+    on a new one, within its deadline. It failed at once ("terminating connection due to
+    administrator command"), and a close then left the client's streams open."""
+
+    def end_idle() -> None:
+        with psycopg.connect(postgres.url(), autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = 's3stream' AND pid <> pg_backend_pid()"
+            )
+        time.sleep(0.2)
+
+    client = s3stream.open(tmp_path / "s", wal="memory://", metadata=url)
+    s = client.create_stream()
+    s.append(RecordBatch(b"x"))
+    client.flush()
+    end_idle()
+    other = client.create_stream()
+    end_idle()
+    client.close(timeout_s=10)
+    with s3stream.open_reader(tmp_path / "s", metadata=url) as reader:
+        assert [i.state.name for i in reader.list_streams()] == ["CLOSED", "CLOSED"]
+        assert [i.stream_id for i in reader.list_streams()] == [s.stream_id, other.stream_id]
+
+
+def test_acknowledged_appends_survive_a_crash_of_a_server_without_synchronous_commit(
+    tmp_path: Path,
+) -> None:
+    """A server tuned with ``synchronous_commit = off`` (a common tuning, and the test
+    server's) acknowledges a commit before it is flushed: a crash of PostgreSQL then lost
+    commits whose data the uploader had already trimmed from the WAL, so acknowledged
+    appends. s3stream's sessions commit with ``on``."""
+    from s3stream.testing.postgres import PostgresServer
+
+    server = PostgresServer().start()  # fsync and synchronous_commit off
+    try:
+        url = server.url(namespace=_namespace())
+        client = s3stream.open(tmp_path / "s", node_id="n1", metadata=url)
+        s = client.create_stream()
+        acked = []
+        for i in range(30):
+            acked.append(s.append(RecordBatch(b"%d" % i)).base_offset)
+            client.flush()  # a commit, then the WAL trimmed past it
+        server.crash_restart()
+        client.close(timeout_s=5)  # the commits it made are durable: it finds them
+        with s3stream.open(tmp_path / "s", node_id="n1", metadata=url) as again:
+            got = again.open_stream(s.stream_id).fetch(0, max_bytes=1 << 20).batches
+            assert [b.payload for b in got] == [b"%d" % i for i in range(30)]
+    finally:
+        server.stop()
 
 
 def test_the_read_after_the_lock_sees_the_previous_holders_entry(url: str) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from typing import Any
 
 from ..errors import InvalidArgumentError
 from ..objectstore.base import ObjectStore
@@ -37,8 +38,12 @@ def bind_log(log: MetadataLogStore, store: ObjectStore, prefix: str, *, create: 
     """Check (and, if `create`, make) the binding of `log` to `store` (module docstring)."""
     if not isinstance(log, ExternalMetadataLog):
         return
-    namespace_id = log.namespace_id(create=create)
     marker = read_marker(store, prefix)
+    # A store bound to another log is refused before anything is made in this one (a
+    # mistyped namespace or schema left tables and a namespace row behind).
+    namespace_id = log.namespace_id(create=create and marker is None)
+    if marker is not None and marker["namespace_id"] != namespace_id:
+        raise _elsewhere(log, store, prefix, marker)
     if marker is None:
         if MetadataLog(store, prefix).has_entry(1):
             raise InvalidArgumentError(
@@ -65,15 +70,21 @@ def bind_log(log: MetadataLogStore, store: ObjectStore, prefix: str, *, create: 
         if marker is None:  # pragma: no cover - created or found just now
             raise InvalidArgumentError(f"{marker_key(prefix)!r} vanished while binding")
     if marker["namespace_id"] != namespace_id:
-        raise InvalidArgumentError(
-            f"the metadata of {store_name(store)} (prefix {prefix!r}) lives in "
-            f"{marker['metadata']}, not in {log.describe()} "
-            f"({marker_key(prefix)!r} says so): open it with that metadata URL and namespace"
-        )
+        raise _elsewhere(log, store, prefix, marker)
     store_id = str(marker["store_id"])
     bound = log.bind_store(store_id, store_name(store)) if create else log.bound_store()
     if bound is not None and bound[0] != store_id:
         raise _mismatch_store(log, store, bound[1])
+
+
+def _elsewhere(
+    log: MetadataLogStore, store: ObjectStore, prefix: str, marker: dict[str, Any]
+) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"the metadata of {store_name(store)} (prefix {prefix!r}) lives in "
+        f"{marker['metadata']}, not in {log.describe()} "
+        f"({marker_key(prefix)!r} says so): open it with that metadata URL and namespace"
+    )
 
 
 def _mismatch_store(log: MetadataLogStore, store: ObjectStore, other: str) -> InvalidArgumentError:

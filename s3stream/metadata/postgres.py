@@ -27,7 +27,8 @@ The log's serial rate is 1 / (time the lock is held), so a serialized commit is 
 trips, each one simple-query message of several statements (parameters bound on the client):
 ``BEGIN; SELECT ... FOR UPDATE; SELECT`` the missed entries, then, after the build,
 ``INSERT ...; COMMIT``. The lock is held for the build, one round trip and the commit's WAL
-flush (``synchronous_commit`` is the server's: a commit acknowledged survives a crash of
+flush (``synchronous_commit`` is the server's, except that a server set to ``off`` is
+overridden with ``on`` for s3stream's sessions: a commit acknowledged survives a crash of
 PostgreSQL). `commit_times` says where the time went, as the client saw it.
 
 Writes use a checkpoint write's own connection, so a large checkpoint never holds up commits.
@@ -295,8 +296,12 @@ class PostgresMetadataLog(ExternalMetadataLog):
         if timeout_s is not None and timeout_s * 1000 < lock_ms:  # (False for NaN)
             lock_ms = max(1, int(timeout_s * 1000))
         begin = f"BEGIN; SET LOCAL lock_timeout = {lock_ms}; "
+        # Until round trip 2 is sent, the commit has written nothing: a connection found dead
+        # (the server restarted, or dropped it while idle) is replaced and the commit rerun.
+        writing = False
 
         def commit(conn: Connection) -> bool:
+            nonlocal writing
             ns, first = self.namespace, max(after, 1)
             cur = psycopg.ClientCursor(conn)
             started = self._clock.monotonic()
@@ -320,6 +325,7 @@ class PostgresMetadataLog(ExternalMetadataLog):
             made = compose(entries)
             built = self._clock.monotonic()
             # Round trip 2: the INSERT and the COMMIT (which releases the lock), one message.
+            writing = True
             created = False
             if made is None:
                 cur.execute("COMMIT")
@@ -333,7 +339,7 @@ class PostgresMetadataLog(ExternalMetadataLog):
             return created
 
         try:
-            return self._main.run(commit)
+            return self._main.run(commit, idempotent=lambda: not writing)
         except ContendedError as exc:
             if lock_ms == self._target.lock_timeout_ms:
                 raise
@@ -384,7 +390,7 @@ class PostgresMetadataLog(ExternalMetadataLog):
                 conn.execute(self._q_put_checkpoint, (self.namespace, checkpoint.seq, payload))
                 conn.execute(self._q_put_pointer, (self.namespace, checkpoint.seq))
 
-        self._side.run(write)
+        self._side.run(write, idempotent=True)  # an upsert, and a pointer that only rises
 
     # -- writing and binding -----------------------------------------------------------------
 
@@ -392,14 +398,17 @@ class PostgresMetadataLog(ExternalMetadataLog):
         """Create the tables if missing (and refuse a newer layout), once per instance."""
         if self._writable:
             return
-        self._main.run(lambda conn: create_tables(conn, self.schema))
+        self._main.run(lambda conn: create_tables(conn, self.schema), idempotent=True)
         self._writable = self._version_checked = True
 
     def namespace_id(self, *, create: bool) -> str | None:
         if create:
             self.check_writable()
             fresh = uuid.uuid4().hex
-            self._main.run(lambda conn: conn.execute(self._q_ns_create, (self.namespace, fresh)))
+            self._main.run(
+                lambda conn: conn.execute(self._q_ns_create, (self.namespace, fresh)),
+                idempotent=True,  # ON CONFLICT DO NOTHING
+            )
         rows = self._read(self._q_ns, (self.namespace,))
         return str(rows[0][0]) if rows else None
 
@@ -413,7 +422,8 @@ class PostgresMetadataLog(ExternalMetadataLog):
         if self.namespace_id(create=True) is None:  # pragma: no cover - just created
             raise InvalidArgumentError(f"namespace {self.namespace!r} vanished")
         self._main.run(
-            lambda conn: conn.execute(self._q_bind, (store_id, description, self.namespace))
+            lambda conn: conn.execute(self._q_bind, (store_id, description, self.namespace)),
+            idempotent=True,  # binds an unbound namespace only; the binding is read back
         )
         bound = self.bound_store()
         if bound is None:  # pragma: no cover - a row is never unbound

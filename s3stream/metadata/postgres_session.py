@@ -65,11 +65,15 @@ class PostgresSession:
         self._inherited: list[_DeadlineConnection] = []
         self._closed = False
 
-    def run(self, call: Callable[[Connection], T], *, idempotent: bool = False) -> T:
+    def run(
+        self, call: Callable[[Connection], T], *, idempotent: bool | Callable[[], bool] = False
+    ) -> T:
         """`call(connection)`, with its psycopg errors mapped (see `map_error`). An
         `idempotent` call (a read) that fails because the connection it found open had been
         closed by the server meanwhile (a restart, a failover, an idle timeout of a proxy)
-        runs once more on a new connection."""
+        runs once more on a new connection. `idempotent` may instead be a function saying,
+        after the failure, whether the call had sent nothing that writes yet (a commit whose
+        first message, which only locks and reads, failed)."""
         try:
             return self._run_locked(call, idempotent)
         finally:
@@ -80,7 +84,9 @@ class PostgresSession:
                 finally:
                     self._lock.release()
 
-    def _run_locked(self, call: Callable[[Connection], T], idempotent: bool) -> T:
+    def _run_locked(
+        self, call: Callable[[Connection], T], idempotent: bool | Callable[[], bool]
+    ) -> T:
         with self._lock:
             if self._closed:
                 raise S3StreamError(f"the metadata log at {self._target.display} was closed")
@@ -96,8 +102,10 @@ class PostgresSession:
                     self._end_transaction(conn)
                     if isinstance(exc, psycopg.OperationalError) or conn.broken or conn.closed:
                         self._drop()
-                    if idempotent and reused and ended and attempt == 0:
-                        continue  # a connection that died while idle: once more, afresh
+                    if reused and ended and attempt == 0:
+                        again = idempotent() if callable(idempotent) else idempotent
+                        if again:
+                            continue  # a connection that died while idle: once more, afresh
                     raise map_error(exc, self._target) from exc
                 except BaseException:
                     self._end_transaction(conn)
@@ -136,10 +144,16 @@ class PostgresSession:
         ms = str(t.statement_timeout_ms)
         lock_ms = str(t.lock_timeout_ms)
         try:
+            # synchronous_commit: a server tuned to 'off' acknowledges a commit before it is
+            # flushed, and loses it in a crash, after the uploader trimmed the WAL that held
+            # the data: acknowledged appends gone. Any stronger setting of the server's (on,
+            # local, remote_write, remote_apply) is kept.
             conn.execute(
                 "SELECT set_config('statement_timeout', %s, false), "
                 "set_config('lock_timeout', %s, false), "
-                "set_config('idle_in_transaction_session_timeout', %s, false)",
+                "set_config('idle_in_transaction_session_timeout', %s, false), "
+                "CASE WHEN current_setting('synchronous_commit') = 'off' "
+                "THEN set_config('synchronous_commit', 'on', false) END",
                 (ms, lock_ms, ms),
             )
         except psycopg.Error as exc:
@@ -180,7 +194,8 @@ _PERMANENT_CONNECT = re.compile(
     r"password authentication failed|no pg_hba\.conf entry|"
     r'(database|role) ".*" does not exist|invalid connection option|invalid sslmode value|'
     r"invalid percent-encoded token|invalid integer value|invalid port number|"
-    r"invalid URI query parameter",
+    r"invalid URI query parameter|unrecognized configuration parameter|"
+    r"invalid value for parameter|server does not support SSL",
     re.IGNORECASE,
 )
 

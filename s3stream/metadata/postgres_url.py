@@ -19,7 +19,15 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from urllib.parse import SplitResult, parse_qsl, quote, urlencode, urlsplit, urlunsplit
+from urllib.parse import (
+    SplitResult,
+    parse_qsl,
+    quote,
+    unquote,
+    urlencode,
+    urlsplit,
+    urlunsplit,
+)
 
 from ..errors import InvalidArgumentError
 from ..settings_parse import parse_duration_ms, parse_int
@@ -103,8 +111,11 @@ def parse_postgres_url(url: str, *, namespace: str, timeout_ms: int) -> Postgres
         if "statement_timeout" in ours
         else timeout_ms
     )
-    if statement_ms < 1:
-        raise InvalidArgumentError(f"statement_timeout must be > 0, got {statement_ms} ms")
+    if not 1 <= statement_ms <= _MAX_TIMEOUT_MS:
+        raise InvalidArgumentError(
+            f"statement_timeout must be > 0 and at most {_MAX_TIMEOUT_MS} ms (PostgreSQL's "
+            f"limit), got {statement_ms} ms"
+        )
     given = dict(rest).get("connect_timeout")
     if given is not None:
         connect_s = parse_int(given, name="connect_timeout (whole seconds)")
@@ -118,12 +129,15 @@ def parse_postgres_url(url: str, *, namespace: str, timeout_ms: int) -> Postgres
     connect_s = max(_MIN_CONNECT_S, connect_s)
     # Joined by hand: urlunsplit drops the "//" of an empty host (the local socket's URL,
     # ``postgresql:///dbname``), which libpq then cannot read.
-    query = urlencode(rest)
+    # quote, not urlencode's default quote_plus: libpq reads no '+' as a space
+    # (``options=-c search_path=x`` would reach the server as "+search_path").
+    query = urlencode(rest, quote_via=quote)
     conninfo = f"{parts.scheme}://{parts.netloc}{parts.path}" + (f"?{query}" if query else "")
     host = parts.netloc.rpartition("@")[2] or "localhost (the local socket)"
     user = parts.netloc.rpartition("@")[0].partition(":")[0]
     display = f"postgresql://{user + '@' if user else ''}{parts.netloc.rpartition('@')[2]}"
-    display += quote(parts.path, safe="/") if parts.path else ""
+    # The path is percent-encoded already: quoted again, "%20" would show as "%2520".
+    display += quote(unquote(parts.path), safe="/") if parts.path else ""
     return PostgresTarget(
         conninfo=conninfo,
         display=display,
@@ -135,12 +149,19 @@ def parse_postgres_url(url: str, *, namespace: str, timeout_ms: int) -> Postgres
     )
 
 
+#: The largest timeout PostgreSQL takes (its settings are int milliseconds).
+_MAX_TIMEOUT_MS = 2**31 - 1
+
+
 def _split(url: str) -> SplitResult:
     """`urlsplit`, its `ValueError` (an unclosed IPv6 bracket, a bad port) as
     `InvalidArgumentError`."""
     try:
         parts = urlsplit(url)
-        parts.port  # noqa: B018 - parsed on access: a bad port raises here
+        hosts = parts.netloc.rpartition("@")[2]
+        # A multi-host URL (libpq: ``host1:5432,host2:5433``) has a port per host.
+        for host in hosts.split(","):
+            urlsplit(f"//{host}").port  # noqa: B018 - parsed on access: a bad port raises
     except ValueError as exc:
         raise InvalidArgumentError(f"not a usable PostgreSQL URL: {exc}") from None
     return parts

@@ -163,6 +163,19 @@ class PostgresServer(ServerLifecycle):
         if directory is not None:
             shutil.rmtree(directory, ignore_errors=True)
 
+    def crash_restart(self) -> None:
+        """Crash the server (``pg_ctl stop -m immediate``: every process ends at once, what
+        it had not written is lost, as in a crash of PostgreSQL, not of the machine) and
+        start it again on the same data and port."""
+        assert self._bin is not None and self._pid is not None, "the server is not running"
+        self._run(
+            [str(self._bin / "pg_ctl"), "stop", "-D", str(self.data_dir),
+             "-m", "immediate", "-w", "-t", "30"],
+            "pg_ctl stop -m immediate",
+        )  # fmt: skip
+        self._pg_ctl_start()
+        self._pid = self._read_pid()
+
     # -- what tests use --------------------------------------------------------------------------
 
     @property
