@@ -923,9 +923,11 @@ def _compact(args: argparse.Namespace) -> int:
     finally:
         bar.close()
         client.close()
+    # Damaged data stopped some tasks (the rest of the pass went on): a failure to report.
+    status = EXIT_FAILED if report.damaged else EXIT_OK
     if args.json:
         print(json.dumps(asdict(report), indent=2))
-        return EXIT_OK
+        return status
     print(
         f"objects {report.objects_before} -> {report.objects_after} "
         f"({_size(report.bytes_before)} -> {_size(report.bytes_after)}); "
@@ -934,7 +936,12 @@ def _compact(args: argparse.Namespace) -> int:
         f"trimmed {_count(report.streams_trimmed, 'stream')}; purged {report.objects_purged}, "
         f"orphans deleted {report.orphans_deleted}; {report.duration_s:.2f} s"
     )
-    return EXIT_OK
+    if report.damaged:
+        print(
+            f"compact: FAILED: {_count(report.damaged, 'task')} stopped on damaged data "
+            "(logged above); run `s3stream verify` on the store"
+        )
+    return status
 
 
 def _whole_number(value: str, minimum: int) -> int:

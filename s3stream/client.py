@@ -899,6 +899,11 @@ class StreamClient(Closeable):
                 )
             finally:
                 self._block_cache.close()
+                if not self._meta.stop_checkpoints(deadline):
+                    log.warning(
+                        "a metadata checkpoint was still being written at the close deadline; "
+                        "left behind (harmless: loading then replays a few more entries)"
+                    )
                 self._store.close()
                 self._meta.log.close()
         except BaseException as exc:

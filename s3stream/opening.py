@@ -440,9 +440,10 @@ def _refuse_undecoded_twin(url: str, root: Path) -> None:
             if holds_store(decoded):
                 return
     raise InvalidArgumentError(
-        f"{url!r} names the directory {str(root)!r} (a file URL's path is percent-decoded), "
-        f"which holds no store, but {str(literal)!r} does (made through this URL before file "
-        "URLs were decoded): open that one by its plain path, or rename it"
+        f"{url!r} names the directory {str(root)!r} (a file URL's path is percent-decoded, "
+        f"and file://localhost/x is /x), which holds no store, but {str(literal)!r} does "
+        "(made through this URL by an older version, which read it differently): open that "
+        "one by its plain path, or rename it"
     )
 
 

@@ -218,6 +218,27 @@ def test_trim(tmp_path: Path) -> None:
         assert s.start_offset == 7
 
 
+def test_a_trim_below_a_start_that_another_process_moved_is_a_no_op(tmp_path: Path) -> None:
+    """Retention in another process (a standalone compaction) moved the start to 12 after
+    this owner last read the metadata: its trim to 5 is done already, not an internal
+    invariant error ("I5: ... a trim never moves back")."""
+    from s3stream.clock import ManualClock
+    from s3stream.metadata import MetadataManager
+
+    with open_local(tmp_path) as client:
+        s = client.create_stream()
+        for i in range(10):
+            s.append(RecordBatch(payload(i), count=2))
+        client.flush()
+        other = MetadataManager(LocalObjectStore(tmp_path), clock=ManualClock(), writer_id="job")
+        other.load()
+        other.trim_stream(s.stream_id, other.get_stream(s.stream_id).epoch, 12)
+        s.trim(5)
+        assert s.start_offset == 12
+        with pytest.raises(OffsetOutOfRangeError):
+            s.fetch(11)
+
+
 def test_destroy_and_unknown_stream(tmp_path: Path) -> None:
     with open_local(tmp_path) as client:
         s = client.create_stream()

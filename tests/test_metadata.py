@@ -1746,3 +1746,42 @@ def test_a_slow_checkpoint_write_keeps_the_commits_deadline() -> None:
         time.sleep(0.05)
     later = manager(store, "w2", clock=SystemClock())
     assert len(later.list_streams()) == 2
+
+
+def test_a_checkpoint_left_to_the_background_is_finished_before_close_returns(
+    tmp_path: Path,
+) -> None:
+    """A commit past its deadline leaves its checkpoint write to the background; the
+    client's close waits for it (within its own deadline) before closing the store, so
+    nothing is written for a client whose close returned (a store moved away after close
+    reappeared with meta/checkpoint in it) and no write is cut at the interpreter's exit."""
+    import shutil
+
+    import s3stream
+    from s3stream import ClientSettings
+    from s3stream.wal.memory import MemoryWal
+
+    class SlowCheckpoints(LocalObjectStore):
+        def put(self, key: str, data: bytes) -> None:
+            if "/checkpoints/" in key:
+                time.sleep(1.0)
+            super().put(key, data)
+
+    root = tmp_path / "store"
+    settings = ClientSettings(
+        metadata_checkpoint_interval=4, metadata_commit_timeout_ms=300, call_timeout_ms=300
+    )
+    client = s3stream.StreamClient(
+        SlowCheckpoints(root), MemoryWal(), node_id="n1", settings=settings
+    )
+    started = time.monotonic()
+    for _ in range(3):
+        client.create_stream()  # entries 2-4: 4 is a checkpoint
+    assert time.monotonic() - started < 0.9  # the commit kept its deadline
+    client.close(timeout_s=10)
+    assert (root / "meta" / "checkpoint").exists()
+    shutil.move(root, tmp_path / "moved")
+    time.sleep(1.2)
+    assert not root.exists()
+    with s3stream.open(tmp_path / "moved", wal="memory://") as again:
+        assert len(again.list_streams()) == 3

@@ -959,6 +959,22 @@ def test_a_stuck_fsspec_backend_keeps_the_deadline(tmp_path: Path) -> None:
         assert time.monotonic() - started < 2.5
         store.put("data/fine", b"ok")  # other keys still work meanwhile
         assert store.get("data/fine") == b"ok"
+        # Writes are not left behind: on a backend that writes in place, a try left writing
+        # after its retry succeeded cut the committed file short. A slow write is waited for.
+        pipe_file = raw.fs.pipe_file
+
+        def slow_pipe_file(path: str, value: bytes, **kwargs: Any) -> None:
+            time.sleep(0.8)
+            pipe_file(path, value, **kwargs)
+
+        raw.fs.pipe_file = slow_pipe_file
+        try:
+            store.put("data/slow", b"x" * 100_000)
+        finally:
+            raw.fs.pipe_file = pipe_file
+        time.sleep(1.0)  # a write left behind would land now
+        assert store.get("data/slow") == b"x" * 100_000
+        assert [t.name for t in threading.enumerate() if "fsspec-write" in t.name] == []
     finally:
         # Release the tries left blocked in open(): a writer's open wakes every reader.
         with contextlib.suppress(OSError):

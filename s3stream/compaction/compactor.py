@@ -63,6 +63,9 @@ class CompactionReport:
     #: Tasks committed and aborted (lost a race to another compactor), by kind.
     tasks: dict[str, int] = field(default_factory=dict)
     aborted: int = 0
+    #: Tasks stopped because an object they read is damaged (`CorruptionError`, logged with
+    #: the object's key): nothing of theirs was committed, the rest of the pass went on.
+    damaged: int = 0
     objects_replaced: int = 0
     objects_written: int = 0
     bytes_read: int = 0
@@ -82,6 +85,7 @@ class CompactionMetrics:
     failed_passes: int = 0
     tasks: int = 0
     aborted: int = 0
+    damaged: int = 0
     objects_replaced: int = 0
     objects_written: int = 0
     bytes_read: int = 0
@@ -188,6 +192,7 @@ class Compactor:
             t["tasks"] += sum(report.tasks.values())
             for name in (
                 "aborted",
+                "damaged",
                 "objects_replaced",
                 "objects_written",
                 "bytes_read",
@@ -292,7 +297,19 @@ class Compactor:
         if any((o := latest.objects.get(r.key)) is None or not o.live for r in task.replaced):
             report.aborted += 1
             return
-        result: TaskResult = self._executor.execute(task, state, moved)
+        try:
+            result: TaskResult = self._executor.execute(task, state, moved)
+        except CorruptionError as exc:
+            # One damaged object stops its task only: the other tasks, the purge of
+            # replaced objects and the orphan sweep go on (they stalled store-wide before).
+            report.damaged += 1
+            self._log.error(
+                "compaction task (%s) stopped, nothing of it committed: %s; run "
+                "`s3stream verify` on the store",
+                task.what,
+                exc,
+            )
+            return
         if not result.committed:
             report.aborted += 1
             return

@@ -30,7 +30,7 @@ from collections.abc import Iterable
 import msgspec
 
 from ..clock import Clock
-from ..errors import CorruptionError, ObjectNotFoundError, S3StreamError
+from ..errors import ObjectNotFoundError, S3StreamError
 from ..metadata import MetadataManager, MetadataState, PurgeObjects
 from ..metrics.logs import ContextLogger
 from ..objectstore.base import ObjectStore
@@ -163,6 +163,11 @@ class OrphanSweeper:
         self._save(record)
         if due:
             self._log.info("deleted %d orphan objects", len(due))
+        # What writes killed mid-way left that is not an object (a local store's temporary
+        # files): after the same grace, so a live writer's is never touched.
+        leftovers = self._store.remove_leftovers(now - self._grace_ms)
+        if leftovers:
+            self._log.info("removed %d temporary files of writes that died", leftovers)
         return due
 
     def _sweepable(self, key: str, state: MetadataState) -> bool:
@@ -183,10 +188,15 @@ class OrphanSweeper:
         try:
             return msgspec.json.decode(data, type=_Record)
         except msgspec.DecodeError as exc:
-            raise CorruptionError(
-                f"orphan sweeper record {self._record_key!r} is unreadable: {exc}",
-                location=self._record_key,
-            ) from exc
+            # It holds first-seen times only: starting them again delays deletions, never
+            # hastens one (and the save at the end of this sweep replaces the bad record;
+            # refusing instead stopped every sweep for good).
+            self._log.warning(
+                "orphan sweeper record %r is unreadable (%s): starting from an empty one",
+                self._record_key,
+                exc,
+            )
+            return _Record()
 
     def _save(self, record: _Record) -> None:
         try:

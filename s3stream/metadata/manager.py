@@ -183,6 +183,11 @@ class MetadataManager:
         self._queue_cond = threading.Condition(threading.Lock())
         self._queue: deque[_Request] = deque()
         self._leading = False
+        # Checkpoint writes a commit left to finish in the background (`_lead`), and whether
+        # `stop_checkpoints` came: a closed client's store is written no more.
+        self._checkpoint_cond = threading.Condition(threading.Lock())
+        self._checkpoints_running = 0
+        self._checkpoints_stopped = False
         # Contention, as seen by this writer (under `_lock`): until when to assume others
         # commit too, and moving averages of a create's and of a catch-up's duration.
         self._contended_until = float("-inf")
@@ -317,6 +322,21 @@ class MetadataManager:
         outcome.observe(self._clock.monotonic() - started)
         return entry, state
 
+    def stop_checkpoints(self, deadline: float) -> bool:
+        """Start no more checkpoint writes after commits, and wait until `deadline` (on the
+        manager's clock) for those under way (left to the background by a commit past its
+        deadline) to end: called before the store is closed, so that nothing is written for
+        a closed client (a write cut short at the interpreter's exit could leave a torn
+        pointer on a store whose puts are not atomic). Whether none is left."""
+        with self._checkpoint_cond:
+            self._checkpoints_stopped = True
+            while self._checkpoints_running:
+                left = deadline - self._clock.monotonic()
+                if left <= 0:
+                    return False
+                self._checkpoint_cond.wait(left)
+        return True
+
     def write_checkpoint(self) -> int:
         """Write a checkpoint of the current state now (unless it is empty); its seq."""
         state = self.state
@@ -417,7 +437,9 @@ class MetadataManager:
 
         def build(state: MetadataState) -> list[Op]:
             stream = state.get_stream(stream_id)
-            if stream.epoch == epoch and stream.start_offset == start_offset:
+            if stream.epoch == epoch and stream.start_offset >= start_offset:
+                # Done already, or further (retention in another process moved the start
+                # after this writer last looked): a trim never moves it back.
                 return []
             return [TrimStream(stream_id, epoch, start_offset)]
 
@@ -488,9 +510,22 @@ class MetadataManager:
         # caller past its deadline (a slow store): the write then goes on in its thread.
         if written is not None and written.seq % self._checkpoint_interval == 0:
             state = written
+            with self._checkpoint_cond:
+                if self._checkpoints_stopped:
+                    return
+                self._checkpoints_running += 1
+
+            def write() -> None:
+                try:
+                    self._write_checkpoint(state)
+                finally:
+                    with self._checkpoint_cond:
+                        self._checkpoints_running -= 1
+                        self._checkpoint_cond.notify_all()
+
             try:
                 within_deadline(
-                    lambda: self._write_checkpoint(state),
+                    write,
                     clock=self._clock,
                     deadline=deadline,
                     name=f"s3stream-checkpoint-{state.seq}",

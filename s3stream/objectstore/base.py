@@ -182,6 +182,14 @@ class ObjectStore(Closeable):
         that calls fit a deadline of a few tries; stores without timeouts ignore it."""
         return
 
+    def remove_leftovers(self, older_than_ms: int) -> int:
+        """Remove what this store's own writes left behind when their process died (not
+        objects, which the orphan sweep judges: e.g. a local store's temporary files),
+        last changed before `older_than_ms` (milliseconds since the epoch); how many. A
+        store whose writes leave nothing behind (a PUT to a service) has nothing: 0.
+        Wrappers pass it on."""
+        return 0
+
     def meter_requests(self, meter: RequestMeter) -> bool:
         """Report every request this store sends to its backend to `meter` from now on (tries
         and pages included), for cost accounting. False, the default, when the store cannot:

@@ -58,5 +58,8 @@ class ForwardingObjectStore(ObjectStore):
     def bound_attempts(self, seconds: float) -> None:
         self.inner.bound_attempts(seconds)
 
+    def remove_leftovers(self, older_than_ms: int) -> int:
+        return self.inner.remove_leftovers(older_than_ms)
+
     def meter_requests(self, meter: RequestMeter) -> bool:
         return self.inner.meter_requests(meter)

@@ -26,17 +26,18 @@ checks the claim: a second writing process on the same root may corrupt the meta
 
 fsspec has no common timeout setting, so a backend that stops answering could block a call for
 good. Once a client bounds the store's tries (`bound_attempts`, as `store_stack` does), each
-try runs in a thread of its own and the caller stops waiting for it after that time
-(`_bounded.within_deadline`): a try left behind may still land (a PUT is then as ambiguous as
-one whose answer was lost, which the retry layer handles), and until it ends it holds its
-thread. Without such a bound (a store used on its own) calls run in the caller's thread.
+*read* (`get`, `get_suffix`, `head`, `list`) runs in a thread of its own and the caller stops
+waiting for it after that time (`_bounded.within_deadline`), as an S3 GET's body must arrive
+within one try's time; a read left behind changes nothing. Writes stay in the caller's
+thread, bounded only by the filesystem's own timeouts: on a backend that writes files in
+place, a write left behind would go on writing a key after a retry of it had succeeded, and
+cut the committed object short.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from functools import partial
 from typing import Any, TypeVar
 
 from .._bounded import within_deadline
@@ -128,7 +129,7 @@ class FsspecObjectStore(ObjectStore):
         self._try_s = seconds if self._try_s is None else min(self._try_s, seconds)
 
     def _try(self, action: str, key: str | None, work: Callable[[], T]) -> T:
-        """`work` (one try of a call, raising translated errors), within the per-try bound."""
+        """`work` (one try of a read, raising translated errors), within the per-try bound."""
         limit = self._try_s
         if limit is None:
             return work()
@@ -153,33 +154,27 @@ class FsspecObjectStore(ObjectStore):
             return path[len(self._root) + 1 :]
         return path.lstrip("/")
 
+    # Writes run in the caller's thread, never left behind (module docstring).
+
     def put(self, key: str, data: bytes) -> None:
         path = self._path(key)
         blob = as_bytes(data)
-
-        def work() -> None:
-            try:
-                self._fs.pipe_file(path, blob)
-            except Exception as exc:
-                raise _translate(exc, "write", key) from exc
-
-        self._try("write", key, work)
+        try:
+            self._fs.pipe_file(path, blob)
+        except Exception as exc:
+            raise _translate(exc, "write", key) from exc
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         path = self._path(key)
         blob = as_bytes(data)
-
-        def work() -> bool:
-            with self._stripes[hash(key) % _LOCK_STRIPES]:
-                try:
-                    self._fs.pipe_file(path, blob, mode="create")
-                except FileExistsError:
-                    return False
-                except Exception as exc:
-                    raise _translate(exc, "create", key) from exc
-            return True
-
-        return self._try("create", key, work)
+        with self._stripes[hash(key) % _LOCK_STRIPES]:
+            try:
+                self._fs.pipe_file(path, blob, mode="create")
+            except FileExistsError:
+                return False
+            except Exception as exc:
+                raise _translate(exc, "create", key) from exc
+        return True
 
     def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         path = self._path(key)
@@ -225,17 +220,13 @@ class FsspecObjectStore(ObjectStore):
 
     def delete_many(self, keys: Iterable[str]) -> None:
         paths = [(key, self._path(key)) for key in keys]
-
-        def delete(key: str, path: str) -> None:
+        for key, path in paths:
             try:
                 self._fs.rm_file(path)
             except FileNotFoundError:
-                return
+                continue
             except Exception as exc:
                 raise _translate(exc, "delete", key) from exc
-
-        for key, path in paths:
-            self._try("delete", key, partial(delete, key, path))
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         check_prefix(prefix)

@@ -13,6 +13,7 @@ import contextlib
 import errno
 import itertools
 import os
+import re
 import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -60,6 +61,9 @@ _Stack = list[tuple[str, str, Iterator[tuple[str, bool, int]]]]
 # A concurrent delete may remove a freshly created directory before our temporary file lands in
 # it; the write then starts over. Bounded so that a persistent failure still surfaces.
 _MAX_TEMP_ATTEMPTS = 64
+
+#: A temporary file's name: ``TEMP_PREFIX`` + the writing process's pid + a counter.
+_TEMP_NAME = re.compile(re.escape(TEMP_PREFIX) + r"([0-9]+)-[0-9]+")
 
 
 class LocalObjectStore(ObjectStore):
@@ -299,6 +303,31 @@ class LocalObjectStore(ObjectStore):
             raise self._translate(exc, "stat", key) from exc
         return ObjectInfo(key, st.st_size) if stat.S_ISREG(st.st_mode) else None
 
+    def remove_leftovers(self, older_than_ms: int) -> int:
+        """Remove the temporary files of writes whose process died (a SIGKILL between a
+        temporary file's creation and its rename or link), last changed before
+        `older_than_ms`: named as this store names them, in its tree (symlinked directories
+        are not followed), of a pid that no process on this host has. A temporary file of
+        a live process, or of one on another host sharing the file system, is younger than
+        any sensible bound. How many were removed."""
+        removed = 0
+        for directory, _, names in os.walk(self._root_str):
+            for name in names:
+                found = _TEMP_NAME.fullmatch(name)
+                if found is None or _process_alive(int(found.group(1))):
+                    continue
+                path = os.path.join(directory, name)
+                try:
+                    if os.lstat(path).st_mtime_ns // 1_000_000 >= older_than_ms:
+                        continue
+                    os.unlink(path)
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    raise self._translate(exc, "remove a leftover temporary file", name) from exc
+                removed += 1
+        return removed
+
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         check_prefix(prefix)
         if "\x00" in prefix:
@@ -477,6 +506,19 @@ def _pread_exact(fd: int, length: int, offset: int) -> bytes:
         parts.append(more)
         got += len(more)
     return b"".join(parts)
+
+
+def _process_alive(pid: int) -> bool:
+    """Whether a process with `pid` exists on this host (of any user)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):  # none, or a number no pid can be
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 def _unlink_quietly(path: str) -> None:

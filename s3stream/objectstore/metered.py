@@ -300,6 +300,9 @@ class MetricsObjectStore(ObjectStore):
     def bound_attempts(self, seconds: float) -> None:
         self._inner.bound_attempts(seconds)
 
+    def remove_leftovers(self, older_than_ms: int) -> int:
+        return self._inner.remove_leftovers(older_than_ms)
+
     def close(self) -> None:
         self._inner.close()
 
@@ -377,6 +380,9 @@ class _PurposeView(ObjectStore):
 
     def bound_attempts(self, seconds: float) -> None:
         self._stack.bound_attempts(seconds)
+
+    def remove_leftovers(self, older_than_ms: int) -> int:
+        return self._stack.remove_leftovers(older_than_ms)
 
     def close(self) -> None:
         """The stack belongs to whoever built it (the client closes it)."""

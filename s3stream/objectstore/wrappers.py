@@ -111,6 +111,9 @@ class RetryingObjectStore(ObjectStore):
         self._closed = True
         self._inner.close()
 
+    def remove_leftovers(self, older_than_ms: int) -> int:
+        return self._inner.remove_leftovers(older_than_ms)  # local work: no retries
+
     def meter_requests(self, meter: RequestMeter) -> bool:
         if self._calls is self._inner and self._inner.meter_requests(meter):
             return True

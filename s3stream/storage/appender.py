@@ -817,7 +817,7 @@ def deadline_text(timeout_s: float | None, settings: ClientSettings) -> str:
     """How a deadline was set, for error messages."""
     if timeout_s is None:
         return f"call_timeout_ms={settings.call_timeout_ms}"
-    return f"{timeout_s} s"
+    return f"{timeout_s:.3g} s"
 
 
 def _nothing() -> None:

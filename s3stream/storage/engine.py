@@ -239,9 +239,10 @@ class Storage:
         if ident is not None and w.producers is None:
             started = self._clock.monotonic()
             self.load_producers(w, timeout_s)
-            if timeout_s is not None:
-                # The load took part of the call's time; the append gets the rest.
-                timeout_s = max(0.0, timeout_s - (self._clock.monotonic() - started))
+            # The load took part of the call's time (its own or call_timeout_ms): the append
+            # gets the rest.
+            limit = self._settings.call_timeout_ms / 1000 if timeout_s is None else timeout_s
+            timeout_s = max(0.0, limit - (self._clock.monotonic() - started))
         return self._appender.append_and_wait(w, batch, timeout_s, expected, ident)
 
     def append_would_wait(

@@ -326,6 +326,9 @@ class FaultyObjectStore(ObjectStore):
     def close(self) -> None:
         self._inner.close()
 
+    def remove_leftovers(self, older_than_ms: int) -> int:
+        return self._inner.remove_leftovers(older_than_ms)
+
     def describe(self) -> str:
         return f"faulty({self._inner.describe()})"
 
