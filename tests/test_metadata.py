@@ -57,6 +57,7 @@ from s3stream.metadata import (
 )
 from s3stream.metadata.base import MetadataLogStore
 from s3stream.metadata.codec import validate_entry
+from s3stream.metadata.log import MetadataLog
 from s3stream.metadata.model import Checkpoint
 from s3stream.objectstore.base import ObjectInfo, ObjectStore
 from s3stream.objectstore.local import LocalObjectStore
@@ -682,10 +683,12 @@ def test_load_reads_checkpoint_then_only_later_entries_and_never_lists(
     assert reader.calls[:2] == [("get", "meta/checkpoint"), ("get", m.log.checkpoint_key(30))]
     # Entry 30 (the checkpoint's: still there, the rollback check), entries 31-35 one GET
     # each, then the missing 36; past the first two the log reads runs in parallel
-    # (MetadataLog.read_entries), so 37 and 38 were asked for with 35 and 36.
-    entry_gets = reader.calls[2:]
+    # (MetadataLog.read_entries), so 37 and 38 were asked for with 35 and 36. Then one HEAD
+    # past the tip: 37 missing too, so 36 is the tip, not a hole.
+    entry_gets = reader.calls[2:-1]
     assert entry_gets[0] == ("get", m.log.entry_key(30))
     assert sorted(entry_gets[1:]) == [("get", m.log.entry_key(s)) for s in range(31, 39)]
+    assert reader.calls[-1] == ("head", m.log.entry_key(37))
     # A refresh with nothing new costs two GETs: the newest entry applied, which must still
     # be there with the bytes applied (else the log was rolled back), and the next, missing;
     # commits use no LIST either.
@@ -1785,3 +1788,20 @@ def test_a_checkpoint_left_to_the_background_is_finished_before_close_returns(
     assert not root.exists()
     with s3stream.open(tmp_path / "moved", wal="memory://") as again:
         assert len(again.list_streams()) == 3
+
+
+def test_a_hole_at_the_tip_of_a_run_is_found_at_load() -> None:
+    """Entry 4 of 9 is gone (damage, a partial copy): the replay stops there, and nothing in
+    its run tells the hole from the tip. Loading read a short, older history without a word
+    (and a writer then filled the hole with an entry of its own); one HEAD past the tip
+    finds it."""
+    store = MemoryObjectStore()
+    m = manager(store)
+    for _ in range(9):
+        m.create_stream({})
+    log = MetadataLog(store, "meta")
+    store.delete_many([log.entry_key(4)])
+    with pytest.raises(CorruptionError, match="missing while later entries exist"):
+        manager(store, "w2")
+    store.delete_many([log.entry_key(s) for s in range(5, 10)])
+    assert manager(store, "w3").seq == 3  # the tip, not a hole: loads

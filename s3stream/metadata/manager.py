@@ -249,6 +249,27 @@ class MetadataManager:
                     )
             self._state = state
             self._catch_up()
+            self._check_tip()
+
+    def _check_tip(self) -> None:
+        """(At load.) The replay stopped at the first entry missing; if a later one exists,
+        that entry is a hole (entries are never deleted: damage, or a partial copy of the
+        store), and a history read up to it would be short without a word, and a writer
+        would fill the hole with an entry of its own. One HEAD: later catch-ups read runs of
+        entries, which tell a hole from the tip themselves."""
+        assert self._state is not None
+        tip = self._state.seq
+        if not self._log.has_entry(tip + 2):
+            return
+        self._catch_up()  # or writers added both meanwhile
+        if self._state.seq == tip:
+            key = self._log.entry_key(tip + 1)
+            raise CorruptionError(
+                f"metadata log entry {key!r} is missing while later entries exist: the log is "
+                "damaged (entries are never deleted); stop writers and restore it, or run "
+                "`s3stream verify`",
+                location=key,
+            )
 
     def refresh(self) -> bool:
         """Apply entries written by other writers since the last look; True if there were any."""
