@@ -30,6 +30,7 @@ running in a thread finishes there (a call still queued is dropped).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import inspect
@@ -204,8 +205,10 @@ class _Threads:
             # Not this task's cancellation: `close` dropped the queued call.
             raise StreamClosedError(f"the {self._what} is closed") from None
 
-    async def close(self) -> None:
-        """Refuse new calls, drop queued ones, and wait for the running ones to return."""
+    async def close(self, timeout_s: float | None = None) -> None:
+        """Refuse new calls, drop queued ones, and wait for the running ones to return, at
+        most `timeout_s` (None: until they do): each ends by its own deadline, and on a
+        closed client it can do nothing more."""
         if self.closed:
             return
         with self._appends_lock:
@@ -214,7 +217,8 @@ class _Threads:
             pool.shutdown(wait=False, cancel_futures=True)
         # A lane's drainer cancelled in the pool would leave its appends pending for ever.
         self._drop_lanes()
-        await asyncio.to_thread(self._join)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.to_thread(self._join), timeout_s)
 
     def _join(self) -> None:
         self._append_pool.shutdown(wait=True)
@@ -536,8 +540,13 @@ class AsyncStream:
         try:
             async with asyncio.timeout_at(deadline):
                 # Shielded: cancelling the await must not cancel the append's own future,
-                # which the client resolves when the WAL acknowledges.
-                return await asyncio.shield(asyncio.wrap_future(future))
+                # which the client resolves when the WAL acknowledges. Once this await is
+                # given up, nobody reads that future's outcome: `_settled` does, or asyncio
+                # logs "Future exception was never retrieved" with the library's traceback
+                # for an append whose caller got its error already.
+                inner = asyncio.wrap_future(future)
+                inner.add_done_callback(_settled)
+                return await asyncio.shield(inner)
         except TimeoutError as exc:
             raise UnavailableError(
                 f"append to stream {self.stream_id} was not acknowledged within {limit} s; "
@@ -775,19 +784,24 @@ class AsyncStreamClient:
 
     async def flush(self, timeout_s: float | None = None) -> None:
         """Upload everything acknowledged so far and commit it (`StreamClient.flush`)."""
-        await self._threads.call(self._client.flush, timeout_s)
+        # A thread of its own (the loop's default executor), not the call pool: there it
+        # queued behind reads stuck on a store that stopped answering, and its deadline
+        # started only when a thread took it (timeout_s=1 returned after 10.9 s).
+        await asyncio.to_thread(self._client.flush, timeout_s)
 
     async def close(self, timeout_s: float | None = None) -> None:
         """Close the client (`StreamClient.close`: uploads everything, releases the streams,
         ends their tails), then stop this wrapper's threads. Calling it again reports how
         the first close ended, as the sync `close` does."""
-        if self._threads.closed:
-            await asyncio.to_thread(self._client.close, timeout_s)
-            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self._call_timeout_s if timeout_s is None else timeout_s)
         try:
-            await self._threads.call(self._client.close, timeout_s)
+            # As `flush`: not behind the calls queued in the pool.
+            await asyncio.to_thread(self._client.close, timeout_s)
         finally:
-            await self._threads.close()
+            # Calls still running (reads on a store that stopped answering) are waited for
+            # within what is left of the deadline only.
+            await self._threads.close(max(0.0, deadline - loop.time()))  # idempotent
 
     async def __aenter__(self) -> Self:
         return self
@@ -953,3 +967,10 @@ async def open_reader(*args: Any, **kwargs: Any) -> AsyncStreamReader:
     (it loads the metadata log) and comes back as an `AsyncStreamReader`."""
     reader = await _opened(functools.partial(_open_reader, *args, **kwargs))
     return AsyncStreamReader(reader)
+
+
+def _settled(future: asyncio.Future[Any]) -> None:
+    """Read a future's outcome, so that an error nobody awaits any more is not reported to
+    the event loop's exception handler (its caller was told already)."""
+    if not future.cancelled():
+        future.exception()

@@ -779,3 +779,113 @@ def test_appends_queued_in_threads_are_dropped_when_the_client_closes(tmp_path: 
         assert not [t for t in pool_threads() if "-append" in t]
 
     asyncio.run(main())
+
+
+def test_an_append_given_up_that_fails_later_reaches_no_exception_handler(
+    tmp_path: Path,
+) -> None:
+    """An append whose await timed out (the caller got `UnavailableError`) and whose WAL
+    write fails afterwards: nobody reads that outcome any more, and asyncio reported it to
+    the loop's exception handler ("Future exception was never retrieved", with the
+    library's internal traceback), once per such append."""
+    import contextlib
+    import dataclasses
+    import gc
+    from concurrent.futures import Future
+
+    from s3stream import UnavailableError
+    from s3stream.wal.base import WalCapabilities, WalPosition, WriteAheadLog
+    from s3stream.wal.memory import MemoryWal
+
+    class FailingLater(WriteAheadLog):
+        """Acknowledges nothing: each append fails 0.3 s after it was made."""
+
+        def __init__(self) -> None:
+            self._inner = MemoryWal()
+
+        @property
+        def capabilities(self) -> WalCapabilities:
+            return dataclasses.replace(self._inner.capabilities, acks_on_call=False)
+
+        def recover(self) -> Any:
+            return iter(())
+
+        def append(self, data: bytes) -> Future[WalPosition]:
+            out: Future[WalPosition] = Future()
+            threading.Timer(0.3, lambda: out.set_exception(UnavailableError("disk gone"))).start()
+            return out
+
+        def trim(self, position: WalPosition) -> None:
+            pass
+
+        def reset(self) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+        def describe(self) -> str:
+            return "failing-later"
+
+    reported: list[dict[str, Any]] = []
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda _, ctx: reported.append(ctx))
+        sync = s3stream.StreamClient(
+            s3stream.objectstore.MemoryObjectStore(), FailingLater(), settings=SMALL
+        )
+        client = aio.AsyncStreamClient(sync)
+        stream = await client.create_stream()
+        for _ in range(3):
+            with pytest.raises(UnavailableError):
+                await stream.append(RecordBatch(b"x"), timeout_s=0.1)
+        await asyncio.sleep(0.6)  # the WAL writes fail now
+        gc.collect()
+        await asyncio.sleep(0)
+        with contextlib.suppress(s3stream.S3StreamError):
+            await client.close(timeout_s=1)
+
+    asyncio.run(main())
+    assert [c.get("message") for c in reported] == []
+
+
+def test_flush_and_close_keep_their_deadline_behind_stuck_reads(tmp_path: Path) -> None:
+    """Reads stuck on a slow store fill the wrapper's call pool; `flush(timeout_s)` and
+    `close(timeout_s)` queued behind them, and their deadline started only when a thread
+    took them (flush(timeout_s=1) returned after 10.9 s); close then waited for the stuck
+    reads to end, whatever its deadline."""
+    import contextlib
+
+    from s3stream.objectstore.local import LocalObjectStore
+    from s3stream.wal.memory import MemoryWal
+
+    with s3stream.open(str(tmp_path), settings=SMALL, wal="memory://") as sync:
+        s = sync.create_stream()
+        s.append(RecordBatch(b"x" * 100))
+        sid = s.stream_id
+
+    class SlowReads(LocalObjectStore):
+        def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+            if key.startswith("data/"):
+                time.sleep(2.0)
+            return super().get(key, start, end)
+
+    async def main() -> tuple[float, float]:
+        sync = s3stream.StreamClient(SlowReads(tmp_path), MemoryWal(), settings=SMALL)
+        client = aio.AsyncStreamClient(sync, threads=2)
+        stream = await client.open_stream(sid)
+        await stream.append(RecordBatch(b"pending"))
+        reads = [asyncio.ensure_future(stream.fetch(0)) for _ in range(6)]
+        await asyncio.sleep(0.2)  # the pool's two threads are in a slow GET
+        started = time.monotonic()
+        await client.flush(timeout_s=1)
+        flushed = time.monotonic() - started
+        started = time.monotonic()
+        with contextlib.suppress(s3stream.S3StreamError):
+            await client.close(timeout_s=1)
+        closed = time.monotonic() - started
+        await asyncio.gather(*reads, return_exceptions=True)
+        return flushed, closed
+
+    flushed, closed = asyncio.run(main())
+    assert flushed < 1.5 and closed < 2.5, (flushed, closed)

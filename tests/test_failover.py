@@ -723,3 +723,41 @@ def test_destroying_through_a_replaced_handle_leaves_the_current_one(tmp_path: P
 
 if __name__ == "__main__":
     _child_main(sys.argv[1], json.loads(sys.argv[2]))
+
+
+def test_a_live_node_taken_over_does_not_report_its_replayed_appends_as_lost(
+    tmp_path: Path,
+) -> None:
+    """Node n1 is alive with acknowledged appends not uploaded; another client takes it
+    over, which replays n1's WAL and commits those very appends. n1's next flush and close
+    said they were "dropped" (with an ERROR), which tells a caller to resend them: twice
+    in the stream. Now they are reported as handed to the take-over."""
+    import contextlib
+
+    import s3stream
+    from s3stream.errors import FencedError
+    from s3stream.types import RecordBatch
+
+    root = tmp_path / "store"
+    wal = f"object+file://{tmp_path / 'wal-objects'}"  # an object WAL, as on S3
+    lazy = {"upload_interval_ms": 3_600_000, "upload_threshold_bytes": 1 << 20}
+    a = s3stream.open(root, node_id="n1", wal=wal, settings=lazy)
+    s = a.create_stream()
+    for i in range(3):
+        s.append(RecordBatch(b"a%d" % i))
+    with s3stream.open(root, node_id="n2", wal="memory://") as b:
+        b.take_over("n1", wal=wal)
+        b.open_stream(s.stream_id)  # and goes on with the stream
+        assert _payloads(b, s.stream_id) == [b"a0", b"a1", b"a2"]
+        with pytest.raises(
+            FencedError, match=r"offsets \[0, 3\) \(this node was taken over"
+        ) as err:
+            a.flush()
+        assert (
+            "replayed its WAL" in str(err.value) and "dropped" not in str(err.value).split(":")[-1]
+        )
+        with contextlib.suppress(FencedError):
+            a.close()
+    with s3stream.open_reader(root) as reader:
+        got = [b.payload for b in reader.read(s.stream_id, 0).batches]
+    assert got == [b"a0", b"a1", b"a2"]

@@ -224,9 +224,28 @@ class Committer:
         hi = max([b for _, b in spans] + [released.confirm_offset or 0])
         if hi <= lo:
             return
-        what = f"stream {sid} offsets [{lo}, {hi}) ({by})"
-        self._log.for_stream(sid).error("acknowledged appends dropped: %s", what)
+        if self._taken_over():
+            # The take-over replayed this node's WAL, which held these appends (its claim
+            # fenced the WAL before anything later was acknowledged): they are in the stream,
+            # and a caller told they were lost would append them twice.
+            what = (
+                f"stream {sid} offsets [{lo}, {hi}) (this node was taken over: the take-over "
+                "replayed its WAL, which held these appends, unless it was told to accept WAL "
+                "loss; check the stream before resending them)"
+            )
+            self._log.for_stream(sid).warning("acknowledged appends handed over: %s", what)
+        else:
+            what = f"stream {sid} offsets [{lo}, {hi}) ({by})"
+            self._log.for_stream(sid).error("acknowledged appends dropped: %s", what)
         self._status.add_dropped(what)
+
+    def _taken_over(self) -> bool:
+        """Whether this node was registered again since this client registered it (a
+        take-over, or another open of the node id), as the metadata read last says."""
+        if self._node_epoch is None:
+            return False
+        node = self._meta.state.nodes.get(self._node_id)
+        return node is not None and node.epoch > self._node_epoch
 
 
 def fenced_by(state: MetadataState, sid: int) -> str:

@@ -129,7 +129,8 @@ def dropped_message(dropped: list[str]) -> str:
     """The error text for acknowledged appends lost to another owner."""
     shown = "; ".join(dropped[:5]) + (f"; and {len(dropped) - 5} more" if len(dropped) > 5 else "")
     return (
-        "acknowledged appends were dropped because another client took their streams over "
-        "(open_stream(force=True), the stream's deletion, or another process opening the "
-        f"store with this client's node_id): {shown}"
+        "acknowledged appends were dropped (or, where said, handed to a take-over of this "
+        "node) because another client took their streams over (open_stream(force=True), the "
+        "stream's deletion, a take-over, or another process opening the store with this "
+        f"client's node_id): {shown}"
     )
