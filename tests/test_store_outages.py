@@ -112,6 +112,24 @@ def test_every_call_ends_within_its_deadline_on_a_frozen_server(
         assert [b.payload for b in got][:20] == [f"batch {i}".encode() * 50 for i in range(20)]
 
 
+def test_a_close_keeps_its_own_deadline_shorter_than_the_stores(
+    server: SeaweedS3Server,
+) -> None:
+    """close(timeout_s=1.5) with store_timeout_ms=8000 on a frozen server: its release
+    commit made two store calls in turn, each retrying for its full 8 s (12.7 s in all).
+    The retry layer now also ends by the deadline of the call it serves; what is in flight
+    may add one try (a third of store_timeout_ms)."""
+    url = f"s3://{server.bucket}/close-{uuid.uuid4().hex}"
+    slow = ClientSettings(store_timeout_ms=8000, call_timeout_ms=8000, upload_interval_ms=100)
+    writer = s3stream.open(
+        url, node_id="w", wal="memory://", storage_options=server.storage_options(), settings=slow
+    )
+    writer.create_stream().append(RecordBatch(b"x"))
+    writer.flush()
+    with server.frozen():
+        ends_within(1.5 + 8 / 3 + 1.0, lambda: writer.close(timeout_s=1.5))
+
+
 # -- SeaweedFS killed and restarted -----------------------------------------------------------
 
 RESTART_SETTINGS = ClientSettings(

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
+from .._call_deadline import current_deadline
 from ..clock import Clock
 from ..errors import ContendedError, InvalidArgumentError, ObjectNotFoundError, UnavailableError
 from ._common import as_bytes
@@ -139,7 +140,7 @@ class RetryingObjectStore(ObjectStore):
                 raise
 
         started = self._clock.monotonic()
-        created = self._run("put_if_absent", key, attempt, started)
+        created = self._run("put_if_absent", key, attempt)
         if created or failed_tries == 0:
             return created
         # An earlier try may have created the object without us hearing back: read it back
@@ -189,9 +190,18 @@ class RetryingObjectStore(ObjectStore):
         is part of (now unless given), and a run whose first try could not end by then
         raises `UnavailableError` without trying."""
         failures = 0
+        now = self._clock.monotonic()
         if started is None:
-            started = self._clock.monotonic()
-        elif self._clock.monotonic() - started + self._attempt_timeout_s > self._deadline_s:
+            started = now
+            end = self._end(started)
+            if now >= end:
+                # The caller's deadline (`caller_deadline`) passed already.
+                target = f" {key!r}" if key else ""
+                raise UnavailableError(
+                    f"{op}{target} on {self._inner.describe()} not tried: the deadline of "
+                    "the call it was made for has passed"
+                )
+        elif now + self._attempt_timeout_s > self._end(started):
             target = f" {key!r}" if key else ""
             raise UnavailableError(
                 f"{op}{target} on {self._inner.describe()} not tried: too little is left of "
@@ -219,12 +229,11 @@ class RetryingObjectStore(ObjectStore):
             cap = min(self._max_delay_s, self._base_delay_s * (2 ** (failures - 1)))
         with self._rng_lock:
             delay = self._rng.uniform(0.0, cap)
-        elapsed = self._clock.monotonic() - started
+        now = self._clock.monotonic()
+        elapsed = now - started
         self._raise_if_closed(op, key, exc)
-        if (
-            failures >= self._max_attempts
-            or elapsed + delay + self._attempt_timeout_s > self._deadline_s
-        ):
+        end = self._end(started)
+        if failures >= self._max_attempts or now + delay + self._attempt_timeout_s > end:
             target = f" {key!r}" if key else ""
             raise UnavailableError(
                 f"{op}{target} on {self._inner.describe()} failed {failures} times in "
@@ -233,6 +242,13 @@ class RetryingObjectStore(ObjectStore):
             ) from exc
         self._clock.sleep(delay)
         self._raise_if_closed(op, key, exc)
+
+    def _end(self, started: float) -> float:
+        """When a call started at `started` must end: its own deadline, or the deadline of
+        the public call it is made for (`caller_deadline`), whichever is first."""
+        end = started + self._deadline_s
+        caller = current_deadline(self._clock)
+        return end if caller is None or caller > end else caller
 
     def _raise_if_closed(self, op: str, key: str | None, exc: UnavailableError) -> None:
         if self._closed:
