@@ -8,7 +8,10 @@ for its full time. Threading a deadline argument through the metadata log, the m
 every store wrapper would change all their signatures; a context variable carries it to
 the retry layer instead, which then gives up at the earlier of the two. It is per thread
 (and per asyncio task): background threads started without the caller's context (the
-uploader, a checkpoint left to finish) keep only their own deadlines.
+uploader, a checkpoint left to finish) keep only their own deadlines. Set where one
+thread's store calls serve one caller only: the release commit of `StreamClient.close` (a
+metadata commit group may hold requests of other callers with later deadlines, which the
+leader's deadline must not cut short).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._bounded import within_deadline
+from ._call_deadline import caller_deadline
 from ._closeable import Closeable
 from .cache.block_cache import BlockCache, BlockCacheMetrics
 from .clock import Clock, SystemClock
@@ -956,8 +957,14 @@ class StreamClient(Closeable):
             return ops
 
         left = None if deadline is None else max(0.001, deadline - self._clock.monotonic())
+        bounded = (
+            contextlib.nullcontext() if deadline is None else caller_deadline(self._clock, deadline)
+        )
         try:
-            self._meta.commit(build, timeout_s=left)
+            # The commit's store calls end by the close's deadline too (this thread leads the
+            # group at a close: nothing else commits), not only by store_timeout_ms each.
+            with bounded:
+                self._meta.commit(build, timeout_s=left)
         except S3StreamError as exc:
             # Everything is uploaded, so nothing is lost; but the streams stay owned, and
             # other nodes must take this node over (cheap: its WAL is empty) or force-open

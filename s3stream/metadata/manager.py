@@ -34,7 +34,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .._bounded import within_deadline
-from .._call_deadline import caller_deadline
 from ..clock import Clock
 from ..errors import (
     ContendedError,
@@ -513,13 +512,8 @@ class MetadataManager:
         leading caller's, which a checkpoint written after the group does not overrun."""
         batch: list[_Request] = []
         written: MetadataState | None = None
-        with self._queue_cond:
-            # The latest deadline of the requests waiting: the group may take any of them.
-            latest = max([deadline, *(r.deadline for r in self._queue)])
         try:
-            # The group's store calls end by then, not only by the store's own deadline (a
-            # close's release commit against a frozen store took two full store deadlines).
-            with self._lock, caller_deadline(self._clock, latest):
+            with self._lock:
                 written = self._commit_group_locked(batch)
         except BaseException as exc:
             # The store failed (or the log was found rolled back): every request of the
