@@ -691,7 +691,7 @@ class AsyncStreamClient:
             )
         self._client = client
         self._threads = _Threads("client", threads=threads, poll_threads=poll_threads)
-        self._call_timeout_s = client.settings.call_timeout_ms / 1000
+        self._call_timeout_s = client.settings.call_limit_s()
 
     @property
     def sync(self) -> StreamClient:

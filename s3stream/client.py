@@ -769,7 +769,7 @@ class StreamClient(Closeable):
                 "this client was given a WAL instance: pass wal= (a URL or a factory) to say "
                 f"where the WAL of node {node_id!r} is"
             )
-        limit = self._settings.call_timeout_ms / 1000 if timeout is None else timeout
+        limit = self._settings.call_limit_s(timeout)
         deadline = self._clock.monotonic() + limit
         given_up = threading.Event()
         with self._lock:
@@ -849,7 +849,7 @@ class StreamClient(Closeable):
         ever dropped acknowledged appends raises `FencedError`.
         """
         timeout = check_timeout("timeout_s", timeout_s)
-        limit = self._settings.call_timeout_ms / 1000 if timeout is None else timeout
+        limit = self._settings.call_limit_s(timeout)
         deadline = self._clock.monotonic() + limit
 
         def left() -> float:

@@ -391,7 +391,7 @@ def open(
     return within_deadline(
         lambda: build(given_up),
         clock=clock,
-        deadline=clock.monotonic() + resolved.call_timeout_ms / 1000,
+        deadline=clock.monotonic() + resolved.call_limit_s(),
         name=f"s3stream-open:{node_id}",
         timeout_error=lambda: UnavailableError(
             f"opening node {node_id!r} did not finish within call_timeout_ms "

@@ -33,7 +33,7 @@ from .metadata.log import MetadataLog
 from .metadata.marker import check_not_bound_elsewhere, marker_key
 from .metadata.registry import check_metadata_url, open_metadata_log
 from .objectstore.base import ObjectStore
-from .objectstore.local import TEMP_PREFIX, LocalObjectStore
+from .objectstore.local import LocalObjectStore, is_temp_name
 from .objectstore.registry import open_object_store
 from .objectstore.stack import store_stack
 from .records import Record, batch_records, records_in
@@ -569,7 +569,7 @@ def _first_file(top: Path) -> str | None:
         return None
     for dirpath, _, filenames in os.walk(top):
         for name in filenames:
-            if not name.startswith(TEMP_PREFIX):
+            if not is_temp_name(name):
                 return os.path.relpath(os.path.join(dirpath, name), top.parent)
     return None
 

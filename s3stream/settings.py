@@ -265,6 +265,10 @@ class ClientSettings:
                 f"{self.max_pending_bytes} < {self.upload_threshold_bytes}"
             )
 
+    def call_limit_s(self, timeout_s: float | None = None) -> float:
+        """Seconds a blocking call may take: its own `timeout_s`, or `call_timeout_ms`."""
+        return self.call_timeout_ms / 1000 if timeout_s is None else timeout_s
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FileWalSettings:

@@ -651,25 +651,12 @@ def test_the_room_check_never_waits_for_the_wals_state_lock(tmp_path: Path) -> N
 def _slow_reads_client(path: Path, delay_s: float) -> s3stream.StreamClient:
     """A client over `path` whose data object reads each take `delay_s` (a real store behind
     the fault wrapper), so that loading a reopened stream's producers takes a while."""
-    import random
-
     from s3stream import SystemClock
     from s3stream.objectstore.local import LocalObjectStore
-    from s3stream.testing.faults import FaultRule, FaultyObjectStore
+    from s3stream.testing.faults import slow_reads
     from s3stream.wal.memory import MemoryWal
 
-    store = FaultyObjectStore(
-        LocalObjectStore(path),
-        rng=random.Random(3),
-        clock=SystemClock(),
-        rules=[
-            FaultRule(
-                latency_s=(delay_s, delay_s),
-                operations=frozenset({"get", "get_suffix"}),
-                key_prefix="data/",
-            )
-        ],
-    )
+    store = slow_reads(LocalObjectStore(path), delay_s, clock=SystemClock())
     return s3stream.StreamClient(store, MemoryWal(), settings=SMALL)
 
 
@@ -856,22 +843,13 @@ def test_flush_and_close_keep_their_deadline_behind_stuck_reads(tmp_path: Path) 
     reads to end, whatever its deadline."""
     import contextlib
 
-    from s3stream.objectstore.local import LocalObjectStore
-    from s3stream.wal.memory import MemoryWal
-
     with s3stream.open(str(tmp_path), settings=SMALL, wal="memory://") as sync:
         s = sync.create_stream()
         s.append(RecordBatch(b"x" * 100))
         sid = s.stream_id
 
-    class SlowReads(LocalObjectStore):
-        def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
-            if key.startswith("data/"):
-                time.sleep(2.0)
-            return super().get(key, start, end)
-
     async def main() -> tuple[float, float]:
-        sync = s3stream.StreamClient(SlowReads(tmp_path), MemoryWal(), settings=SMALL)
+        sync = _slow_reads_client(tmp_path, 2.0)
         client = aio.AsyncStreamClient(sync, threads=2)
         stream = await client.open_stream(sid)
         await stream.append(RecordBatch(b"pending"))

@@ -25,6 +25,7 @@ from s3stream import (
     RecordBatch,
     S3StreamError,
     SequenceError,
+    SystemClock,
     UnavailableError,
 )
 from s3stream.wal.base import WalCapabilities, WalPosition, WalRecord, WriteAheadLog
@@ -506,20 +507,15 @@ def test_a_slow_producer_rebuild_keeps_the_calls_deadline(tmp_path: Path) -> Non
     (sync and async alike), writes nothing, and a retry once the load is done is recognised
     as the duplicate it is."""
     from s3stream.objectstore.local import LocalObjectStore
+    from s3stream.testing.faults import slow_reads
 
     with s3stream.open(str(tmp_path), settings=SMALL) as client:
         x = client.create_stream()
         first = [x.append(RecordBatch(b"v%d" % k), producer_id="p", sequence=k) for k in range(5)]
         sid = x.stream_id
 
-    class SlowData(LocalObjectStore):
-        def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
-            if key.startswith("data/"):
-                time.sleep(1.5)
-            return super().get(key, start, end)
-
     settings = dataclasses.replace(SMALL, call_timeout_ms=400)
-    store = SlowData(tmp_path)
+    store = slow_reads(LocalObjectStore(tmp_path), 1.5, clock=SystemClock())
     with s3stream.StreamClient(store, MemoryWal(), node_id="n2", settings=settings) as client:
         x = client.open_stream(sid)
         started = time.monotonic()

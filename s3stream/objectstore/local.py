@@ -29,7 +29,7 @@ from ..errors import (
 from ._common import as_bytes, check_prefix, check_suffix_length
 from .base import ObjectInfo, ObjectStore, ObjectStoreCapabilities, check_key, check_range
 
-__all__ = ["TEMP_PREFIX", "LocalObjectStore", "from_url"]
+__all__ = ["TEMP_PREFIX", "LocalObjectStore", "from_url", "is_temp_name"]
 
 #: Names starting with this are temporary files of unfinished writes, never objects.
 TEMP_PREFIX = ".tmp-"
@@ -61,6 +61,12 @@ _Stack = list[tuple[str, str, Iterator[tuple[str, bool, int]]]]
 # A concurrent delete may remove a freshly created directory before our temporary file lands in
 # it; the write then starts over. Bounded so that a persistent failure still surfaces.
 _MAX_TEMP_ATTEMPTS = 64
+
+
+def is_temp_name(name: str) -> bool:
+    """Whether a file or folder name is reserved for a local store's temporary files."""
+    return name.startswith(TEMP_PREFIX)
+
 
 #: A temporary file's name: ``TEMP_PREFIX`` + the writing process's pid + a counter.
 _TEMP_NAME = re.compile(re.escape(TEMP_PREFIX) + r"([0-9]+)-[0-9]+")
@@ -335,7 +341,7 @@ class LocalObjectStore(ObjectStore):
         dir_part, sep, name_prefix = prefix.rpartition("/")
         if dir_part:
             segments = dir_part.split("/")
-            if any(s in ("", ".", "..") or s.startswith(TEMP_PREFIX) for s in segments):
+            if any(s in ("", ".", "..") or is_temp_name(s) for s in segments):
                 # No valid key lies below such a prefix.
                 return iter(())
             top = os.path.join(self._root_str, dir_part)
@@ -367,7 +373,7 @@ class LocalObjectStore(ObjectStore):
                 for entry in it:
                     name = entry.name
                     if (
-                        name.startswith(TEMP_PREFIX)
+                        is_temp_name(name)
                         or not name.startswith(name_prefix)
                         or not _is_key_name(name)
                     ):
@@ -430,7 +436,7 @@ class LocalObjectStore(ObjectStore):
         check_key(key)
         if "\x00" in key:
             raise InvalidArgumentError(f"invalid object key {key!r}: contains a NUL character")
-        if any(part.startswith(TEMP_PREFIX) for part in key.split("/")):
+        if any(is_temp_name(part) for part in key.split("/")):
             raise InvalidArgumentError(
                 f"invalid object key {key!r}: segments starting with {TEMP_PREFIX!r} are reserved "
                 "for temporary files"
@@ -516,8 +522,8 @@ def _process_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except (ProcessLookupError, OverflowError):  # none, or a number no pid can be
         return False
-    except PermissionError:  # another user's
-        return True
+    except PermissionError:  # another user's: it exists
+        pass
     return True
 
 

@@ -404,7 +404,7 @@ class Appender:
         Without `timeout_s` the wait is bounded by `call_timeout_ms`. On timeout the append
         may still become durable later: `UnavailableError` says so.
         """
-        timeout = self._settings.call_timeout_ms / 1000 if timeout_s is None else timeout_s
+        timeout = self._settings.call_limit_s(timeout_s)
         r = self._append(w, batch, timeout, expected, ident, driven=timeout_s is None)
         if not isinstance(r, tuple):
             return r  # durable already (no clock read on this path)

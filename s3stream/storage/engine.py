@@ -241,7 +241,7 @@ class Storage:
             self.load_producers(w, timeout_s)
             # The load took part of the call's time (its own or call_timeout_ms): the append
             # gets the rest.
-            limit = self._settings.call_timeout_ms / 1000 if timeout_s is None else timeout_s
+            limit = self._settings.call_limit_s(timeout_s)
             timeout_s = max(0.0, limit - (self._clock.monotonic() - started))
         return self._appender.append_and_wait(w, batch, timeout_s, expected, ident)
 
@@ -274,7 +274,7 @@ class Storage:
         so a retry finds it built (or waits for the same rebuild)."""
         if w.producers is not None:
             return w.producers
-        timeout = self._settings.call_timeout_ms / 1000 if timeout_s is None else timeout_s
+        timeout = self._settings.call_limit_s(timeout_s)
         return within_deadline(
             lambda: self._rebuild_producers(w),
             clock=self._clock,
@@ -445,9 +445,7 @@ class Storage:
         return self._committer.lock
 
     def _deadline(self, timeout_s: float | None) -> float:
-        if timeout_s is None:
-            timeout_s = self._settings.call_timeout_ms / 1000
-        return self._clock.monotonic() + timeout_s
+        return self._clock.monotonic() + self._settings.call_limit_s(timeout_s)
 
     def _flushed(self, target: int) -> bool:
         oldest = self._cache.oldest_unfinished_seq()

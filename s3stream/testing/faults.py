@@ -49,7 +49,14 @@ from ..objectstore.base import (
 from ..validation import check_number
 from ..wal.base import WalCapabilities, WalPosition, WalRecord, WriteAheadLog
 
-__all__ = ["OPERATIONS", "FaultCounters", "FaultRule", "FaultyObjectStore", "FaultyWal"]
+__all__ = [
+    "OPERATIONS",
+    "FaultCounters",
+    "FaultRule",
+    "FaultyObjectStore",
+    "FaultyWal",
+    "slow_reads",
+]
 
 #: Names of the operations faults can target.
 OPERATIONS = frozenset({"put", "put_if_absent", "get", "get_suffix", "head", "delete_many", "list"})
@@ -336,6 +343,25 @@ class FaultyObjectStore(ObjectStore):
     def capabilities(self) -> ObjectStoreCapabilities:
         # Injected failures are transient: what the inner store guarantees still holds.
         return self._inner.capabilities
+
+
+def slow_reads(
+    inner: ObjectStore, delay_s: float, *, clock: Clock, key_prefix: str = "data/"
+) -> FaultyObjectStore:
+    """`inner` whose reads (`get`, `get_suffix`) of keys below `key_prefix` each take
+    `delay_s` longer: a slow or distant store for deadline tests, no faults otherwise."""
+    return FaultyObjectStore(
+        inner,
+        rng=random.Random(0),
+        clock=clock,
+        rules=[
+            FaultRule(
+                latency_s=(delay_s, delay_s),
+                operations=frozenset({"get", "get_suffix"}),
+                key_prefix=key_prefix,
+            )
+        ],
+    )
 
 
 def _keys_text(keys: list[str]) -> str:
