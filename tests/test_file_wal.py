@@ -1035,6 +1035,27 @@ def test_failed_write_fails_that_append_and_every_later_one(wal_path: Path) -> N
 # -- fencing ------------------------------------------------------------------------------------
 
 
+def test_a_symlink_to_a_wal_in_use_finds_its_holder(wal_path: Path, tmp_path: Path) -> None:
+    """The holder lock lay beside the path as given: a second opener through a symlink to
+    the same WAL (or through a symlinked directory) locked a lock file of its own, claimed
+    the WAL and fenced the live writer."""
+    held = FileWal(wal_path, node_epoch=1, settings=small())
+    recover_all(held)
+    acked = append_all(held, [b"kept"])
+    link = tmp_path / "alias.wal"
+    link.symlink_to(wal_path)
+    linked_dir = tmp_path / "alias-dir"
+    linked_dir.symlink_to(wal_path.parent)
+    for alias in (link, linked_dir / wal_path.name):
+        with pytest.raises(NodeInUseError):
+            FileWal(alias, node_epoch=2, settings=small())
+    assert append_all(held, [b"still the owner"])
+    held.close()
+    again = FileWal(link, node_epoch=2, settings=small())
+    assert recover_all(again)[: len(acked)] == acked
+    again.close()
+
+
 def test_a_newer_opener_fences_the_running_writer(wal_path: Path) -> None:
     old = FileWal(wal_path, node_epoch=1, settings=small())
     recover_all(old)

@@ -54,8 +54,10 @@ _ACQUIRE_ATTEMPTS = 64
 
 
 def lock_path_for(wal_path: str | Path) -> Path:
-    """The lock file guarding the regular-file WAL at `wal_path`."""
-    p = Path(wal_path)
+    """The lock file guarding the regular-file WAL at `wal_path`: beside the file the path
+    resolves to, so that every symlink to one WAL finds the same lock (a hard link does not:
+    docs/file-wal.md)."""
+    p = Path(os.path.realpath(wal_path))
     return p.with_name(p.name + LOCK_SUFFIX)
 
 
