@@ -11,6 +11,7 @@ every key to its root.
 
 from __future__ import annotations
 
+import os
 import re
 import tempfile
 from pathlib import Path
@@ -379,3 +380,50 @@ def test_a_store_made_under_an_undecoded_file_url_is_not_shadowed(tmp_path: Path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run%41b"]
     with s3stream.open(literal.as_uri(), wal="memory://") as c:  # encoded: the same store
         assert len(c.list_streams()) == 1
+
+
+# -- directories made durable ---------------------------------------------------------------------
+
+
+def _synced_directories(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Paths of the directories `os.fsync` is called on from now on (the real call runs)."""
+    synced: list[str] = []
+    real = os.fsync
+
+    def recording(fd: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if os.path.isdir(path):
+            synced.append(path)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    return synced
+
+
+def test_a_store_and_a_wal_made_in_new_folders_sync_each_new_folder_into_its_parent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new directory entry survives a power loss only once its parent is synced: the store's
+    root (and the WAL's folder) were made with ``mkdir -p`` and never synced into their
+    parents, so a WAL synced after every append could vanish with its new folder."""
+    import s3stream
+    from s3stream.objectstore.local import LocalObjectStore
+    from s3stream.wal.file import FileWal
+
+    synced = _synced_directories(monkeypatch)
+    LocalObjectStore(tmp_path / "a" / "b" / "store").close()
+    assert {str(tmp_path), str(tmp_path / "a"), str(tmp_path / "a" / "b")} <= set(synced)
+
+    synced.clear()
+    from s3stream.settings import FileWalSettings
+
+    wal = FileWal(
+        tmp_path / "w1" / "w2" / "node.wal", settings=FileWalSettings(capacity_bytes=1 << 20)
+    )
+    wal.close()
+    assert {str(tmp_path), str(tmp_path / "w1"), str(tmp_path / "w1" / "w2")} <= set(synced)
+
+    synced.clear()
+    with s3stream.open(str(tmp_path / "a" / "b" / "store")) as client:
+        client.create_stream().append(s3stream.RecordBatch(b"x"))
+    assert str(tmp_path / "a" / "b" / "store") in synced  # wal/ and data/ entries

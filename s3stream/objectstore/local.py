@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from .._dirs import fsync_directory, make_directories, missing_directories
 from .._registry import split_scheme
 from ..errors import (
     InvalidArgumentError,
@@ -96,7 +97,7 @@ class LocalObjectStore(ObjectStore):
         # Unique temporary names within this instance; O_EXCL settles clashes with others.
         self._counter = itertools.count()
         try:
-            self._root.mkdir(parents=True, exist_ok=True)
+            make_directories(self._root, sync=self._fsync)
         except FileExistsError as exc:
             raise InvalidArgumentError(
                 f"root {self._root_str!r} exists and is not a directory"
@@ -226,14 +227,7 @@ class LocalObjectStore(ObjectStore):
     def _ensure_dir(self, directory: str, key: str) -> None:
         if os.path.isdir(directory):
             return
-        missing: list[str] = []
-        probe = directory
-        while not os.path.isdir(probe):
-            missing.append(probe)
-            parent = os.path.dirname(probe)
-            if parent == probe:
-                break
-            probe = parent
+        missing = missing_directories(directory)
         for attempt in range(_MAX_TEMP_ATTEMPTS):
             try:
                 os.makedirs(directory, exist_ok=True)
@@ -445,17 +439,9 @@ class LocalObjectStore(ObjectStore):
 
     def _fsync_dir(self, directory: str, key: str | None) -> None:
         try:
-            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            fsync_directory(directory)
         except OSError as exc:
             raise self._translate(exc, "sync the directory of", key) from exc
-        try:
-            os.fsync(fd)
-        except OSError as exc:
-            # Some file systems cannot fsync a directory; their entries are durable otherwise.
-            if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
-                raise self._translate(exc, "sync the directory of", key) from exc
-        finally:
-            os.close(fd)
 
     def _conflict(self, key: str) -> InvalidArgumentError:
         return InvalidArgumentError(

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 
+from .._dirs import fsync_directory, make_directories
 from ..clock import Clock, SystemClock
 from ..errors import (
     CorruptionError,
@@ -320,7 +321,7 @@ class FileWal(PipelinedWal):
             if not create:
                 raise InvalidArgumentError(f"WAL {path} does not exist (and create=False)")
             try:
-                path.parent.mkdir(parents=True, exist_ok=True)
+                make_directories(path.parent, sync=True)
             except OSError as exc:
                 raise os_error("cannot create the directory of WAL", path, exc) from exc
         flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
@@ -542,7 +543,7 @@ class FileWal(PipelinedWal):
         os.pwrite(fd, _ZEROS, 0)
         self._persist_header(header)
         if created:
-            _fsync_dir(path.parent)
+            fsync_directory(path.parent)
 
     def _undo_create(self, created: bool) -> None:
         try:
@@ -1158,17 +1159,3 @@ def _close_mmap(buf: mmap.mmap) -> None:
     # is then freed with the last of them instead.
     with contextlib.suppress(BufferError):
         buf.close()
-
-
-def _fsync_dir(directory: Path) -> None:
-    # Makes the new file's directory entry durable; some filesystems refuse, which is harmless.
-    try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

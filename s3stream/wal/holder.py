@@ -38,6 +38,7 @@ import struct
 import threading
 from pathlib import Path
 
+from .._dirs import make_directories
 from ..errors import InvalidArgumentError, NodeInUseError, S3StreamError, UnavailableError
 from ..metrics.logs import ContextLogger
 from .checks import check_wal_medium
@@ -124,7 +125,7 @@ class WalHolderLock:
     def _acquire_file(cls, path: Path, node_id: str, *, take_over: bool) -> WalHolderLock:
         lock_path = lock_path_for(path)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            make_directories(path.parent, sync=True)
         except OSError as exc:
             raise os_error("cannot create the directory of WAL", path, exc) from exc
         for _ in range(_ACQUIRE_ATTEMPTS):
