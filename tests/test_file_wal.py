@@ -1056,6 +1056,19 @@ def test_a_symlink_to_a_wal_in_use_finds_its_holder(wal_path: Path, tmp_path: Pa
     again.close()
 
 
+def test_a_wal_deleted_under_its_writer_stops_it(wal_path: Path) -> None:
+    """Appends went on into the unlinked file and were acknowledged, although a crash would
+    lose them and a new WAL made at the same path (a take-over's) could not fence them."""
+    wal = FileWal(wal_path, node_epoch=1, settings=small())
+    recover_all(wal)
+    assert append_all(wal, [b"before"])
+    wal_path.unlink()
+    with pytest.raises(FencedError, match="deleted under this writer"):
+        wal.append(b"after").result(timeout=10)
+    wal.close()
+    assert not wal_path.exists()  # nothing recreated behind the user's back
+
+
 def test_a_newer_opener_fences_the_running_writer(wal_path: Path) -> None:
     old = FileWal(wal_path, node_epoch=1, settings=small())
     recover_all(old)

@@ -376,6 +376,13 @@ class FileWal(PipelinedWal):
         # us): a file truncated under a mapping kills the process with SIGBUS instead of
         # raising here.
         probe = os.pread(self._fd, _SLOT_PROBE_BYTES, other)
+        if not self._is_device and os.fstat(self._fd).st_nlink == 0:
+            # Records written to a file no name leads to are lost at the next crash, and a
+            # new WAL made at its path (a take-over included) cannot fence this one.
+            raise FencedError(
+                f"WAL {self._path} was deleted under this writer (by something other than "
+                "s3stream); this writer must stop"
+            )
         if len(probe) < _SLOT_PROBE_BYTES:
             raise FencedError(
                 f"WAL {self._path} was cut short under this writer (its header slots are "
