@@ -16,9 +16,14 @@ __all__ = ["fsync_directory", "make_directories", "missing_directories"]
 
 def fsync_directory(directory: str | os.PathLike[str]) -> None:
     """Make the entries of `directory` durable. File systems that cannot sync a directory
-    (``EINVAL``, ``ENOTSUP``) keep entries durable otherwise; any other failure raises
+    (``EINVAL``, ``ENOTSUP``) keep entries durable otherwise, and a directory this process
+    may write but not read (mode ``-wx``) cannot be opened to be synced: no error then (the
+    entry is as durable as the file system makes it by itself); any other failure raises
     `OSError`."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except PermissionError:
+        return
     try:
         os.fsync(fd)
     except OSError as exc:
@@ -31,7 +36,11 @@ def fsync_directory(directory: str | os.PathLike[str]) -> None:
 def missing_directories(directory: str | os.PathLike[str]) -> list[str]:
     """`directory` and those of its parents that are no directory yet, innermost first."""
     missing: list[str] = []
-    probe = os.path.abspath(directory)
+    # Not normalised (`abspath` would): "link/.." is the link target's parent to the kernel,
+    # and a textual ".." removal names another directory.
+    probe = os.fspath(directory)
+    if not os.path.isabs(probe):
+        probe = os.path.join(os.getcwd(), probe)
     while not os.path.isdir(probe):
         missing.append(probe)
         parent = os.path.dirname(probe)

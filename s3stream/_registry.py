@@ -26,6 +26,8 @@ T = TypeVar("T")
 #: A plain path starting like a URL whose ``//`` is missing (``s3:/bucket``, ``memory:``).
 #: One letter is a Windows drive (``C:\data``), not a scheme.
 _SCHEME_WITHOUT_SLASHES = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):")
+#: What makes a plain path look like it carries settings (``./x.wal?capacity_bytes=16MiB``).
+_QUERY_IN_PATH = re.compile(r"\?[A-Za-z_][A-Za-z0-9_]*=")
 
 
 def split_scheme(url: str) -> tuple[str, str]:
@@ -57,6 +59,13 @@ def split_scheme(url: str) -> tuple[str, str]:
         raise InvalidArgumentError(
             f"{url!r} looks like a URL without the '//' after '{typo.group(1)}:' (did you "
             f"mean {meant!r}?); for a local directory of that name write './{url}'"
+        )
+    if _QUERY_IN_PATH.search(url):
+        # Else a directory or a 2 GiB WAL file named with the query, settings unapplied.
+        raise InvalidArgumentError(
+            f"{url!r} is a plain path, which takes no ?query: a WAL's settings go in a URL "
+            "(file:///absolute/path.wal?capacity_bytes=...), a store's in storage_options; a "
+            "name that holds '?' is written as %3F in a file:/// URL"
         )
     return "file", _expand_home(url, url)
 

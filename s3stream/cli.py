@@ -1048,7 +1048,11 @@ def _take_over(args: argparse.Namespace) -> int:
                 f"node {args.node!r} is not registered in the metadata log of {args.url!r}"
             )
         check_take_over_wal(
-            wal, args.node, open_streams=has_open_streams(state, args.node), accept_loss=False
+            wal,
+            args.node,
+            open_streams=has_open_streams(state, args.node),
+            accept_loss=False,
+            base=_resolved(settings).file_wal,
         )
     if not args.force:
         _refuse_live_holder(wal, args.node)

@@ -360,7 +360,7 @@ class StreamClient(Closeable):
             prices=prices if prices is not None else PriceTable(),
             stored_bytes=data.stored_bytes,
         )
-        observe_client(
+        self._unobserve = observe_client(
             self._registry,
             storage=self._storage,
             block_cache=self._block_cache,
@@ -377,6 +377,7 @@ class StreamClient(Closeable):
             self._storage.abandon()
             self._wal.close()
             self._block_cache.close()
+            self._unobserve()
             raise
         if self.recovery.records:
             self._log.info("recovered %s", self.recovery)
@@ -747,7 +748,11 @@ class StreamClient(Closeable):
             def check_wal(open_streams: bool) -> None:
                 # A WAL named by URL: a typo must not fence the node nor create a WAL there.
                 check_take_over_wal(
-                    url, node_id, open_streams=open_streams, accept_loss=accept_wal_loss
+                    url,
+                    node_id,
+                    open_streams=open_streams,
+                    accept_loss=accept_wal_loss,
+                    base=self._settings.file_wal,
                 )
 
             # The WAL settings this client was opened with apply to the node's WAL as well
@@ -766,8 +771,9 @@ class StreamClient(Closeable):
             factory = self._wal_factory
         else:
             raise InvalidArgumentError(
-                "this client was given a WAL instance: pass wal= (a URL or a factory) to say "
-                f"where the WAL of node {node_id!r} is"
+                f"this client cannot open the WAL of node {node_id!r} by itself (it was given a "
+                "WAL instance, or its WAL lives in memory): pass wal= (a URL or a factory) to "
+                "say where that WAL is"
             )
         limit = self._settings.call_limit_s(timeout)
         deadline = self._clock.monotonic() + limit
@@ -907,6 +913,7 @@ class StreamClient(Closeable):
                     )
                 self._store.close()
                 self._meta.log.close()
+                self._unobserve()
         except BaseException as exc:
             self._close_error = exc
             raise
@@ -994,6 +1001,7 @@ class StreamClient(Closeable):
             # What a dead process's connections would do: go away.
             with contextlib.suppress(Exception):
                 self._meta.log.close()
+            self._unobserve()
             self._close_done.set()
 
     def _check_open(self) -> None:

@@ -448,7 +448,11 @@ def _refuse_undecoded_twin(url: str, root: Path) -> None:
 
 
 def _check_before_writing(
-    url: str, scheme: str, wal: str | WriteAheadLog | None, node_id: str
+    url: str,
+    scheme: str,
+    wal: str | WriteAheadLog | None,
+    node_id: str,
+    wal_settings: FileWalSettings | None,
 ) -> None:
     """Check the store directory and the WAL without writing anything: an unknown WAL
     scheme, a WAL path that is a directory or somebody's file, a directory of somebody
@@ -474,11 +478,11 @@ def _check_before_writing(
                     "directory, or in the directory of an existing store"
                 )
     if isinstance(wal, str):
-        check_wal_target(wal)
+        check_wal_target(wal, base=wal_settings)
     elif wal is None and scheme == "file":
         default = default_wal_url(url, node_id, capacity=None)
         if default is not None:
-            check_wal_target(default)
+            check_wal_target(default, base=wal_settings)
 
 
 def _build_client(
@@ -504,7 +508,7 @@ def _build_client(
     its WAL and lock file): s3stream's own files of that store, which the next open uses;
     nothing is deleted on a guess that it was this open's (another process may be opening
     the same store at that moment)."""
-    _check_before_writing(url, scheme, wal, node_id)
+    _check_before_writing(url, scheme, wal, node_id, resolved.file_wal)
     raw_store = open_object_store(url, storage_options)
     # The client's one store stack, built here so that an object WAL in the same store shares
     # it (one boto3 client; its traffic in `client.metrics`); the client takes it as it is.

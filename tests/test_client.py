@@ -776,9 +776,9 @@ def test_owner_sees_start_offset_moved_by_retention_elsewhere(tmp_path: Path) ->
 def test_close_from_an_append_callback_closes_cleanly(tmp_path: Path) -> None:
     """`close()` called in an append's completion callback (a WAL thread completing futures)
     succeeds within its deadline: the append is no longer in flight once its outcome is
-    known, and the WAL's close is finished by that thread once the callback returns. (It
-    takes most of its deadline: the upload's WAL trim waits for the thread the callback
-    holds, so the uploader is left to finish after it.)"""
+    known, and the WAL's close is finished by that thread once the callback returns. It took
+    most of its deadline (60 s by default): the upload's WAL trim waited for the thread the
+    callback held; the uploader's trim does not wait now (`WriteAheadLog.trim_soon`)."""
     outcome: list[object] = []
     client = open_local(tmp_path / "store", wal=f"file://{tmp_path}/node.wal")
     s = client.create_stream()
@@ -798,7 +798,7 @@ def test_close_from_an_append_callback_closes_cleanly(tmp_path: Path) -> None:
     while len(outcome) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert outcome and outcome[0] is None, outcome
-    assert isinstance(outcome[1], float) and outcome[1] < 2 + 1.5, outcome
+    assert isinstance(outcome[1], float) and outcome[1] < 1.0, outcome
     for _ in range(100):  # the WAL finishes closing once the callback has returned
         try:
             again = open_local(tmp_path / "store", wal=f"file://{tmp_path}/node.wal")
@@ -807,6 +807,55 @@ def test_close_from_an_append_callback_closes_cleanly(tmp_path: Path) -> None:
             time.sleep(0.05)
     with again:
         assert [b.payload for b in read_all(again.open_stream(s.stream_id))] == [b"a", b"b"]
+
+
+def test_blocking_calls_in_an_append_callback_fail_at_once_instead_of_at_their_deadline(
+    tmp_path: Path,
+) -> None:
+    """An append's callback runs on the file WAL's thread. A synchronous append made there
+    waited for that thread (itself) until its deadline, holding every other append of the
+    client the same time; a close made there while another append was queued waited for it
+    the same way. Both fail at once now, and the queued append is acknowledged and kept."""
+    settings = ClientSettings(upload_interval_ms=0, call_timeout_ms=5000)
+    client = open_local(tmp_path / "store", wal=f"file://{tmp_path}/node.wal", settings=settings)
+    s, other = client.create_stream(), client.create_stream()
+    outcome: list[tuple[str, float]] = []
+    queued = threading.Event()
+
+    def call(what: Callable[[], object]) -> Callable[[object], None]:
+        def callback(_: object) -> None:
+            queued.wait(5)
+            time.sleep(0.1)  # the other thread's append is in the WAL's queue by now
+            started = time.monotonic()
+            try:
+                what()
+                outcome.append(("returned", time.monotonic() - started))
+            except S3StreamError as exc:
+                outcome.append((type(exc).__name__, time.monotonic() - started))
+
+        return callback
+
+    def append_other() -> object:
+        queued.set()
+        return other.append(RecordBatch(b"queued"), timeout_s=10)
+
+    for n, what in enumerate((lambda: s.append(RecordBatch(b"inner")), client.close), 1):
+        queued.clear()
+        s.append_async(RecordBatch(b"outer")).add_done_callback(call(what))
+        started = time.monotonic()
+        assert append_other() is not None
+        assert time.monotonic() - started < 2.0  # not held up by the callback
+        for _ in range(200):
+            if len(outcome) == n:
+                break
+            time.sleep(0.01)
+    assert [name for name, _ in outcome] == ["InvalidArgumentError", "UnavailableError"], outcome
+    assert all(took < 1.0 for _, took in outcome), outcome
+    with contextlib.suppress(UnavailableError):
+        client.close()
+    with open_local(tmp_path / "store", wal=f"file://{tmp_path}/node.wal") as again:
+        assert [b.payload for b in read_all(again.open_stream(s.stream_id))] == [b"outer"] * 2
+        assert [b.payload for b in read_all(again.open_stream(other.stream_id))] == [b"queued"] * 2
 
 
 def test_close_keeps_its_deadline_while_a_stream_close_holds_the_client() -> None:

@@ -579,3 +579,57 @@ def test_wal_compaction_and_take_over_records_carry_the_node(
     assert {r.name for r in records} >= {"s3stream.failover", "s3stream.wal"}, caplog.text
     missing = [(r.name, r.getMessage()) for r in records if not getattr(r, "node_id", None)]
     assert not missing, missing
+
+
+def test_a_shared_registry_forgets_closed_clients_gauges_and_keeps_their_counts() -> None:
+    """Clients sharing one registry registered callbacks that outlived them: with none
+    open, the registry still reported three WALs' capacity, objects counted once per client
+    that had seen them, and it kept every closed client's WAL and metadata alive."""
+    import gc
+    import weakref
+
+    registry = MetricsRegistry()
+    store = MemoryObjectStore()
+    alive = []
+    for _ in range(3):
+        client = s3stream.StreamClient(store, MemoryWal(), metrics_registry=registry)
+        s = client.create_stream()
+        s.append(RecordBatch(b"x" * 1000))
+        client.flush()
+        s.fetch(0)
+        open_objects = registry.total("s3stream.data.objects")
+        hits_open = registry.total("s3stream.cache.requests")
+        client.close()
+        alive.append(weakref.ref(client.metadata))
+        assert registry.total("s3stream.data.objects") == 0  # a gauge: gone with its client
+        assert registry.total("s3stream.cache.requests") == hits_open  # a counter: kept
+        assert open_objects > 0
+        del client, s
+    gc.collect()
+    assert [r() for r in alive] == [None, None, None]
+
+
+def test_misused_metric_calls_raise_clear_errors(tmp_path: Path) -> None:
+    """Found by a first-hour review: `cost(window_s="abc")` raised a bare ValueError and
+    accepted NaN, inf and True; `total(name, purpose=...)` on a metric without that label
+    raised ``tuple.index(x): x not in tuple``; a collector label named like a metric's own
+    label (or ``le``) was dropped from every sample without a word; `take_over` on an
+    in-memory client blamed a WAL instance nobody gave."""
+    prometheus_client = pytest.importorskip("prometheus_client")
+    del prometheus_client
+    from s3stream.metrics.prometheus import S3StreamCollector
+
+    with s3stream.open("memory://") as client:
+        client.create_stream().append(RecordBatch(b"x"))
+        for bad in ("abc", "1", True, float("nan"), float("inf"), 0, -1, [1]):
+            with pytest.raises(s3stream.InvalidArgumentError, match="window_s"):
+                client.metrics.cost(window_s=bad)  # type: ignore[arg-type]
+        assert client.metrics.cost(window_s=5).requests_usd_per_month >= 0
+        with pytest.raises(s3stream.InvalidArgumentError, match="has no label 'purpose'"):
+            client.metrics.registry.total("s3stream.metadata.seq", purpose="x")
+        for labels in ({"purpose": "x"}, {"le": "1"}, {"a-b": "1", "a_b": "2"}):
+            with pytest.raises(s3stream.InvalidArgumentError, match="choose other names"):
+                S3StreamCollector(client.metrics.registry, labels=labels)
+        S3StreamCollector(client.metrics.registry, labels={"node": "n1"})
+        with pytest.raises(s3stream.InvalidArgumentError, match="its WAL lives in memory"):
+            client.take_over("other")

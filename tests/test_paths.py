@@ -427,3 +427,87 @@ def test_a_store_and_a_wal_made_in_new_folders_sync_each_new_folder_into_its_par
     with s3stream.open(str(tmp_path / "a" / "b" / "store")) as client:
         client.create_stream().append(s3stream.RecordBatch(b"x"))
     assert str(tmp_path / "a" / "b" / "store") in synced  # wal/ and data/ entries
+
+
+def test_a_query_on_a_local_path_is_refused_not_made_part_of_a_name(tmp_path: Path) -> None:
+    """``wal="n2.wal?capacity_bytes=16MiB"`` made a 2 GiB file of that name, settings
+    unapplied; ``open("./data?x=1")`` and ``open("file:///abs/st?fsync=false")`` made such
+    directories. A '?' meant as part of a name is still possible (written as %3F, or with no
+    ``key=`` after it)."""
+    for url, kw in (
+        (f"{tmp_path}/data?capacity_bytes=16MiB", {}),
+        (f"file://{tmp_path}/st?fsync=false", {}),
+        (str(tmp_path / "st"), {"wal": f"{tmp_path}/n2.wal?capacity_bytes=16MiB"}),
+    ):
+        with pytest.raises(s3stream.InvalidArgumentError, match="query"):
+            s3stream.open(url, **kw)  # type: ignore[arg-type]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    with s3stream.open(f"file://{tmp_path}/a%3Fb") as client:
+        client.create_stream()
+    with s3stream.open(str(tmp_path / "c?d")) as client:
+        client.create_stream()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a?b", "c?d"]
+
+
+def test_new_folders_through_link_dotdot_are_made_where_the_kernel_puts_them(
+    tmp_path: Path,
+) -> None:
+    """``a/link/../x`` is beside the link's target to the kernel; the directory sync walked
+    the path with its ".." removed as text, named directories that did not exist, and the
+    open failed (review of 5a6ce7b)."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b" / "c").mkdir(parents=True)
+    (tmp_path / "a" / "link").symlink_to(tmp_path / "b" / "c")
+    via = f"{tmp_path}/a/link/.."
+    with s3stream.open(f"{via}/n1/store", wal=f"file://{via}/w1/w2/node.wal") as client:
+        client.create_stream().append(s3stream.RecordBatch(b"x"))
+    assert (tmp_path / "b" / "n1" / "store" / "meta").is_dir()
+    assert (tmp_path / "b" / "w1" / "w2" / "node.wal").is_file()
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["link"]
+
+
+def test_a_wal_open_that_fails_leaves_no_lock_file_beside_somebody_elses_file(
+    tmp_path: Path,
+) -> None:
+    """A WAL path that is a symlink to a user's file is refused; the lock file it had made
+    beside that file stayed there (review of 0a02c51)."""
+    from s3stream.settings import FileWalSettings
+    from s3stream.wal.file import FileWal
+
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "theirs").mkdir()
+    notes = tmp_path / "theirs" / "notes.txt"
+    notes.write_text("important\n" * 200)
+    (tmp_path / "mine" / "a.wal").symlink_to(notes)
+    with pytest.raises(s3stream.InvalidArgumentError, match="not an s3stream WAL"):
+        FileWal(tmp_path / "mine" / "a.wal", settings=FileWalSettings(capacity_bytes=1 << 20))
+    assert sorted(p.name for p in (tmp_path / "theirs").iterdir()) == ["notes.txt"]
+    assert notes.read_text() == "important\n" * 200
+
+
+def test_a_file_of_zeros_named_as_the_wal_is_refused_before_the_store_is_written(
+    tmp_path: Path,
+) -> None:
+    """The check before writing took any file whose header area is zeros for a WAL; the WAL
+    then refused it (its size is no WAL's), after the node was registered and a lock file
+    made beside it. A take-over given an empty file made it a 2 GiB WAL (review of the
+    foreign-files promise)."""
+    store = tmp_path / "store"
+    with s3stream.open(str(store), node_id="w1", wal="memory://") as client:
+        client.create_stream().append(s3stream.RecordBatch(b"a"))
+    entries = sorted(p.name for p in (store / "meta" / "log").iterdir())
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "disk.img").write_bytes(bytes(65536))
+    (user / "placeholder").write_bytes(b"")
+    log = store / "meta" / "log"
+    with pytest.raises(s3stream.InvalidArgumentError, match="not an s3stream WAL"):
+        s3stream.open(str(store), node_id="n2", wal=(user / "disk.img").as_uri())
+    assert sorted(p.name for p in log.iterdir()) == entries  # nothing registered
+    with s3stream.open(str(store), node_id="ops", wal="memory://") as client:
+        before = sorted(p.name for p in log.iterdir())
+        with pytest.raises(s3stream.InvalidArgumentError, match="holds no WAL"):
+            client.take_over("w1", wal=(user / "placeholder").as_uri())
+        assert sorted(p.name for p in log.iterdir()) == before  # w1 not fenced
+    assert sorted(p.name for p in user.iterdir()) == ["disk.img", "placeholder"]
+    assert (user / "placeholder").stat().st_size == 0

@@ -94,6 +94,12 @@ class Family:
     def total(self, **labels: str) -> float:
         """Sum of the values (a histogram's: its observations' count) of the points whose
         labels match `labels`."""
+        unknown = sorted(set(labels) - set(self.spec.labels))
+        if unknown:
+            known = ", ".join(self.spec.labels) or "none"
+            raise InvalidArgumentError(
+                f"metric {self.spec.name!r} has no label {unknown[0]!r} (its labels: {known})"
+            )
         idx = [(self.spec.labels.index(k), v) for k, v in labels.items()]
         total = 0.0
         for p in self.points:
@@ -219,6 +225,20 @@ class _Instrument:
         add up, over callbacks and cells alike)."""
         with self._lock:
             self._callbacks.append(callback)
+
+    def drop_callback(self, callback: Callable[[], Observations], *, keep_last: bool) -> None:
+        """Stop calling `callback` (its component is closed, and is no longer kept alive by
+        this instrument); with `keep_last`, report what it returns now from then on (a
+        counter's total must not go backwards), else nothing."""
+        last = list(callback()) if keep_last else None
+        with self._lock:
+            for i, known in enumerate(self._callbacks):
+                if known is callback:
+                    if last is None:
+                        del self._callbacks[i]
+                    else:
+                        self._callbacks[i] = lambda: last
+                    return
 
     def _observed(self, totals: dict[tuple[str, ...], float]) -> dict[tuple[str, ...], float]:
         with self._lock:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from ..clock import Clock
 from ..errors import InvalidArgumentError
+from ..validation import check_number
 from . import catalog
 from .cost import S3_STANDARD_US_EAST_1, CostReport, PriceTable, price
 from .registry import MetricsRegistry
@@ -45,13 +46,11 @@ class CostLedger:
     ) -> None:
         if not isinstance(prices, PriceTable):
             raise InvalidArgumentError(f"prices must be a PriceTable, got {prices!r}")
-        if isinstance(window_s, bool) or not isinstance(window_s, int | float) or window_s <= 0:
-            raise InvalidArgumentError(f"window_s must be a number > 0, got {window_s!r}")
         self._registry = registry
         self._clock = clock
         self._prices = prices
         self._stored_bytes = stored_bytes
-        self._window_s = float(window_s)
+        self._window_s = _check_window(window_s)
         self._lock = threading.Lock()
         self._snapshots: deque[tuple[float, _Counts]] = deque(maxlen=_MAX_SNAPSHOTS)
         self._snapshots.append((clock.monotonic(), self._counts()))
@@ -70,12 +69,12 @@ class CostLedger:
         """Dollars per month at the current rate: the request rate over the last `window_s`
         seconds (default: the ledger's window) x the seconds of a month x the price of each
         request, plus the stored bytes x the GB-month price."""
-        window = self._window_s if window_s is None else float(window_s)
-        if window <= 0:
-            raise InvalidArgumentError(f"window_s must be > 0, got {window_s!r}")
-        counts = self._counts()
+        window = self._window_s if window_s is None else _check_window(window_s)
         stored = self._stored_bytes() if self._stored_bytes is not None else 0
         with self._lock:
+            # Counted and timed together: a count read before another call's snapshot, which
+            # then became this call's base, gave negative request counts.
+            counts = self._counts()
             now = self._clock.monotonic()
             since, base = self._snapshots[0]
             for t, snapshot in self._snapshots:
@@ -91,3 +90,10 @@ class CostLedger:
         if family is None:
             return {}
         return {(p.labels[0], p.labels[1]): int(p.value) for p in family.points}
+
+
+def _check_window(window_s: object) -> float:
+    window = check_number("window_s", window_s)
+    if window <= 0:
+        raise InvalidArgumentError(f"window_s must be a number > 0, got {window_s!r}")
+    return window

@@ -5,10 +5,11 @@ the metadata log's position and the data it lists, and the cost at the current r
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from . import catalog as m
-from .instruments import Observations
+from .instruments import MetricSpec, Observations
 from .ledger import CostLedger
 from .registry import MetricsRegistry
 
@@ -64,8 +65,16 @@ def observe_client(
     meta: MetadataManager,
     data: DataTotals,
     ledger: CostLedger,
-) -> None:
-    """Register the callbacks of one client's components on `registry`."""
+) -> Callable[[], None]:
+    """Register the callbacks of one client's components on `registry`; the function
+    returned unregisters them, for the client's close: a registry shared by many clients
+    then stops reporting (and keeping alive) a closed one's gauges, and keeps its counters'
+    final values."""
+    registered: list[tuple[MetricSpec, Callable[[], Observations]]] = []
+
+    def observe(spec: MetricSpec, callback: Callable[[], Observations]) -> None:
+        registry.observe(spec, callback)
+        registered.append((spec, callback))
 
     def cache_sizes() -> Observations:
         return [(("log",), storage.log_cache.cached_bytes),
@@ -88,24 +97,20 @@ def observe_client(
         b = block_cache.metrics
         return [(("fetched",), b.readahead_blocks), (("used",), b.readahead_used)]
 
-    registry.observe(m.CACHE_SIZE, cache_sizes)
-    registry.observe(m.CACHE_REQUESTS, block_requests)
-    registry.observe(m.CACHE_EVICTIONS, evictions)
-    registry.observe(m.CACHE_READAHEAD, readahead)
-    registry.observe(m.UPLOAD_PENDING, lambda: [((), storage.log_cache.pending_bytes)])
+    observe(m.CACHE_SIZE, cache_sizes)
+    observe(m.CACHE_REQUESTS, block_requests)
+    observe(m.CACHE_EVICTIONS, evictions)
+    observe(m.CACHE_READAHEAD, readahead)
+    observe(m.UPLOAD_PENDING, lambda: [((), storage.log_cache.pending_bytes)])
 
     used = getattr(wal, "used_bytes", None)
     if isinstance(used, int):
-        registry.observe(m.WAL_USED, lambda: [((), getattr(wal, "used_bytes", 0))])
-        registry.observe(m.WAL_CAPACITY, lambda: [((), getattr(wal, "data_capacity", 0))])
+        observe(m.WAL_USED, lambda: [((), getattr(wal, "used_bytes", 0))])
+        observe(m.WAL_CAPACITY, lambda: [((), getattr(wal, "data_capacity", 0))])
 
-    registry.observe(m.METADATA_SEQ, lambda: [((), meta.state.seq)])
-    registry.observe(
-        m.DATA_STORED, lambda: [((state,), b) for state, (_, b) in data.totals().items()]
-    )
-    registry.observe(
-        m.DATA_OBJECTS, lambda: [((state,), n) for state, (n, _) in data.totals().items()]
-    )
+    observe(m.METADATA_SEQ, lambda: [((), meta.state.seq)])
+    observe(m.DATA_STORED, lambda: [((state,), b) for state, (_, b) in data.totals().items()])
+    observe(m.DATA_OBJECTS, lambda: [((state,), n) for state, (n, _) in data.totals().items()])
 
     def compaction(kind: str) -> Observations:
         c = compactor.metrics
@@ -124,24 +129,30 @@ def observe_client(
             return [(("read",), c.bytes_read), (("written",), c.bytes_written)]
         return [((), c.streams_trimmed)]
 
-    registry.observe(m.COMPACTION_PASSES, lambda: compaction("passes"))
-    registry.observe(m.COMPACTION_TASKS, lambda: compaction("tasks"))
-    registry.observe(m.COMPACTION_OBJECTS, lambda: compaction("objects"))
-    registry.observe(m.COMPACTION_BYTES, lambda: compaction("bytes"))
-    registry.observe(m.COMPACTION_TRIMMED, lambda: compaction("trimmed"))
+    observe(m.COMPACTION_PASSES, lambda: compaction("passes"))
+    observe(m.COMPACTION_TASKS, lambda: compaction("tasks"))
+    observe(m.COMPACTION_OBJECTS, lambda: compaction("objects"))
+    observe(m.COMPACTION_BYTES, lambda: compaction("bytes"))
+    observe(m.COMPACTION_TRIMMED, lambda: compaction("trimmed"))
 
     def throttle(field: str) -> Observations:
         by_priority: dict[str, float] = getattr(limiter.metrics, field)
         return [((name.lower(),), value) for name, value in by_priority.items()]
 
-    registry.observe(m.THROTTLE_REQUESTS, lambda: throttle("requests"))
-    registry.observe(m.THROTTLE_BYTES, lambda: throttle("bytes"))
-    registry.observe(m.THROTTLE_WAITS, lambda: throttle("waits"))
-    registry.observe(m.THROTTLE_WAIT_TIME, lambda: throttle("waited_s"))
+    observe(m.THROTTLE_REQUESTS, lambda: throttle("requests"))
+    observe(m.THROTTLE_BYTES, lambda: throttle("bytes"))
+    observe(m.THROTTLE_WAITS, lambda: throttle("waits"))
+    observe(m.THROTTLE_WAIT_TIME, lambda: throttle("waited_s"))
 
     def cost() -> Observations:
         report = ledger.cost()
         return [(("requests",), report.requests_usd_per_month),
                 (("storage",), report.storage_usd_per_month)]  # fmt: skip
 
-    registry.observe(m.COST_MONTHLY, cost)
+    observe(m.COST_MONTHLY, cost)
+
+    def unobserve() -> None:
+        while registered:
+            registry.unobserve(*registered.pop())
+
+    return unobserve

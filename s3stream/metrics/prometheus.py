@@ -25,6 +25,7 @@ from prometheus_client.core import (
     Metric,
 )
 
+from ..errors import InvalidArgumentError
 from . import catalog
 from .instruments import Family, Kind, MetricSpec
 from .registry import MetricsRegistry
@@ -60,6 +61,16 @@ class S3StreamCollector:
         self._const = dict(labels or {})
         self._const_names = [_label(k) for k in self._const]
         self._const_values = [str(v) for v in self._const.values()]
+        # A name a metric uses already (or "le", a histogram's bucket bound) would be
+        # dropped from the samples without a word by the client library.
+        taken = {"le"} | {_label(n) for s in catalog.ALL.values() for n in s.labels}
+        clash = sorted(set(self._const_names) & taken)
+        if clash or len(set(self._const_names)) < len(self._const_names):
+            what = f"{clash[0]!r} is taken" if clash else "a name repeats"
+            raise InvalidArgumentError(
+                f"labels {sorted(self._const)!r}: {what} (s3stream's metrics use "
+                f"{', '.join(sorted(taken))}); choose other names"
+            )
 
     def describe(self) -> Iterable[Metric]:
         """The metric families this collector reports, without samples (lets a

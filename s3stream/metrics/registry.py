@@ -60,6 +60,14 @@ class MetricsRegistry:
         else:
             raise InvalidArgumentError(f"{spec.name}: a histogram cannot be observed")
 
+    def unobserve(self, spec: MetricSpec, callback: Callable[[], Observations]) -> None:
+        """Stop calling `callback` (given to `observe`): a counter keeps reporting the values
+        it returns now (totals never go backwards), a gauge no longer reports it."""
+        if spec.kind is Kind.COUNTER:
+            self.counter(spec).drop_callback(callback, keep_last=True)
+        elif spec.kind is Kind.GAUGE:
+            self._get(spec, Gauge).drop_callback(callback, keep_last=False)
+
     def operation(
         self,
         duration: MetricSpec,

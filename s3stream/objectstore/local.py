@@ -118,6 +118,12 @@ class LocalObjectStore(ObjectStore):
         scheme, path = split_scheme(url)
         if scheme != "file":
             raise InvalidArgumentError(f"not a file URL: {url!r}")
+        if "://" in url and ("?" in url or "#" in url):
+            # As for remote stores: else the directory's name would hold the query.
+            raise InvalidArgumentError(
+                f"a local store's URL takes no query or fragment (options go in "
+                f"storage_options; a name that holds '?' or '#' is written %3F, %23), got {url!r}"
+            )
         options = dict(storage_options)
         fsync = options.pop("fsync", True)
         if options:

@@ -100,7 +100,9 @@ class Committer:
         )
         try:
             if trim:
-                self._wal.trim(entries.entries[-1][WALPOS])
+                # Not `trim`: it would wait for the WAL's thread, which may be in an append's
+                # callback waiting for this upload (a callback closing the client).
+                self._wal.trim_soon(entries.entries[-1][WALPOS])
         except S3StreamError as exc:
             # Harmless for correctness: recovery drops what is committed.
             self._log.warning("WAL trim failed: %s", exc)

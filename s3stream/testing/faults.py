@@ -433,6 +433,9 @@ class FaultyWal(WriteAheadLog):
     def trim(self, position: WalPosition) -> None:
         self._inner.trim(position)
 
+    def trim_soon(self, position: WalPosition) -> None:
+        self._inner.trim_soon(position)
+
     def reset(self) -> None:
         with self._lock:
             if self.failing:

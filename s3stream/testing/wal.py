@@ -453,6 +453,22 @@ class WalTests:
         wal.close()
         _assert_records(_recover(self._open(medium)), more[5:], "after trim and close()")
 
+    def test_trim_soon_keeps_what_is_above_and_trims_by_close(self, tmp_path: Path) -> None:
+        """`trim_soon` may leave the trim point to be persisted later: after a crash, records
+        at or below it may come back (a suffix of what was acknowledged), never fewer than
+        those above it; after `close()` it is a `trim`."""
+        medium, wal = self._fresh(tmp_path)
+        acked = self._append_all(wal, self._payloads(20, seed=16))
+        wal.trim_soon(acked[9].position)
+        wal, got = self._crash_and_recover(medium, wal)
+        back = len(got) - len(acked[10:]) if wal.capabilities.durable_on_ack else 0
+        assert 0 <= back <= 10, f"after trim_soon and a crash: recovered {len(got)} records"
+        self._assert_survived(wal, got, acked[10 - back :], "after trim_soon and a crash")
+        more = self._append_all(wal, self._payloads(10, seed=17))
+        wal.trim_soon(more[4].position)
+        wal.close()
+        _assert_records(_recover(self._open(medium)), more[5:], "after trim_soon and close()")
+
     def test_trim_is_idempotent_and_monotonic(self, tmp_path: Path) -> None:
         medium, wal = self._fresh(tmp_path)
         acked = self._append_all(wal, self._payloads(12, seed=12))

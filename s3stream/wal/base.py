@@ -132,7 +132,17 @@ class WriteAheadLog(Closeable):
 
     @abstractmethod
     def trim(self, position: WalPosition) -> None:
-        """Records at positions <= `position` are no longer needed."""
+        """Records at positions <= `position` are no longer needed; when this returns, none
+        of them is recovered again."""
+
+    def trim_soon(self, position: WalPosition) -> None:
+        """`trim`, but it may return before the trim point is durable (a crash soon after
+        may recover records at or below `position` again), and it never waits for the WAL's
+        own thread: that thread may be running the callbacks of append futures, and one of
+        them may wait for the caller of this (an append's callback closing the client waits
+        for the upload that trims). For callers that keep those records elsewhere already
+        (the uploader: recovery drops what is committed). The default is `trim`."""
+        self.trim(position)
 
     @abstractmethod
     def reset(self) -> None:

@@ -243,7 +243,7 @@ class FileWal(PipelinedWal):
             # A take-over of a live holder: the claim above fenced it; now take its lock too.
             self._holder.seize()
         except BaseException:
-            self._release_fds()
+            self._release_fds(failed=True)
             raise
         self._seed = self._header.seed
         self._capacity: int = self._header.capacity
@@ -333,7 +333,7 @@ class FileWal(PipelinedWal):
         try:
             self._open_fd(created=not existed)
         except BaseException:
-            self._release_fds()
+            self._release_fds(failed=True)
             raise
 
     def _open_fd(self, *, created: bool) -> None:
@@ -550,7 +550,12 @@ class FileWal(PipelinedWal):
         os.pwrite(fd, _ZEROS, 0)
         self._persist_header(header)
         if created:
-            fsync_directory(path.parent)
+            try:
+                fsync_directory(path.parent)
+            except OSError as exc:
+                # Not acknowledged as created: a retry would find the file and skip the sync.
+                self._undo_create(created)
+                raise os_error("cannot sync the directory of the new WAL", path, exc) from exc
 
     def _undo_create(self, created: bool) -> None:
         try:
@@ -574,7 +579,9 @@ class FileWal(PipelinedWal):
             # the page cache gets the writes too.
             self._log.info("WAL %s: no O_DIRECT on this filesystem, using buffered I/O", self._path)
 
-    def _release_fds(self) -> None:
+    def _release_fds(self, *, failed: bool = False) -> None:
+        """Close the descriptors and let the holder lock go; `failed` (the WAL did not
+        open): and remove the lock file if this WAL's lock made it."""
         for fd in {self._wfd, self._fd}:
             if fd >= 0:
                 with contextlib.suppress(OSError):
@@ -587,6 +594,8 @@ class FileWal(PipelinedWal):
             _close_mmap(self._header_buf)
             self._header_buf = None
         # Last: the WAL is not in use any more only once nothing of it can write.
+        if failed:
+            self._holder.remove_if_made()
         self._holder.release()
 
     # ------------------------------------------------------------------ low-level I/O
@@ -806,19 +815,20 @@ class FileWal(PipelinedWal):
     def _room(self) -> tuple[int, int]:
         return self._tail - self._durable_start, self._capacity
 
-    def _persist_trim(self, position: int) -> None:
+    def _persist_trim(self, position: int, *, wait: bool) -> None:
         with self._cond:
             index = bisect.bisect_right(self._positions, position)
             new_start = self._positions[index] if index < len(self._positions) else self._tail
             del self._positions[:index]
-            self._request_start(new_start)
+            self._request_start(new_start, wait=wait)
 
-    def _request_start(self, new_start: int) -> None:
-        """Ask the writer to persist `new_start`; wait until it is durable (lock held)."""
+    def _request_start(self, new_start: int, *, wait: bool = True) -> None:
+        """Ask the writer to persist `new_start`; with `wait`, wait until it is durable (lock
+        held)."""
         if new_start > self._requested_start:
             self._requested_start = new_start
             self._cond.notify_all()
-        if threading.get_ident() == self._committer:
+        if not wait or threading.get_ident() == self._committer:
             return  # called from a future's callback: the next commit persists it
         while self._durable_start < new_start:
             if self._failed is not None:

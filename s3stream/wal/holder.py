@@ -96,6 +96,8 @@ class WalHolderLock:
         self._fd = fd
         self._held = held
         self._guard = threading.Lock()
+        #: The lock file this lock created (None: found it there, or a device's lock).
+        self._made: Path | None = None
 
     # ------------------------------------------------------------------ acquiring
 
@@ -129,7 +131,7 @@ class WalHolderLock:
         except OSError as exc:
             raise os_error("cannot create the directory of WAL", path, exc) from exc
         for _ in range(_ACQUIRE_ATTEMPTS):
-            fd = _open_lock_file(path, lock_path)
+            fd, made = _open_lock_file(path, lock_path)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
@@ -156,7 +158,9 @@ class WalHolderLock:
             except OSError as exc:
                 os.close(fd)
                 raise os_error("cannot write the lock file of WAL", path, exc) from exc
-            return cls(path, node_id, device=False, fd=fd, held=True)
+            lock = cls(path, node_id, device=False, fd=fd, held=True)
+            lock._made = lock_path if made else None
+            return lock
         raise UnavailableError(
             f"cannot lock WAL {path}: its lock file {lock_path} kept being replaced "
             "(concurrent take-overs)"
@@ -265,6 +269,18 @@ class WalHolderLock:
                 with contextlib.suppress(S3StreamError):
                     self._try_device()
 
+    def remove_if_made(self) -> None:
+        """The WAL did not open: remove the lock file if this lock created it, while still
+        holding it (so nobody holds the unlinked file; an opener that opened it meanwhile
+        finds it replaced and starts over). Else it would stay beside a file that may be
+        somebody else's, or a WAL whose creation was undone. `release` is still to be
+        called."""
+        with self._guard:
+            made, self._made = self._made, None
+            if made is not None and self._held and self._fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.unlink(made)
+
     def release(self) -> None:
         """Let go (idempotent): closing the descriptor drops the lock."""
         with self._guard:
@@ -279,13 +295,14 @@ class WalHolderLock:
         return f"WalHolderLock({str(self._wal_path)!r}, node {self._node_id!r}, {state})"
 
 
-def _open_lock_file(path: Path, lock_path: Path) -> int:
-    """The lock file of WAL `path`, opened (created if missing). Never through a symlink (it
-    could point at any file, which the holder's pid would overwrite), and never a file that
-    is no lock file of ours (someone's ``notes.txt.lock``): `InvalidArgumentError` then."""
+def _open_lock_file(path: Path, lock_path: Path) -> tuple[int, bool]:
+    """The lock file of WAL `path`, opened (created if missing), and whether this call created
+    it. Never through a symlink (it could point at any file, which the holder's pid would
+    overwrite), and never a file that is no lock file of ours (someone's ``notes.txt.lock``):
+    `InvalidArgumentError` then."""
     flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW
     try:
-        return os.open(lock_path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+        return os.open(lock_path, flags | os.O_CREAT | os.O_EXCL, 0o644), True
     except FileExistsError:
         pass
     except OSError as exc:
@@ -311,7 +328,7 @@ def _open_lock_file(path: Path, lock_path: Path) -> int:
             f"{lock_path} exists and is not the lock file of a WAL (it holds no 'pid, node "
             f"id' record): refusing to overwrite it; move it away to use WAL {path}"
         )
-    return fd
+    return fd, False
 
 
 def _may_be_holder_text(fd: int) -> bool:

@@ -1054,7 +1054,8 @@ class ObjectWal(PipelinedWal):
 
     # ------------------------------------------------------------------ trim and reset
 
-    def _persist_trim(self, position: int) -> None:
+    def _persist_trim(self, position: int, *, wait: bool) -> None:
+        # Persisted in the calling thread, never waiting for the writer: `wait` changes nothing.
         with self._trim_lock:
             with self._cond:
                 if position <= self._trim:

@@ -214,8 +214,9 @@ class PipelinedWal(WriteAheadLog):
         """(Lock held.) `group` is acknowledged now (before its futures complete)."""
 
     @abstractmethod
-    def _persist_trim(self, position: int) -> None:
-        """Persist the trim point `position` (checked already; no lock held)."""
+    def _persist_trim(self, position: int, *, wait: bool) -> None:
+        """Persist the trim point `position` (checked already; no lock held); without
+        `wait`, a medium whose background thread persists it may return before (`trim_soon`)."""
 
     @abstractmethod
     def _ready_without_records(self) -> None:
@@ -546,12 +547,19 @@ class PipelinedWal(WriteAheadLog):
     # ------------------------------------------------------------------ trim, reset
 
     def trim(self, position: WalPosition) -> None:
+        self._check_trim(position, "trim()")
+        self._persist_trim(position, wait=True)
+
+    def trim_soon(self, position: WalPosition) -> None:
+        self._check_trim(position, "trim_soon()")
+        self._persist_trim(position, wait=False)
+
+    def _check_trim(self, position: WalPosition, call: str) -> None:
         check_trim_position(position)
         with self._cond:
-            self._check_usable("trim()")
+            self._check_usable(call)
             if position > self._acked:
                 raise trim_past_acked_error(self.describe(), position, self._acked)
-        self._persist_trim(position)
 
     def reset(self) -> None:
         """Drop every record; after a retryable failure, also resume taking appends (module

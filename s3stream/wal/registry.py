@@ -26,6 +26,7 @@ one piece of process-wide state here, like fsspec's, by design.
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -341,7 +342,7 @@ def lock_file_wal(url: str, node_id: str) -> WalHolderLock | None:
     return WalHolderLock.acquire(path, node_id)
 
 
-def check_wal_target(url: str) -> Path | None:
+def check_wal_target(url: str, *, base: FileWalSettings | None = None) -> Path | None:
     """Check what can be checked of the WAL `url` names without writing anything, so that an
     open refuses a mistake before it creates a store, registers a node or takes a lock: the
     scheme is known and, for a file WAL (the built-in factory), its path is not a directory,
@@ -354,7 +355,7 @@ def check_wal_target(url: str) -> Path | None:
     if _registry.resolve(scheme) is not open_file_wal:
         return None
     raw_path, query = _file_target(url)
-    settings_from_query(FileWalSettings, query, url=url)
+    settings = settings_from_query(FileWalSettings, query, base=base, url=url)
     path = Path(raw_path).expanduser()
     for parent in path.parents:
         if parent.exists():
@@ -368,7 +369,7 @@ def check_wal_target(url: str) -> Path | None:
             f"the WAL {str(path)!r} is a directory: name a file (for example "
             f"{str(path / 'node.wal')!r}), which the WAL creates"
         )
-    if path.is_file() and not _may_be_wal(path):
+    if path.is_file() and _file_kind(path, settings.capacity_bytes) == "foreign":
         raise InvalidArgumentError(
             f"{str(path)!r} is not an s3stream WAL (no header magic where a WAL has one); "
             "refusing to use it: name a new file or an existing WAL"
@@ -376,27 +377,53 @@ def check_wal_target(url: str) -> Path | None:
     return path
 
 
-def _may_be_wal(path: Path) -> bool:
-    """Whether the regular file `path` may be a WAL, as `FileWal` would judge it: empty, all
-    zeros where the headers go (a creation cut short), or holding the header magic (a WAL,
-    whole or damaged). Unreadable: left to the WAL to report."""
+def _file_kind(path: Path, capacity_bytes: int) -> str:
+    """How `FileWal` (with `capacity_bytes`) would take the regular file `path`: "wal" (the
+    header magic: a WAL, whole or damaged), "new" (empty, or all zeros where the headers go
+    at exactly a WAL's size: a creation cut short; either is formatted) or "foreign" (it
+    refuses it). Unreadable: "wal", left to the WAL to report."""
     try:
         with path.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
             head = f.read(DATA_START)
     except OSError:
-        return True
-    return not head.strip(b"\0") or may_hold_header(head)
+        return "wal"
+    if may_hold_header(head):
+        return "wal"
+    if size == 0 or (not head.strip(b"\0") and size == DATA_START + capacity_bytes):
+        return "new"
+    return "foreign"
 
 
-def check_take_over_wal(url: str, node_id: str, *, open_streams: bool, accept_loss: bool) -> None:
+def check_take_over_wal(
+    url: str,
+    node_id: str,
+    *,
+    open_streams: bool,
+    accept_loss: bool,
+    base: FileWalSettings | None = None,
+) -> None:
     """Before a take-over registers anything: a file WAL named explicitly must exist. A node
     with streams open may have acknowledged appends in it: missing, that is the loss
     `CorruptionError` of `_check_wal_present` (unless `accept_loss`); with every stream
     closed there is nothing to recover, and the path is more likely a typo than a WAL to
-    create (a 2 GiB one, by default): `InvalidArgumentError`, "no WAL at ..."."""
-    path = check_wal_target(url)
-    if path is None or path.exists():
+    create (a 2 GiB one, by default): `InvalidArgumentError`, "no WAL at ...". So is an
+    existing file that holds no WAL yet (empty, or zeros): formatting it would turn the
+    user's file into a WAL. `base`: the WAL settings the take-over opens it with."""
+    path = check_wal_target(url, base=base)
+    if path is None:
         return
+    if path.exists():
+        if open_streams or not path.is_file():
+            return
+        settings = settings_from_query(FileWalSettings, _file_target(url)[1], base=base, url=url)
+        if _file_kind(path, settings.capacity_bytes) == "wal":
+            return
+        raise InvalidArgumentError(
+            f"{str(path)!r} holds no WAL of node {node_id!r} (it is empty or zeros, and the "
+            "node's streams are all closed, so there is nothing to recover): check the path, "
+            "or leave the WAL out to use the default"
+        )
     if open_streams:
         _check_wal_present(path, node_id, accept_loss)
         return
