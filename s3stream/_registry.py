@@ -50,7 +50,7 @@ def split_scheme(url: str) -> tuple[str, str]:
         scheme = scheme.lower()
         if scheme != "file":
             return scheme, rest
-        return scheme, _expand_home(unquote(_local_path(rest, url)), url)
+        return scheme, _check_local_path(_expand_home(unquote(_local_path(rest, url)), url), url)
     typo = _SCHEME_WITHOUT_SLASHES.match(url)
     if typo is not None:
         scheme = typo.group(1).lower()
@@ -67,7 +67,24 @@ def split_scheme(url: str) -> tuple[str, str]:
             "(file:///absolute/path.wal?capacity_bytes=...), a store's in storage_options; a "
             "name that holds '?' is written as %3F in a file:/// URL"
         )
-    return "file", _expand_home(url, url)
+    return "file", _check_local_path(_expand_home(url, url), url)
+
+
+#: Longest name of one file or directory, and of a whole path, that Linux file systems take
+#: (NAME_MAX, PATH_MAX less the NUL).
+_NAME_MAX, _PATH_MAX = 255, 4095
+
+
+def _check_local_path(path: str, url: str) -> str:
+    """`path`, refused if the OS could not name it: else a check such as ``Path.exists`` raises
+    a bare `OSError` (``ENAMETOOLONG``) deep inside an open."""
+    raw = os.fsencode(path)
+    if len(raw) > _PATH_MAX or any(len(part) > _NAME_MAX for part in raw.split(b"/")):
+        raise InvalidArgumentError(
+            f"{url!r} is too long for a local path: at most {_NAME_MAX} bytes per file or "
+            f"directory name and {_PATH_MAX} in all"
+        )
+    return path
 
 
 def _local_path(rest: str, url: str) -> str:

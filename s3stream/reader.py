@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -459,7 +460,9 @@ def open_reader(
     """A `StreamReader` for the store `url` names (a local directory, ``s3://bucket/prefix``,
     any fsspec URL). Needs read access only; a local directory that does not exist is an
     `InvalidArgumentError`, not created. `metadata`: where the metadata log lives, if not in
-    the store (``postgresql://...``, as `s3stream.open` takes it)."""
+    the store (``postgresql://...``, as `s3stream.open` takes it). A remote prefix that holds
+    no store is an `InvalidArgumentError` too (two HEADs): a prefix has no "missing" of its
+    own, so a typo in it would read as an empty store."""
     if not isinstance(metadata, MetadataLogStore):
         check_metadata_url(metadata)
     clock = clock if clock is not None else SystemClock()
@@ -472,6 +475,13 @@ def open_reader(
         metadata_prefix=metadata_prefix,
     )
     try:
+        if split_scheme(str(url))[0] not in ("file", "memory") and not holds_store(
+            store, metadata_prefix
+        ):
+            raise InvalidArgumentError(
+                f"{str(url)!r} holds no s3stream store (no metadata log under "
+                f"{metadata_prefix}/): check the bucket and the prefix"
+            )
         return StreamReader(
             store,
             metadata_prefix=metadata_prefix,
@@ -551,27 +561,47 @@ def foreign_entries(root: Path, metadata_prefix: str = "meta") -> list[str]:
     ]
     # A folder of ours by name may be the user's ("data" is a common name): before a store
     # exists, s3stream has put nothing in data/ (objects come after the node's registration,
-    # the log's first entry) and in the metadata folder at most temporary files.
+    # the log's first entry), in the metadata folder at most temporary files, and in wal/
+    # WAL files and their lock files. A symlinked one is looked into as well: objects would
+    # be written into the folder it leads to.
     for top in {DEFAULT_DATA_PREFIX, meta_top}:
-        found = _first_file(root / top)
+        found = _first_file(root / top, is_temp_name)
         if found is not None:
             others.append(found)
+    found = _first_file(root / _WAL_DIR, _is_wal_file_name)
+    if found is not None:
+        others.append(found)
     if not others:
         return []
     with LocalObjectStore(root, fsync=False) as store:  # an existing directory: creates nothing
         return [] if holds_store(store, metadata_prefix) else others
 
 
-def _first_file(top: Path) -> str | None:
-    """The path (relative to `top`'s parent) of a file below the directory `top` other than
-    a local store's temporary files, or None (also when `top` is no directory)."""
-    if top.is_symlink() or not top.is_dir():
+def _first_file(top: Path, ours: Callable[[str], bool]) -> str | None:
+    """The path (relative to `top`'s parent) of a file below the directory `top` (or the
+    directory a symlink `top` leads to) whose name is not `ours`, or None (also when `top`
+    is no directory)."""
+    try:
+        if not top.is_dir():
+            return None
+    except OSError:  # a name too long to exist (a long metadata prefix), a loop
         return None
     for dirpath, _, filenames in os.walk(top):
         for name in filenames:
-            if not is_temp_name(name):
+            if not ours(name):
                 return os.path.relpath(os.path.join(dirpath, name), top.parent)
     return None
+
+
+#: The folder of a local store's file WALs (`opening.OBJECT_WAL_DIR`'s local twin).
+_WAL_DIR = "wal"
+#: A file WAL and its lock file (`wal.holder`: ``x.wal.lock``, and ``x.wal.lock.<pid>.<id>``
+#: while a take-over replaces it).
+_WAL_FILE_NAME = re.compile(r".+\.wal(\.lock(\.[0-9]+\.[0-9a-f]+)?)?")
+
+
+def _is_wal_file_name(name: str) -> bool:
+    return _WAL_FILE_NAME.fullmatch(name) is not None
 
 
 def _require_existing_directory(

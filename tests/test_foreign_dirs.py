@@ -302,3 +302,52 @@ def test_numpy_integers_are_refused_with_a_hint_and_huge_ones_too_large() -> Non
         check_int("n", -1)
     assert "pass int" not in str(info.value)  # a plain int needs no conversion hint
     assert check_int("n", 5) == 5
+
+
+def test_a_users_wal_folder_or_a_symlinked_data_folder_is_not_taken_for_a_store(
+    tmp_path: Path,
+) -> None:
+    """Two gaps in the rule above: a directory whose only entry is the user's own ``wal/``
+    (archived PostgreSQL segments) got meta/, data/ and a WAL among them, and ``data`` or
+    ``meta`` reached through a symlink were never looked into, so objects landed beside the
+    user's files. A WAL and its lock file left by an interrupted first open still pass."""
+    pg = tmp_path / "pgbackup"
+    (pg / "wal").mkdir(parents=True)
+    (pg / "wal" / "000000010000000000000001").write_bytes(b"segment")
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("x")
+    (proj / "data").symlink_to(tmp_path / "notes")
+    for root, shown in ((pg, "wal/000000010000000000000001"), (proj, "data/todo.txt")):
+        before = tree(tmp_path)
+        with pytest.raises(InvalidArgumentError, match="empty or new directory") as info:
+            s3stream.open(root, settings=SMALL)
+        assert shown in str(info.value)
+        assert tree(tmp_path) == before
+    left = tmp_path / "left"
+    (left / "wal").mkdir(parents=True)
+    (left / "wal" / "local.wal").write_bytes(b"")
+    (left / "wal" / "local.wal.lock").write_text("1\nlocal\n")
+    with s3stream.open(left, settings=SMALL) as client:
+        client.create_stream()
+
+
+def test_a_local_path_too_long_to_name_is_a_clear_error(tmp_path: Path) -> None:
+    """A name over 255 bytes raised a bare ``OSError: File name too long`` from a path check
+    deep inside `open`, `open_reader` and the CLI (which exited 1 instead of 2)."""
+    long = str(tmp_path / ("a" * 300))
+    for call in (
+        lambda: s3stream.open(long),
+        lambda: s3stream.open_reader(long),
+        lambda: s3stream.open(str(tmp_path / "st"), wal=f"file://{tmp_path}/{'w' * 300}.wal"),
+    ):
+        with pytest.raises(InvalidArgumentError, match="too long"):
+            call()
+    for command in ("inspect", "verify"):
+        done = subprocess.run(
+            [sys.executable, "-m", "s3stream", command, long], capture_output=True, text=True
+        )
+        assert done.returncode == 2, done.stderr
+        assert "Traceback" not in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

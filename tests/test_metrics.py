@@ -633,3 +633,27 @@ def test_misused_metric_calls_raise_clear_errors(tmp_path: Path) -> None:
         S3StreamCollector(client.metrics.registry, labels={"node": "n1"})
         with pytest.raises(s3stream.InvalidArgumentError, match="its WAL lives in memory"):
             client.take_over("other")
+
+
+def test_store_cost_tells_orphans_from_replaced_objects_by_key(tmp_path: Path) -> None:
+    """Orphans were the data bytes less the listed ones: an object listed as replaced but
+    already purged (a crash between a purge's delete and its commit) hid as many orphan
+    bytes, and still counted as replaced."""
+    import os
+
+    with s3stream.open(str(tmp_path / "s"), wal="memory://") as client:
+        stream = client.create_stream()
+        for _ in range(3):
+            stream.append(RecordBatch(os.urandom(20_000)))
+            client.flush()
+        client.compact()
+    with s3stream.open_reader(str(tmp_path / "s")) as reader:
+        replaced = [o for o in reader.objects() if not o.live]
+        assert len(replaced) == 3
+        (tmp_path / "s" / replaced[0].key).unlink()
+        orphan = tmp_path / "s" / "data" / "local" / "99" / "000000000000-m.s3o"
+        orphan.parent.mkdir(parents=True)
+        orphan.write_bytes(os.urandom(replaced[0].size - 100))
+        cost = store_cost(reader)
+    assert cost.orphan_bytes == replaced[0].size - 100
+    assert cost.deleting_bytes == sum(o.size for o in replaced[1:])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -233,3 +234,20 @@ def test_a_hole_in_the_metadata_log_is_corruption_not_a_short_history(tmp_path: 
         s3stream.open_reader(root) as r,
     ):
         r.list_streams()
+
+
+@pytest.mark.s3
+def test_a_reader_of_a_remote_prefix_without_a_store_is_refused(seaweedfs: Any) -> None:
+    """A local directory that is missing is refused; a remote prefix has no "missing" of its
+    own, and a typo in it (or a sub-prefix of a store) opened as an empty store."""
+    import uuid
+
+    url = f"s3://{seaweedfs.bucket}/store-{uuid.uuid4().hex}"
+    opts = seaweedfs.storage_options()
+    with s3stream.open(url, storage_options=opts, wal="memory://") as client:
+        client.create_stream().append(RecordBatch(b"x"))
+    with s3stream.open_reader(url, storage_options=opts) as reader:
+        assert len(reader.list_streams()) == 1
+    for wrong in (url + "-typo", url + "/data"):
+        with pytest.raises(s3stream.InvalidArgumentError, match="holds no s3stream store"):
+            s3stream.open_reader(wrong, storage_options=opts)

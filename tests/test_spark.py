@@ -747,3 +747,59 @@ def test_assign_refuses_a_topic_partition_two_streams_carry(tmp_path: Path) -> N
         ds.reader(ds.schema()).partitions()
     ds = S3StreamDataSource({"path": root, "subscribe": "orders"})
     assert len(ds.reader(ds.schema()).partitions()) >= 1
+
+
+def test_planning_goes_on_when_compaction_purges_an_object_it_listed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The planner read object indexes from a snapshot loaded just before; compaction that
+    purged one of those objects meanwhile (a snapshot older than the deletion delay) failed
+    the query with ObjectNotFoundError. It plans again on a fresh snapshot now, as the
+    library's readers do."""
+    import dataclasses
+
+    import s3stream.spark.source as source_module
+    from s3stream.settings import CompactionSettings
+
+    settings = dataclasses.replace(
+        ClientSettings(upload_threshold_bytes=4096, upload_interval_ms=0),
+        compaction=CompactionSettings(deletion_delay_ms=0, stream_set_max_age_ms=0),
+    )
+    client = s3stream.open(str(tmp_path / "s"), wal="memory://", settings=settings)
+    stream = client.create_stream(tags={"topic": "t"})
+    for i in range(5):
+        stream.append_records([Record(b"v%d-%d" % (i, j)) for j in range(50)])
+        client.flush()
+    loaded = source_module._Driver.__init__
+    purged: list[int] = []
+
+    def compact_right_after_the_snapshot(self: Any, opts: Any) -> None:
+        loaded(self, opts)
+        if not purged:
+            purged.append(client.compact().objects_purged)
+
+    monkeypatch.setattr(source_module._Driver, "__init__", compact_right_after_the_snapshot)
+    reader = S3StreamBatchReader(parse_options({"path": str(tmp_path / "s")}, streaming=False))
+    rows = _read_all(reader, reader.partitions())
+    assert purged and purged[0] > 0
+    assert [r[4] for r in rows] == list(range(250))
+    assert rows[0][1] == b"v0-0" and rows[-1][1] == b"v4-49"
+    client.close()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"startingOffsets": '{"0": 2, " 0": 3}'}, "names stream 0 twice"),
+        ({"storage.": "1"}, "names no storage option"),
+        ({"streamIds": "99999999999999999999999"}, "option streamIds: stream id is too large"),
+    ],
+)
+def test_option_mistakes_found_by_review_are_refused(
+    tmp_path: Path, options: dict[str, str], message: str
+) -> None:
+    """Two spellings of one stream's offset (the last won without a word), a storage option
+    without a name (ignored, though unknown options are refused) and a stream id too large
+    (an error that did not name the option)."""
+    with pytest.raises(InvalidArgumentError, match=message):
+        parse_options({"path": str(tmp_path), **options}, streaming=False)

@@ -54,7 +54,8 @@ class StoreCost:
     list_requests: int
     list_usd: float
     #: With a reader: bytes of data objects the metadata lists as live, as replaced (deleted
-    #: after the deletion delay), and data-area bytes it does not list (orphans); else None.
+    #: after the deletion delay; those still in the store), and of data-area objects it does
+    #: not list (orphans); else None.
     live_bytes: int | None = None
     deleting_bytes: int | None = None
     orphan_bytes: int | None = None
@@ -96,7 +97,7 @@ def store_cost(
             f"source must be an ObjectStore or a StreamReader, got {source!r}"
         )
     areas: dict[str, list[int]] = {}
-    data_bytes = 0
+    data_sizes: dict[str, int] = {}
     listed = 0
     for info in store.list():
         listed += 1
@@ -105,15 +106,19 @@ def store_cost(
         usage[0] += 1
         usage[1] += info.size
         if info.key.startswith(data_prefix + "/"):
-            data_bytes += info.size
+            data_sizes[info.key] = info.size
     stored = sum(b for _, b in areas.values())
     list_requests = max(1, -(-listed // _PAGE))
     live = deleting = orphans = None
     if reader is not None:
+        # By key, not by subtracting totals: an object the metadata still lists as being
+        # deleted but a purge removed already (a crash between the purge's delete and its
+        # commit) hid as many bytes of orphans.
         objects = reader.objects()
+        known = {o.key for o in objects}
         live = sum(o.size for o in objects if o.live)
-        deleting = sum(o.size for o in objects if not o.live)
-        orphans = max(0, data_bytes - live - deleting)
+        deleting = sum(data_sizes.get(o.key, 0) for o in objects if not o.live)
+        orphans = sum(size for key, size in data_sizes.items() if key not in known)
     return StoreCost(
         prices=prices,
         areas=tuple(AreaUsage(k, n, b) for k, (n, b) in sorted(areas.items())),

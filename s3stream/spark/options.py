@@ -19,6 +19,7 @@ from ..errors import InvalidArgumentError
 from ..metadata.registry import check_metadata_url
 from ..settings_parse import parse_bool, parse_int, parse_size
 from ..units import MiB
+from ..validation import check_int
 
 __all__ = [
     "EARLIEST",
@@ -184,7 +185,7 @@ def _stream_id(name: str, text: object) -> int:
         raise InvalidArgumentError(f"option {name}: {text!r} is not a stream id") from None
     if sid < 0:
         raise InvalidArgumentError(f"option {name}: stream id {sid} is negative")
-    return sid
+    return check_int(f"option {name}: stream id", sid)
 
 
 def _offsets(
@@ -224,6 +225,9 @@ def _offsets(
             per_topic[key] = parts
         else:
             sid = _stream_id(name, key)
+            if sid in per_stream:
+                # "0" and " 0" are one stream: the last would win without a word.
+                raise _bad(name, raw, f"names stream {sid} twice")
             per_stream[sid] = _offset_value(name, f"stream {sid}", value)
     if per_stream and per_topic:
         raise _bad(name, raw, "mixes stream ids and topics; use one form")
@@ -294,7 +298,9 @@ def _storage_options(opts: Mapping[str, str]) -> dict[str, Any]:
             raise _bad("storageOptions", raw, "must be a JSON object")
         out.update(data)
     for key, value in opts.items():
-        if key.startswith(_STORAGE_PREFIX) and len(key) > len(_STORAGE_PREFIX):
+        if key.startswith(_STORAGE_PREFIX):
+            if len(key) == len(_STORAGE_PREFIX):
+                raise _bad(key, value, "names no storage option (storage.<name>=<value>)")
             out[key[len(_STORAGE_PREFIX) :]] = value
     return out
 

@@ -21,8 +21,8 @@ against a metadata log that went backwards.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TypeVar
 
 from pyspark.sql.datasource import (
     DataSource,
@@ -52,6 +52,7 @@ from ..cache.block_cache import BlockCache
 from ..errors import (
     CorruptionError,
     InvalidArgumentError,
+    ObjectNotFoundError,
     OffsetOutOfRangeError,
     StreamNotFoundError,
 )
@@ -81,6 +82,8 @@ __all__ = [
     "S3StreamStreamReader",
     "spark_schema",
 ]
+
+T = TypeVar("T")
 
 
 def spark_schema(include_headers: bool) -> StructType:
@@ -234,6 +237,18 @@ class _Driver:
         self.reader.close()
 
 
+def _on_fresh_snapshot_if_moved(
+    driver: _Driver, work: Callable[[MetadataState], T], state: MetadataState
+) -> T:
+    """`work` on `state`; if an object it lists was deleted meanwhile (compaction purged it:
+    the snapshot is older than the deletion delay), once more on a fresh snapshot, as the
+    library's readers do (`storage.reader.read_latest`)."""
+    try:
+        return work(state)
+    except ObjectNotFoundError:
+        return work(driver.refresh())
+
+
 class S3StreamBatchReader(DataSourceReader):
     """Batch reads: plans partitions once from the latest metadata."""
 
@@ -243,13 +258,17 @@ class S3StreamBatchReader(DataSourceReader):
     def partitions(self) -> list[InputPartition]:
         """Partitions over the selected streams between starting and ending offsets."""
         driver = _Driver(self._opts)
-        try:
-            state = driver.reader.snapshot(refresh=False)  # just loaded
+
+        def plan(state: MetadataState) -> list[InputPartition]:
             streams = select_streams(state, self._opts)
             targets = resolve_offsets(
                 state, driver.store, driver.indexes, streams, self._opts, with_ending=True
             )
             return driver.plan(state, targets)
+
+        try:
+            # The snapshot was just loaded: no refresh before the first try.
+            return _on_fresh_snapshot_if_moved(driver, plan, driver.reader.snapshot(refresh=False))
         finally:
             driver.close()
 
@@ -287,10 +306,16 @@ class S3StreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def initialOffset(self) -> dict[str, Any]:
         """Where a new query starts: ``startingOffsets`` / ``startingTimestamp`` resolved now."""
         d = self._d()
-        state = d.refresh()
-        streams = select_streams(state, self._opts)
-        targets = resolve_offsets(state, d.store, d.indexes, streams, self._opts, with_ending=False)
-        return StreamOffsets(state.seq, {t.stream_id: t.start_offset for t in targets}).to_json()
+
+        def start(state: MetadataState) -> dict[str, Any]:
+            streams = select_streams(state, self._opts)
+            targets = resolve_offsets(
+                state, d.store, d.indexes, streams, self._opts, with_ending=False
+            )
+            starts = {t.stream_id: t.start_offset for t in targets}
+            return StreamOffsets(state.seq, starts).to_json()
+
+        return _on_fresh_snapshot_if_moved(d, start, d.refresh())
 
     def getDefaultReadLimit(self) -> ReadLimit:
         """``maxOffsetsPerTrigger`` as a row limit, else everything available."""
@@ -337,7 +362,14 @@ class S3StreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin = StreamOffsets.from_json(start, "start offset")
         finish = StreamOffsets.from_json(end, "end offset")
         d = self._d()
-        state = d.refresh()
+        return _on_fresh_snapshot_if_moved(
+            d, lambda state: self._plan(state, begin, finish), d.refresh()
+        )
+
+    def _plan(
+        self, state: MetadataState, begin: StreamOffsets, finish: StreamOffsets
+    ) -> list[InputPartition]:
+        d = self._d()
         if state.seq < finish.seq:
             raise CorruptionError(
                 f"metadata log of {self._opts.url} ends at entry {state.seq}, but the "
