@@ -1429,3 +1429,46 @@ def test_local_listing_skips_names_that_are_not_keys(tmp_path: Path) -> None:
     assert keys == ["data/ok"]
     store.delete_many(keys)
     assert list(store.list("a\x00/b")) == [] and list(store.list("a/\x00")) == []
+
+
+def test_s3_requests_count_every_try_botocore_sends_itself() -> None:
+    """With `max_attempts` > 1 botocore retries a dropped connection itself; such an error
+    carries no RetryAttempts, so each call was counted as one request although three were
+    sent (and billed)."""
+    from s3stream.metrics.registry import MetricsRegistry
+    from s3stream.objectstore.wrappers import MetricsObjectStore
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(50)
+
+    def drop_every_connection() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            conn.close()
+
+    threading.Thread(target=drop_every_connection, daemon=True).start()
+    try:
+        raw = S3ObjectStore(
+            "bucket",
+            endpoint_url=f"http://127.0.0.1:{server.getsockname()[1]}",
+            aws_access_key_id="test",
+            aws_secret_access_key="test",
+            max_attempts=3,
+            connect_timeout_s=1,
+            read_timeout_s=1,
+        )
+        store = MetricsObjectStore(raw, registry=MetricsRegistry())
+        for call in (lambda: store.get("k"), lambda: store.head("k"), lambda: list(store.list())):
+            with pytest.raises(UnavailableError):
+                call()
+        family = store.registry.family("s3stream.objectstore.requests")
+        assert family is not None
+        counted = {p.labels[1]: int(p.value) for p in family.points}
+        assert counted == {"GetObject": 3, "HeadObject": 3, "ListObjectsV2": 3}
+        store.close()
+    finally:
+        server.close()

@@ -38,6 +38,7 @@ client on first use).
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
@@ -284,18 +285,44 @@ class S3ObjectStore(RemoteObjectStore["S3Client"]):
                 region_name=self.region_name,
                 profile_name=self._profile_name,
             )
-            return session.client("s3", endpoint_url=self.endpoint_url, config=config)
+            client = session.client("s3", endpoint_url=self.endpoint_url, config=config)
         except Exception as exc:
             raise S3StreamError(f"cannot create an S3 client for {self.describe()}: {exc}") from exc
+        # Every try botocore sends, its own retries included (a connection error carries no
+        # RetryAttempts to count them by).
+        client.meta.events.register("before-send.s3", self._count_try)
+        return client
+
+    def _count_try(self, **_: Any) -> None:
+        tries = self._tries()
+        tries.n = getattr(tries, "n", 0) + 1
+
+    def _tries(self) -> threading.local:
+        """This thread's count of tries sent for the request it is making (botocore retries
+        in the calling thread)."""
+        local = self.__dict__.get("_tries_local")
+        if not isinstance(local, threading.local):
+            local = threading.local()
+            self.__dict__["_tries_local"] = local
+        return local
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state.pop("_tries_local", None)
+        return state
 
     def _close_client(self, client: S3Client) -> None:
         client.close()
 
     def _report(self, request: str, outcome: object) -> None:
-        """Report one request and the tries botocore added to it (its answer or its error
-        says how many; none unless `max_attempts` > 1)."""
+        """Report one request and the tries botocore added to it (`max_attempts` > 1): as
+        many as were sent, else as its answer or its error says."""
+        tries = self._tries()
+        sent, tries.n = getattr(tries, "n", 0), 0
         if self._meters:
-            if isinstance(outcome, BaseException):
+            if sent:
+                count = sent
+            elif isinstance(outcome, BaseException):
                 count = 1 + _error_details(outcome)[2]
             else:
                 count = 1 + _retry_attempts(outcome)
@@ -303,6 +330,7 @@ class S3ObjectStore(RemoteObjectStore["S3Client"]):
 
     def _send(self, request: str, fn: Callable[[], T]) -> T:
         """Send one request (`fn`, a boto3 call) and report it."""
+        self._tries().n = 0
         try:
             response = fn()
         except Exception as exc:
@@ -522,6 +550,7 @@ class S3ObjectStore(RemoteObjectStore["S3Client"]):
             pages = iter(paginator.paginate(Bucket=self.bucket, Prefix=self.prefix + prefix))
             while True:
                 # Each page is one request.
+                self._tries().n = 0
                 try:
                     page = next(pages)
                 except StopIteration:
