@@ -608,20 +608,25 @@ def test_s3_make_bucket(seaweedfs: Any) -> None:
     assert seaweedfs.make_bucket(name) == name  # idempotent
 
 
+def _s3_on_loopback_port(port: int, *, max_attempts: int) -> S3ObjectStore:
+    """An S3 store whose endpoint is a loopback port of the test's (test credentials)."""
+    return S3ObjectStore(
+        "bucket",
+        endpoint_url=f"http://127.0.0.1:{port}",
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+        max_attempts=max_attempts,
+        connect_timeout_s=1,
+        read_timeout_s=1,
+    )
+
+
 def test_s3_unreachable_endpoint_is_unavailable_within_bounded_time() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     # The port is closed now: every connection is refused.
-    store = S3ObjectStore(
-        "bucket",
-        endpoint_url=f"http://127.0.0.1:{port}",
-        aws_access_key_id="a",
-        aws_secret_access_key="b",
-        max_attempts=2,
-        connect_timeout_s=1,
-        read_timeout_s=1,
-    )
+    store = _s3_on_loopback_port(port, max_attempts=2)
     started = time.monotonic()
     for call in (
         lambda: store.put("k", b"v"),
@@ -1452,15 +1457,7 @@ def test_s3_requests_count_every_try_botocore_sends_itself() -> None:
 
     threading.Thread(target=drop_every_connection, daemon=True).start()
     try:
-        raw = S3ObjectStore(
-            "bucket",
-            endpoint_url=f"http://127.0.0.1:{server.getsockname()[1]}",
-            aws_access_key_id="test",
-            aws_secret_access_key="test",
-            max_attempts=3,
-            connect_timeout_s=1,
-            read_timeout_s=1,
-        )
+        raw = _s3_on_loopback_port(server.getsockname()[1], max_attempts=3)
         store = MetricsObjectStore(raw, registry=MetricsRegistry())
         for call in (lambda: store.get("k"), lambda: store.head("k"), lambda: list(store.list())):
             with pytest.raises(UnavailableError):
