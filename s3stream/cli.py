@@ -41,7 +41,13 @@ from .errors import (
 )
 from .metadata import ObjectMeta
 from .opening import resolve_settings
-from .reader import StreamReader, _require_existing_directory, open_reader
+from .reader import (
+    StreamReader,
+    _require_existing_directory,
+    holds_store,
+    open_reader,
+    open_reader_store,
+)
 from .settings import ClientSettings
 from .settings_parse import parse_duration_ms, parse_int, parse_size
 from .types import AppendResult, RecordBatch, StreamState
@@ -348,6 +354,9 @@ def _check_demo_target(
                 f"{url!r} is not empty: pass --reuse to add to it, or choose another directory"
             )
     elif not reuse:
+        with open_reader_store(url, storage_options=options or None, settings=settings) as store:
+            if not holds_store(store):
+                return  # a new prefix: the demo makes its store there
         with open_reader(
             url, storage_options=options or None, settings=settings, metadata=metadata
         ) as reader:

@@ -885,3 +885,24 @@ def test_close_keeps_its_deadline_while_a_stream_close_holds_the_client() -> Non
 def _ignore_errors(call: Callable[[], object]) -> None:
     with contextlib.suppress(S3StreamError):
         call()
+
+
+def test_a_client_whose_wal_failed_still_uploads_what_it_acknowledged(tmp_path: Path) -> None:
+    """A failed WAL (here deleted under the writer) stops appends, not uploads: `flush`
+    raised the WAL's error at once having uploaded nothing, and `close` left the streams
+    open, so the next open demanded accept_wal_loss for appends that were all uploaded."""
+    settings = ClientSettings(upload_threshold_bytes=64 << 20, upload_interval_ms=600_000)
+    store = tmp_path / "store"
+    client = s3stream.open(str(store), settings=settings)
+    s = client.create_stream()
+    acked = [s.append(RecordBatch(b"rec%d" % i)).base_offset for i in range(3)]
+    (store / "wal" / "local.wal").unlink()
+    with pytest.raises(FencedError, match="deleted under this writer"):
+        s.append(RecordBatch(b"after"))
+    client.flush(timeout_s=10)  # uploads what was acknowledged
+    with pytest.raises(FencedError, match="deleted under this writer"):
+        client.close(timeout_s=10)  # says the client stopped short, after releasing
+    with s3stream.open(str(store), settings=settings) as again:
+        got = read_all(again.open_stream(s.stream_id))
+    assert [b.base_offset for b in got] == acked
+    assert [b.payload for b in got] == [b"rec0", b"rec1", b"rec2"]

@@ -413,7 +413,8 @@ class Storage:
             status.upload_requested = True
             status.cond.notify_all()
             while not self._flushed(target):
-                status.raise_if_broken()
+                # A failed WAL stops appends, not uploads: what it acknowledged is uploaded.
+                status.raise_if_broken(but_wal=True)
                 if status.upload_error is not None and (
                     status.upload_failures - failures_at_start >= 3
                 ):
@@ -476,7 +477,9 @@ class Storage:
         error: BaseException | None = None
         try:
             self._appender.wait_quiet(work_deadline)
-            if status.failed is None:
+            if status.failed is None or status.failed_in_wal:
+                # With a failed WAL too: once everything it acknowledged is committed, the
+                # streams are released and the next open needs nothing from that WAL.
                 self.flush(max(0.0, work_deadline - self._clock.monotonic()))
                 if on_flushed is not None:
                     on_flushed()

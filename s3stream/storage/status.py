@@ -24,6 +24,9 @@ class PipelineStatus:
         self.log = log
         #: Fatal: the client takes no more appends (fenced, corrupted, a background bug).
         self.failed: S3StreamError | None = None
+        #: `failed` came from the WAL alone (the node still owns its streams): what was
+        #: acknowledged can still be uploaded, and flush and close do so.
+        self.failed_in_wal = False
         #: Retryable WAL failure under repair by the uploader; appends wait until it clears.
         self.wal_error: S3StreamError | None = None
         #: Set when the WAL refused an append for want of room, until the next upload trims
@@ -71,9 +74,10 @@ class PipelineStatus:
             self.upload_requested = True
             self.cond.notify_all()
 
-    def raise_if_broken(self) -> None:
-        """Raise the fatal error or the uploader's death, if any (under `cond`)."""
-        if self.failed is not None:
+    def raise_if_broken(self, *, but_wal: bool = False) -> None:
+        """Raise the fatal error or the uploader's death, if any (under `cond`); with
+        `but_wal`, not a failure of the WAL alone."""
+        if self.failed is not None and not (but_wal and self.failed_in_wal):
             raise self.failed
         if self.thread_error is not None:
             raise self.thread_error
@@ -97,20 +101,23 @@ class PipelineStatus:
             self.dropped_unreported.append(what)
             self.cond.notify_all()
 
-    def fail(self, err: S3StreamError) -> None:
+    def fail(self, err: S3StreamError, *, in_wal: bool = False) -> None:
         """Stop the client for good: a failed WAL write leaves a hole in offsets, so nothing
-        after it may be acknowledged."""
+        after it may be acknowledged. `in_wal`: the WAL failed (uploads may go on); a later
+        failure of the node itself (fenced) takes its place."""
         with self.cond:
-            if self.failed is None:
-                self.log.error("the client takes no more appends: %s", err)
+            if self.failed is None or (self.failed_in_wal and not in_wal):
+                if self.failed is None:
+                    self.log.error("the client takes no more appends: %s", err)
                 self.failed = err
+                self.failed_in_wal = in_wal
             self.cond.notify_all()
 
     def on_wal_error(self, err: S3StreamError) -> None:
         """A WAL append failed: nothing after it may be acknowledged (the WAL fails every
         later append too). Retryable: the uploader repairs the WAL; else the client stops."""
         if not err.retryable or isinstance(err, StreamClosedError):
-            self.fail(err)
+            self.fail(err, in_wal=True)
             return
         with self.cond:
             if self.wal_error is None:
