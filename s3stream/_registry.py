@@ -50,7 +50,11 @@ def split_scheme(url: str) -> tuple[str, str]:
         scheme = scheme.lower()
         if scheme != "file":
             return scheme, rest
-        return scheme, _check_local_path(_expand_home(unquote(_local_path(rest, url)), url), url)
+        path = _expand_home(unquote(_local_path(rest, url)), url)
+        # The name limits hold for the path alone, not for a WAL URL's ?query or a #fragment.
+        bare = rest.split("?", 1)[0].split("#", 1)[0]
+        _check_local_path(_expand_home(unquote(_local_path(bare, url)), url), url)
+        return scheme, path
     typo = _SCHEME_WITHOUT_SLASHES.match(url)
     if typo is not None:
         scheme = typo.group(1).lower()

@@ -897,12 +897,37 @@ def test_a_client_whose_wal_failed_still_uploads_what_it_acknowledged(tmp_path: 
     s = client.create_stream()
     acked = [s.append(RecordBatch(b"rec%d" % i)).base_offset for i in range(3)]
     (store / "wal" / "local.wal").unlink()
-    with pytest.raises(FencedError, match="deleted under this writer"):
+    with pytest.raises(CorruptionError, match="deleted under this writer"):
         s.append(RecordBatch(b"after"))
     client.flush(timeout_s=10)  # uploads what was acknowledged
-    with pytest.raises(FencedError, match="deleted under this writer"):
+    with pytest.raises(CorruptionError, match="deleted under this writer"):
         client.close(timeout_s=10)  # says the client stopped short, after releasing
     with s3stream.open(str(store), settings=settings) as again:
         got = read_all(again.open_stream(s.stream_id))
     assert [b.base_offset for b in got] == acked
     assert [b.payload for b in got] == [b"rec0", b"rec1", b"rec2"]
+
+
+def test_a_node_whose_wal_a_take_over_fenced_still_gets_fenced_error_at_once(
+    tmp_path: Path,
+) -> None:
+    """A WAL fenced by a take-over means the node lost its streams, not a WAL failure alone:
+    flush must raise FencedError at once (review of the change that lets flush upload past a
+    failed WAL: it returned success, or UnavailableError at its deadline)."""
+    settings = ClientSettings(upload_threshold_bytes=64 << 20, upload_interval_ms=600_000)
+    store = str(tmp_path / "store")
+    a = s3stream.open(store, node_id="n1", wal=f"file://{tmp_path}/n1.wal", settings=settings)
+    s = a.create_stream()
+    for i in range(3):
+        s.append(RecordBatch(b"r%d" % i))
+    with s3stream.open(store, node_id="n2", wal="memory://", settings=settings) as b:
+        b.take_over("n1", wal=f"file://{tmp_path}/n1.wal")
+        with pytest.raises(FencedError):
+            s.append(RecordBatch(b"after"))
+        started = time.monotonic()
+        with pytest.raises(FencedError, match="taken over"):
+            a.flush(timeout_s=5)
+        with pytest.raises(FencedError):
+            a.close(timeout_s=5)
+        assert time.monotonic() - started < 2.0
+        assert [x.payload for x in read_all(b.open_stream(s.stream_id))] == [b"r0", b"r1", b"r2"]

@@ -1063,7 +1063,7 @@ def test_a_wal_deleted_under_its_writer_stops_it(wal_path: Path) -> None:
     recover_all(wal)
     assert append_all(wal, [b"before"])
     wal_path.unlink()
-    with pytest.raises(FencedError, match="deleted under this writer"):
+    with pytest.raises(CorruptionError, match="deleted under this writer"):
         wal.append(b"after").result(timeout=10)
     wal.close()
     assert not wal_path.exists()  # nothing recreated behind the user's back

@@ -345,8 +345,9 @@ class Appender:
                 # waiting would only spend the deadline.
                 raise UnavailableError(
                     f"{status.outstanding} appends were still waiting for the WAL, whose thread "
-                    "is running this append future's callback (they complete once it returns): "
-                    "close the client from another thread to wait for them"
+                    "is running this append future's callback: they complete once it returns, "
+                    "after this close; what they acknowledge stays in the WAL, and the next "
+                    "open of this node recovers it (close from another thread to wait for them)"
                 )
             while status.outstanding > 0:
                 remaining = deadline - self._clock.monotonic()

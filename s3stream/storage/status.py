@@ -117,7 +117,8 @@ class PipelineStatus:
         """A WAL append failed: nothing after it may be acknowledged (the WAL fails every
         later append too). Retryable: the uploader repairs the WAL; else the client stops."""
         if not err.retryable or isinstance(err, StreamClosedError):
-            self.fail(err, in_wal=True)
+            # A WAL fenced by a take-over means the node lost its streams: not the WAL alone.
+            self.fail(err, in_wal=not isinstance(err, FencedError))
             return
         with self.cond:
             if self.wal_error is None:

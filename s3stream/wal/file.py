@@ -379,9 +379,12 @@ class FileWal(PipelinedWal):
         if not self._is_device and os.fstat(self._fd).st_nlink == 0:
             # Records written to a file no name leads to are lost at the next crash, and a
             # new WAL made at its path (a take-over included) cannot fence this one.
-            raise FencedError(
+            # Damage, not a take-over (which fences through the header): the node still owns
+            # its streams and uploads what it acknowledged.
+            raise CorruptionError(
                 f"WAL {self._path} was deleted under this writer (by something other than "
-                "s3stream); this writer must stop"
+                "s3stream); this writer must stop",
+                location=str(self._path),
             )
         if len(probe) < _SLOT_PROBE_BYTES:
             raise FencedError(
@@ -935,7 +938,7 @@ class FileWal(PipelinedWal):
         except OSError as exc:
             self._fail(group, self._write_error(records, exc))
             return
-        except FencedError as exc:
+        except (FencedError, CorruptionError) as exc:  # taken over, or the file deleted
             self._fail(group, exc)
             return
         except Exception as exc:  # a bug must not leave futures hanging forever
@@ -1037,7 +1040,7 @@ class FileWal(PipelinedWal):
                 with self._exclusive():
                     self._verify_owner()
                     self._persist_header(new)
-            except FencedError as exc:
+            except (FencedError, CorruptionError) as exc:
                 self._failed = exc
                 self._holder.release()
                 raise
@@ -1098,7 +1101,7 @@ class FileWal(PipelinedWal):
                     with self._exclusive():
                         self._verify_owner()
                         self._persist_header(header)
-            except FencedError as exc:
+            except (FencedError, CorruptionError) as exc:
                 self._log.info("%s; closed without a clean-shutdown header", exc)
             except OSError as exc:
                 self._close_error = os_error(
