@@ -361,3 +361,7 @@ def test_the_name_limit_counts_a_wal_urls_path_not_its_query(tmp_path: Path) -> 
     with s3stream.open(str(tmp_path / "st"), wal=wal, settings=SMALL) as client:
         client.create_stream().append(RecordBatch(b"x"))
     assert (tmp_path / name).stat().st_size < 2 << 20
+    # 255 bytes fit the WAL, not its lock file beside it: refused before anything is made.
+    with pytest.raises(InvalidArgumentError, match="lock file"):
+        s3stream.open(str(tmp_path / "st2"), wal=f"file://{tmp_path}/{'v' * 251}.wal")
+    assert not (tmp_path / "st2").exists()

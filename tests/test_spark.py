@@ -791,6 +791,7 @@ def test_planning_goes_on_when_compaction_purges_an_object_it_listed(
     ("options", "message"),
     [
         ({"startingOffsets": '{"0": 2, " 0": 3}'}, "names stream 0 twice"),
+        ({"startingOffsets": '{"0": 1, "0": 2}'}, "key '0' appears twice"),
         ({"storage.": "1"}, "names no storage option"),
         ({"streamIds": "99999999999999999999999"}, "option streamIds: stream id is too large"),
     ],

@@ -164,9 +164,19 @@ def _bool(opts: Mapping[str, str], name: str, default: bool) -> bool:
 
 def _json(name: str, raw: str) -> Any:
     try:
-        return json.loads(raw)
+        return json.loads(raw, object_pairs_hook=_unique_keys)
     except ValueError as exc:
         raise _bad(name, raw, f"is not valid JSON ({exc})") from None
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refusing a key given twice (`json` keeps the last without a word)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key!r} appears twice")
+        out[key] = value
+    return out
 
 
 def _offset_value(name: str, where: str, value: object) -> int:

@@ -42,7 +42,7 @@ from ..validation import check_choice
 from .base import WriteAheadLog
 from .file import FileWal
 from .framing import DATA_START, may_hold_header
-from .holder import WalHolderLock
+from .holder import LOCK_SUFFIX, WalHolderLock
 from .loss import check_open_node_wal
 from .memory import MemoryWal
 
@@ -60,6 +60,9 @@ __all__ = [
     "register_wal",
     "url_wal_factory",
 ]
+
+#: Longest name of a file (NAME_MAX of Linux file systems).
+_NAME_MAX = 255
 
 #: Entry-point group through which installed packages add WAL schemes.
 ENTRY_POINT_GROUP = "s3stream.wals"
@@ -357,6 +360,12 @@ def check_wal_target(url: str, *, base: FileWalSettings | None = None) -> Path |
     raw_path, query = _file_target(url)
     settings = settings_from_query(FileWalSettings, query, base=base, url=url)
     path = Path(raw_path).expanduser()
+    if len(os.fsencode(path.name + LOCK_SUFFIX)) > _NAME_MAX:
+        # The WAL's own name may fit; the lock file beside it would fail later, half made.
+        raise InvalidArgumentError(
+            f"the WAL name {path.name!r} is too long: with {LOCK_SUFFIX!r} added (its lock "
+            f"file) it passes {_NAME_MAX} bytes"
+        )
     for parent in path.parents:
         if parent.exists():
             if not parent.is_dir():
