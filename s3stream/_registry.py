@@ -50,11 +50,10 @@ def split_scheme(url: str) -> tuple[str, str]:
         scheme = scheme.lower()
         if scheme != "file":
             return scheme, rest
-        path = _expand_home(unquote(_local_path(rest, url)), url)
         # The name limits hold for the path alone, not for a WAL URL's ?query or a #fragment.
         bare = rest.split("?", 1)[0].split("#", 1)[0]
         _check_local_path(_expand_home(unquote(_local_path(bare, url)), url), url)
-        return scheme, path
+        return scheme, _expand_home(unquote(_local_path(rest, url)), url)
     typo = _SCHEME_WITHOUT_SLASHES.match(url)
     if typo is not None:
         scheme = typo.group(1).lower()
@@ -76,16 +75,16 @@ def split_scheme(url: str) -> tuple[str, str]:
 
 #: Longest name of one file or directory, and of a whole path, that Linux file systems take
 #: (NAME_MAX, PATH_MAX less the NUL).
-_NAME_MAX, _PATH_MAX = 255, 4095
+NAME_MAX, _PATH_MAX = 255, 4095
 
 
 def _check_local_path(path: str, url: str) -> str:
     """`path`, refused if the OS could not name it: else a check such as ``Path.exists`` raises
     a bare `OSError` (``ENAMETOOLONG``) deep inside an open."""
     raw = os.fsencode(path)
-    if len(raw) > _PATH_MAX or any(len(part) > _NAME_MAX for part in raw.split(b"/")):
+    if len(raw) > _PATH_MAX or any(len(part) > NAME_MAX for part in raw.split(b"/")):
         raise InvalidArgumentError(
-            f"{url!r} is too long for a local path: at most {_NAME_MAX} bytes per file or "
+            f"{url!r} is too long for a local path: at most {NAME_MAX} bytes per file or "
             f"directory name and {_PATH_MAX} in all"
         )
     return path

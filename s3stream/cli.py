@@ -1141,7 +1141,8 @@ def _open_ro(args: argparse.Namespace) -> StreamReader:
     creates a missing local directory), on a URL that holds a store (`_require_store`)."""
     options = _storage_options(args, args.url)
     settings = _resolved(_settings(args))
-    _require_store(args, options, settings)
+    if split_scheme(args.url)[0] in ("file", "memory"):
+        _require_store(args, options, settings)  # open_reader checks a remote prefix itself
     return open_reader(
         args.url,
         storage_options=options or None,

@@ -53,6 +53,7 @@ from .validation import (
     check_text,
     check_timeout,
 )
+from .wal.holder import LOCK_SUFFIX
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -475,13 +476,8 @@ def open_reader(
         metadata_prefix=metadata_prefix,
     )
     try:
-        if split_scheme(str(url))[0] not in ("file", "memory") and not holds_store(
-            store, metadata_prefix
-        ):
-            raise InvalidArgumentError(
-                f"{str(url)!r} holds no s3stream store (no metadata log under "
-                f"{metadata_prefix}/): check the bucket and the prefix"
-            )
+        if split_scheme(str(url))[0] not in ("file", "memory"):
+            _require_held_store(store, str(url), metadata_prefix)
         return StreamReader(
             store,
             metadata_prefix=metadata_prefix,
@@ -524,11 +520,16 @@ def open_reader_store(
     )
 
 
+#: The folder of a local store's file WALs (`opening.OBJECT_WAL_DIR`'s local twin).
+_WAL_DIR = "wal"
+#: A file WAL and its lock file (``x.wal.lock``, and ``x.wal.lock.<pid>.<id>`` while a
+#: take-over replaces it: `wal.holder`).
+_WAL_FILE_NAME = re.compile(r".+\.wal(" + re.escape(LOCK_SUFFIX) + r"(\.[0-9]+\.[0-9a-f]+)?)?")
 #: Top-level names of a local store directory that s3stream writes itself: the metadata log
 #: (``meta``), the data objects (``data``, `DEFAULT_DATA_PREFIX`), the WALs (``wal``,
 #: `opening.OBJECT_WAL_DIR`, not imported: opening imports this module). ``lost+found`` is
 #: there when the store is the root of a file system of its own.
-_STORE_NAMES = frozenset({"meta", DEFAULT_DATA_PREFIX, "wal", "lost+found"})
+_STORE_NAMES = frozenset({"meta", DEFAULT_DATA_PREFIX, _WAL_DIR, "lost+found"})
 #: What desktops leave in any folder they show (Finder, Explorer, a trash): not somebody's
 #: files in the sense that matters here.
 _DESKTOP_NAMES = frozenset({".DS_Store", "Thumbs.db", "desktop.ini", ".directory"})
@@ -591,13 +592,6 @@ def _first_file(top: Path, ours: Callable[[str], bool]) -> str | None:
             if not ours(name):
                 return os.path.relpath(os.path.join(dirpath, name), top.parent)
     return None
-
-
-#: The folder of a local store's file WALs (`opening.OBJECT_WAL_DIR`'s local twin).
-_WAL_DIR = "wal"
-#: A file WAL and its lock file (`wal.holder`: ``x.wal.lock``, and ``x.wal.lock.<pid>.<id>``
-#: while a take-over replaces it).
-_WAL_FILE_NAME = re.compile(r".+\.wal(\.lock(\.[0-9]+\.[0-9a-f]+)?)?")
 
 
 def _is_wal_file_name(name: str) -> bool:
@@ -664,15 +658,16 @@ def _require_remote_store(
             "client that made it, so there is none to open here; name a directory or the URL "
             "of a durable store"
         )
-    timeout_s = (settings if settings is not None else ClientSettings()).store_timeout_ms / 1000
-    with store_stack(
-        open_object_store(url, storage_options),
-        clock=SystemClock(),
-        rng=random.Random("s3stream:reader"),
-        timeout_s=timeout_s,
+    with open_reader_store(
+        url, storage_options=storage_options, settings=settings, metadata_prefix=metadata_prefix
     ) as remote:
-        if holds_store(remote, metadata_prefix):
-            return
+        _require_held_store(remote, url, metadata_prefix)
+
+
+def _require_held_store(store: ObjectStore, url: str, metadata_prefix: str) -> None:
+    """Refuse a remote `store` (opened from `url`) that holds no s3stream store."""
+    if holds_store(store, metadata_prefix):
+        return
     raise InvalidArgumentError(
         f"{url!r} holds no s3stream store (no metadata log under {metadata_prefix}/, nor the "
         "marker of a log kept elsewhere): check the bucket and prefix, and name those of an "

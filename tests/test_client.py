@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -841,7 +843,14 @@ def test_blocking_calls_in_an_append_callback_fail_at_once_instead_of_at_their_d
 
     for n, what in enumerate((lambda: s.append(RecordBatch(b"inner")), client.close), 1):
         queued.clear()
-        s.append_async(RecordBatch(b"outer")).add_done_callback(call(what))
+        # The WAL's commit takes the file's flock: held here, the append cannot complete
+        # before its callback is attached (else the callback runs at once in this thread).
+        fd = os.open(tmp_path / "node.wal", os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            s.append_async(RecordBatch(b"outer")).add_done_callback(call(what))
+        finally:
+            os.close(fd)
         started = time.monotonic()
         assert append_other() is not None
         assert time.monotonic() - started < 2.0  # not held up by the callback
@@ -853,7 +862,13 @@ def test_blocking_calls_in_an_append_callback_fail_at_once_instead_of_at_their_d
     assert all(took < 1.0 for _, took in outcome), outcome
     with contextlib.suppress(UnavailableError):
         client.close()
-    with open_local(tmp_path / "store", wal=f"file://{tmp_path}/node.wal") as again:
+    for _ in range(100):  # the WAL finishes closing on its own thread, after the callback
+        try:
+            again = open_local(tmp_path / "store", wal=f"file://{tmp_path}/node.wal")
+            break
+        except s3stream.NodeInUseError:
+            time.sleep(0.05)
+    with again:
         assert [b.payload for b in read_all(again.open_stream(s.stream_id))] == [b"outer"] * 2
         assert [b.payload for b in read_all(again.open_stream(other.stream_id))] == [b"queued"] * 2
 

@@ -205,6 +205,9 @@ class S3ObjectStore(RemoteObjectStore["S3Client"]):
         check_int("max_pool_connections", max_pool_connections, minimum=1)
         check_int("max_attempts", max_attempts, minimum=1)
         super().__init__(connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s)
+        #: This thread's count of tries sent for the request it is making (botocore retries
+        #: in the calling thread).
+        self._tries = threading.local()
         check_endpoint("endpoint_url", endpoint_url)
         if addressing_style not in (None, "path", "virtual", "auto"):
             raise InvalidArgumentError(
@@ -294,22 +297,16 @@ class S3ObjectStore(RemoteObjectStore["S3Client"]):
         return client
 
     def _count_try(self, **_: Any) -> None:
-        tries = self._tries()
-        tries.n = getattr(tries, "n", 0) + 1
-
-    def _tries(self) -> threading.local:
-        """This thread's count of tries sent for the request it is making (botocore retries
-        in the calling thread)."""
-        local = self.__dict__.get("_tries_local")
-        if not isinstance(local, threading.local):
-            local = threading.local()
-            self.__dict__["_tries_local"] = local
-        return local
+        self._tries.n = getattr(self._tries, "n", 0) + 1
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
-        state.pop("_tries_local", None)
+        del state["_tries"]
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._tries = threading.local()
 
     def _close_client(self, client: S3Client) -> None:
         client.close()
@@ -317,7 +314,7 @@ class S3ObjectStore(RemoteObjectStore["S3Client"]):
     def _report(self, request: str, outcome: object) -> None:
         """Report one request and the tries botocore added to it (`max_attempts` > 1): as
         many as were sent, else as its answer or its error says."""
-        tries = self._tries()
+        tries = self._tries
         sent, tries.n = getattr(tries, "n", 0), 0
         if self._meters:
             if sent:
@@ -330,7 +327,7 @@ class S3ObjectStore(RemoteObjectStore["S3Client"]):
 
     def _send(self, request: str, fn: Callable[[], T]) -> T:
         """Send one request (`fn`, a boto3 call) and report it."""
-        self._tries().n = 0
+        self._tries.n = 0
         try:
             response = fn()
         except Exception as exc:
@@ -550,7 +547,7 @@ class S3ObjectStore(RemoteObjectStore["S3Client"]):
             pages = iter(paginator.paginate(Bucket=self.bucket, Prefix=self.prefix + prefix))
             while True:
                 # Each page is one request.
-                self._tries().n = 0
+                self._tries.n = 0
                 try:
                     page = next(pages)
                 except StopIteration:

@@ -218,10 +218,6 @@ class Appender:
         #: The WAL's record limit (its capabilities do not change), checked per append.
         self._max_record_bytes = wal.capabilities.max_record_bytes
         self._completed = CompletedFutures()
-        # Set while a thread runs the callbacks of append futures it completed: a WAL's own
-        # thread, which a synchronous append made there would wait for (`append_and_wait`).
-        self._completing = threading.local()
-        self._waits_on_wal_thread = not wal.capabilities.acks_on_call
         self._upload_threshold = settings.upload_threshold_bytes
         #: Threads waiting (on `status.cond`) for `status.outstanding` to reach 0; the last
         #: outstanding append notifies only when there are some, since the uploader sleeps on
@@ -336,11 +332,7 @@ class Appender:
         """Wait until no append waits for the WAL, or raise `UnavailableError` at `deadline`."""
         status = self._status
         with status.cond:
-            if (
-                status.outstanding > 0
-                and self._waits_on_wal_thread
-                and getattr(self._completing, "active", False)
-            ):
+            if status.outstanding > 0 and self._wal.in_completion():
                 # They complete on this very thread once the callback running here returns:
                 # waiting would only spend the deadline.
                 raise UnavailableError(
@@ -421,7 +413,7 @@ class Appender:
         Without `timeout_s` the wait is bounded by `call_timeout_ms`. On timeout the append
         may still become durable later: `UnavailableError` says so.
         """
-        if self._waits_on_wal_thread and getattr(self._completing, "active", False):
+        if self._wal.in_completion():
             raise InvalidArgumentError(
                 "a synchronous append cannot run in an append future's callback: the callback "
                 "runs on the WAL's thread, which would have to make this append durable while "
@@ -779,15 +771,10 @@ class Appender:
                 status.outstanding -= 1
                 if status.outstanding == 0 and self._quiet_waiters:
                     status.cond.notify_all()
-        completing = self._completing
-        completing.active = True
-        try:
-            if isinstance(outcome, AppendResult):
-                result.set_result(outcome)
-            else:
-                result.set_exception(outcome)
-        finally:
-            completing.active = False
+        if isinstance(outcome, AppendResult):
+            result.set_result(outcome)
+        else:
+            result.set_exception(outcome)
 
     def _wait_for_room(self, deadline: float) -> None:
         """Wait (no lock held) until the upload backlog is below `max_pending_bytes` and the

@@ -46,7 +46,6 @@ from ..settings import ClientSettings
 from ..throttle import PriorityRateLimiter
 from ..types import AppendResult, FetchedBatch, RecordBatch
 from ..wal.base import WriteAheadLog
-from ..wal.pipeline import PipelinedWal
 from .appender import Appender, Ident, Released, WriterState, deadline_text
 from .committer import Committer, fenced_by
 from .packing import KeyFactory
@@ -516,7 +515,7 @@ class Storage:
         left to finish there: a WAL not closed cleanly is what a crash leaves, which the next
         open recovers from (everything acknowledged is in it or uploaded)."""
         wal = self._wal
-        if isinstance(wal, PipelinedWal) and wal.in_completion():
+        if wal.in_completion():
             # Called from an append's callback: the close only marks the WAL closing (this
             # thread finishes it once the callback returns), and a thread of its own would
             # wait for this one.

@@ -436,6 +436,9 @@ class FaultyWal(WriteAheadLog):
     def trim_soon(self, position: WalPosition) -> None:
         self._inner.trim_soon(position)
 
+    def in_completion(self) -> bool:
+        return self._inner.in_completion()
+
     def reset(self) -> None:
         with self._lock:
             if self.failing:

@@ -135,6 +135,12 @@ class WriteAheadLog(Closeable):
         """Records at positions <= `position` are no longer needed; when this returns, none
         of them is recovered again."""
 
+    def in_completion(self) -> bool:
+        """Whether the calling thread is completing this WAL's append futures (running their
+        callbacks): what waits there for this WAL to complete more would wait for itself. The
+        default says False: a WAL whose futures are done when `append` returns."""
+        return False
+
     def trim_soon(self, position: WalPosition) -> None:
         """`trim`, but it may return before the trim point is durable (a crash soon after
         may recover records at or below `position` again), and it never waits for the WAL's

@@ -64,6 +64,7 @@ from .framing import (
     align_up,
     decode_slot,
     encode_group_mark,
+    file_bytes,
     may_hold_header,
     ring_holds_frames,
 )
@@ -435,7 +436,7 @@ class FileWal(PipelinedWal):
             empty = all(status is SlotStatus.EMPTY for status, _ in slots)
             # A zero header area is an unformatted device, or a file whose creation crashed
             # before its first header reached the disk.
-            wanted = DATA_START + self._settings.capacity_bytes
+            wanted = file_bytes(self._settings.capacity_bytes)
             if empty and (self._is_device or size == wanted):
                 if ring_holds_frames(pread_all(self._fd, RING_PROBE_BYTES, DATA_START)):
                     # Headers zeroed over a ring that held records: a damaged WAL, not a
@@ -516,11 +517,11 @@ class FileWal(PipelinedWal):
         else:
             capacity = self._settings.capacity_bytes
             try:
-                os.posix_fallocate(fd, 0, DATA_START + capacity)
+                os.posix_fallocate(fd, 0, file_bytes(capacity))
             except OSError as exc:
                 if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
                     # No preallocation on this filesystem: a sparse file still works.
-                    os.ftruncate(fd, DATA_START + capacity)
+                    os.ftruncate(fd, file_bytes(capacity))
                 else:
                     self._undo_create(created)
                     raise os_error(

@@ -27,6 +27,7 @@ from .framing import (
     choose_slot,
     decode_frame_header_anywhere,
     decode_slot,
+    file_bytes,
     find_frame,
     may_hold_header,
     ring_holds_frames,
@@ -213,12 +214,12 @@ def check_file_wal(path: str | Path) -> FileWalCheck:
         if header is None:
             ring = pread_all(fd, RING_PROBE_BYTES, DATA_START) if size > DATA_START else b""
             return _unreadable(p, raw, size, slots, ring_holds_frames(ring))
-        if size != DATA_START + header.capacity and os.path.isfile(p):
+        if size != file_bytes(header.capacity) and os.path.isfile(p):
             return _damaged(
                 p,
                 header,
                 f"the file was truncated or resized: {size} bytes, but its header says "
-                f"{DATA_START + header.capacity}",
+                f"{file_bytes(header.capacity)}",
             )
         read = ring_reader(fd, header.capacity, p)
         bound, strict = scan_bound(header)

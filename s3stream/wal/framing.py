@@ -73,6 +73,7 @@ __all__ = [
     "decode_slot",
     "encode_frame_header",
     "encode_group_mark",
+    "file_bytes",
     "find_frame",
     "frame_size",
     "may_hold_header",
@@ -86,6 +87,14 @@ BLOCK_BYTES = 4096
 SLOT_BYTES = BLOCK_BYTES
 #: File offset of the data area: two header slots precede it.
 DATA_START = 2 * SLOT_BYTES
+
+
+def file_bytes(capacity: int) -> int:
+    """Size of a regular-file WAL whose ring holds `capacity` bytes: the headers, then the
+    ring (what a WAL file is created with, and what a valid one keeps)."""
+    return DATA_START + capacity
+
+
 #: Frames start at multiples of this, so a frame header never straddles the ring end.
 FRAME_ALIGN = 32
 MAX_NODE_ID_BYTES = 64

@@ -268,8 +268,8 @@ class PipelinedWal(WriteAheadLog):
             raise self._failed
 
     def in_completion(self) -> bool:
-        """Whether the calling thread is completing this WAL's futures (is in a callback of
-        one): a close from there returns at once and the completing thread finishes it."""
+        """`WriteAheadLog.in_completion`; a close from there returns at once and the
+        completing thread finishes it."""
         return self._completing == threading.get_ident()
 
     # ------------------------------------------------------------------ append

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
-from .._registry import SchemeRegistry, split_scheme
+from .._registry import NAME_MAX, SchemeRegistry, split_scheme
 from ..clock import Clock
 from ..errors import InvalidArgumentError
 from ..objectstore.base import ObjectStore
@@ -41,7 +41,7 @@ from ..settings_parse import parse_size, settings_from_query
 from ..validation import check_choice
 from .base import WriteAheadLog
 from .file import FileWal
-from .framing import DATA_START, may_hold_header
+from .framing import DATA_START, file_bytes, may_hold_header
 from .holder import LOCK_SUFFIX, WalHolderLock
 from .loss import check_open_node_wal
 from .memory import MemoryWal
@@ -60,9 +60,6 @@ __all__ = [
     "register_wal",
     "url_wal_factory",
 ]
-
-#: Longest name of a file (NAME_MAX of Linux file systems).
-_NAME_MAX = 255
 
 #: Entry-point group through which installed packages add WAL schemes.
 ENTRY_POINT_GROUP = "s3stream.wals"
@@ -352,6 +349,13 @@ def check_wal_target(url: str, *, base: FileWalSettings | None = None) -> Path |
     has no file where a directory must be, and is not a file holding something other than a
     WAL (an existing WAL, a device and a file of zeros are for the WAL to judge). Returns the
     file WAL's path (None for other kinds), `InvalidArgumentError` naming it otherwise."""
+    target = _checked_target(url, base)
+    return None if target is None else target[0]
+
+
+def _checked_target(url: str, base: FileWalSettings | None) -> tuple[Path, str | None] | None:
+    """`check_wal_target`'s work: the file WAL's path and what is there (`_file_kind` of a
+    regular file, else None), or None for other kinds of WAL."""
     scheme, _ = split_scheme(url)
     if scheme.startswith(OBJECT_PREFIX):
         return None  # the object store's URL is checked when that store is opened
@@ -360,11 +364,11 @@ def check_wal_target(url: str, *, base: FileWalSettings | None = None) -> Path |
     raw_path, query = _file_target(url)
     settings = settings_from_query(FileWalSettings, query, base=base, url=url)
     path = Path(raw_path).expanduser()
-    if len(os.fsencode(path.name + LOCK_SUFFIX)) > _NAME_MAX:
+    if len(os.fsencode(path.name + LOCK_SUFFIX)) > NAME_MAX:
         # The WAL's own name may fit; the lock file beside it would fail later, half made.
         raise InvalidArgumentError(
             f"the WAL name {path.name!r} is too long: with {LOCK_SUFFIX!r} added (its lock "
-            f"file) it passes {_NAME_MAX} bytes"
+            f"file) it passes {NAME_MAX} bytes"
         )
     for parent in path.parents:
         if parent.exists():
@@ -378,12 +382,13 @@ def check_wal_target(url: str, *, base: FileWalSettings | None = None) -> Path |
             f"the WAL {str(path)!r} is a directory: name a file (for example "
             f"{str(path / 'node.wal')!r}), which the WAL creates"
         )
-    if path.is_file() and _file_kind(path, settings.capacity_bytes) == "foreign":
+    kind = _file_kind(path, settings.capacity_bytes) if path.is_file() else None
+    if kind == "foreign":
         raise InvalidArgumentError(
             f"{str(path)!r} is not an s3stream WAL (no header magic where a WAL has one); "
             "refusing to use it: name a new file or an existing WAL"
         )
-    return path
+    return path, kind
 
 
 def _file_kind(path: Path, capacity_bytes: int) -> str:
@@ -399,7 +404,7 @@ def _file_kind(path: Path, capacity_bytes: int) -> str:
         return "wal"
     if may_hold_header(head):
         return "wal"
-    if size == 0 or (not head.strip(b"\0") and size == DATA_START + capacity_bytes):
+    if size == 0 or (not head.strip(b"\0") and size == file_bytes(capacity_bytes)):
         return "new"
     return "foreign"
 
@@ -419,14 +424,12 @@ def check_take_over_wal(
     create (a 2 GiB one, by default): `InvalidArgumentError`, "no WAL at ...". So is an
     existing file that holds no WAL yet (empty, or zeros): formatting it would turn the
     user's file into a WAL. `base`: the WAL settings the take-over opens it with."""
-    path = check_wal_target(url, base=base)
-    if path is None:
+    target = _checked_target(url, base)
+    if target is None:
         return
+    path, kind = target
     if path.exists():
-        if open_streams or not path.is_file():
-            return
-        settings = settings_from_query(FileWalSettings, _file_target(url)[1], base=base, url=url)
-        if _file_kind(path, settings.capacity_bytes) == "wal":
+        if open_streams or kind in (None, "wal"):  # a device, or a WAL
             return
         raise InvalidArgumentError(
             f"{str(path)!r} holds no WAL of node {node_id!r} (it is empty or zeros, and the "
