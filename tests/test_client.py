@@ -775,6 +775,17 @@ def test_owner_sees_start_offset_moved_by_retention_elsewhere(tmp_path: Path) ->
         assert s.start_offset == trimmed
 
 
+def _reopen_once_the_wal_closed(tmp_path: Path) -> s3stream.StreamClient:
+    """The store of a client closed from an append's callback, reopened on its WAL once the
+    WAL's thread has finished closing it (after the callback returned)."""
+    for _ in range(100):
+        try:
+            return open_local(tmp_path / "store", wal=f"file://{tmp_path}/node.wal")
+        except s3stream.NodeInUseError:
+            time.sleep(0.05)
+    return open_local(tmp_path / "store", wal=f"file://{tmp_path}/node.wal")
+
+
 def test_close_from_an_append_callback_closes_cleanly(tmp_path: Path) -> None:
     """`close()` called in an append's completion callback (a WAL thread completing futures)
     succeeds within its deadline: the append is no longer in flight once its outcome is
@@ -801,13 +812,7 @@ def test_close_from_an_append_callback_closes_cleanly(tmp_path: Path) -> None:
         time.sleep(0.01)
     assert outcome and outcome[0] is None, outcome
     assert isinstance(outcome[1], float) and outcome[1] < 1.0, outcome
-    for _ in range(100):  # the WAL finishes closing once the callback has returned
-        try:
-            again = open_local(tmp_path / "store", wal=f"file://{tmp_path}/node.wal")
-            break
-        except s3stream.NodeInUseError:
-            time.sleep(0.05)
-    with again:
+    with _reopen_once_the_wal_closed(tmp_path) as again:
         assert [b.payload for b in read_all(again.open_stream(s.stream_id))] == [b"a", b"b"]
 
 
@@ -862,13 +867,7 @@ def test_blocking_calls_in_an_append_callback_fail_at_once_instead_of_at_their_d
     assert all(took < 1.0 for _, took in outcome), outcome
     with contextlib.suppress(UnavailableError):
         client.close()
-    for _ in range(100):  # the WAL finishes closing on its own thread, after the callback
-        try:
-            again = open_local(tmp_path / "store", wal=f"file://{tmp_path}/node.wal")
-            break
-        except s3stream.NodeInUseError:
-            time.sleep(0.05)
-    with again:
+    with _reopen_once_the_wal_closed(tmp_path) as again:
         assert [b.payload for b in read_all(again.open_stream(s.stream_id))] == [b"outer"] * 2
         assert [b.payload for b in read_all(again.open_stream(other.stream_id))] == [b"queued"] * 2
 
