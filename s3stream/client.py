@@ -261,6 +261,10 @@ class StreamClient(Closeable):
         try:
             bind_log(meta_log, view("metadata"), metadata_prefix, create=True)
             self._meta.load()
+            known = self._meta.state.nodes.get(node_id)
+            # The WAL the store recorded for this node (-1: the store has none of it, so a
+            # WAL holding records is another store's or node's; None: none recorded).
+            expect_uid = -1 if known is None else known.wal_uid
             self._node_epoch = self._meta.register_node(node_id)
         except BaseException:
             if isinstance(wal, WriteAheadLog):
@@ -289,6 +293,7 @@ class StreamClient(Closeable):
                 self._node_epoch,
                 on_full,
                 must_exist=has_open_streams(self._meta.state, node_id),
+                expect_uid=expect_uid,
             )
         )
         if getattr(self._wal, "store", None) is not self._metrics_store:
@@ -495,7 +500,9 @@ class StreamClient(Closeable):
                     created = []
                     raise StreamClosedError("the client was abandoned while streams were created")
                 chunk = tags[i : i + MAX_CREATES_PER_ENTRY]
-                created += self._meta.create_streams(chunk, open_for=self._node_id)
+                created += self._meta.create_streams(
+                    chunk, open_for=self._node_id, wal_uid=self._wal.identity
+                )
         except BaseException:
             if created and not self._abandoned:
                 self._undo_creates(created)
@@ -622,7 +629,9 @@ class StreamClient(Closeable):
                     return existing
                 self._storage.drop_fenced(stream_id, existing.epoch)
                 self._streams.pop(stream_id, None)
-            meta = self._meta.open_stream(stream_id, self._node_id, force=force)
+            meta = self._meta.open_stream(
+                stream_id, self._node_id, force=force, wal_uid=self._wal.identity
+            )
             if force:
                 self._log.for_stream(stream_id).warning(
                     "stream %d opened with force=True: what its previous owner had not "

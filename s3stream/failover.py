@@ -65,18 +65,21 @@ def call_wal_factory(
     node_id: str,
     epoch: int,
     on_full: Callable[[], None],
-    **flags: bool,
+    **options: bool | int | None,
 ) -> WriteAheadLog:
-    """Open a node's WAL through `factory`, passing each keyword of `flags` that is set and
-    that the factory takes (the built-in ones take ``take_over`` and ``must_exist``; a
-    user's factory with the plain three-argument signature is called plainly)."""
-    wanted = {name: True for name, value in flags.items() if value}
+    """Open a node's WAL through `factory`, passing each keyword of `options` that is set
+    (not None or False) and that the factory takes (the built-in ones take ``take_over``,
+    ``must_exist`` and ``expect_uid``; a user's factory with the plain three-argument
+    signature is called plainly)."""
+    wanted = {
+        name: value for name, value in options.items() if value is not None and value is not False
+    }
     if wanted:
         try:
             params = inspect.signature(factory).parameters
         except (TypeError, ValueError):  # a callable without a signature: call it plainly
             params = {}  # type: ignore[assignment]
-        passed = {name: True for name in wanted if name in params}
+        passed = {name: value for name, value in wanted.items() if name in params}
         if passed:
             opener = cast(Callable[..., WriteAheadLog], factory)
             return opener(node_id, epoch, on_full, **passed)
@@ -135,6 +138,7 @@ def take_over_node(
         lambda: None,
         take_over=True,
         must_exist=has_open_streams(meta.state, node_id),
+        expect_uid=meta.state.nodes[node_id].wal_uid,
     )
     storage = Storage(
         store=store,

@@ -453,8 +453,8 @@ def test_a_create_whose_stream_another_call_reopened_meanwhile_refuses_its_stale
     try:
         real = client.metadata.create_streams
 
-        def racing(tags: object, *, open_for: str | None = None) -> object:
-            metas = real(tags, open_for=open_for)  # type: ignore[arg-type]
+        def racing(tags: object, **kwargs: object) -> object:
+            metas = real(tags, **kwargs)  # type: ignore[arg-type]
             client.open_stream(metas[0].stream_id).close()
             return metas
 

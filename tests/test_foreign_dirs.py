@@ -6,6 +6,7 @@ failed open deletes nothing (another process may be opening the same store)."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -365,3 +366,98 @@ def test_the_name_limit_counts_a_wal_urls_path_not_its_query(tmp_path: Path) -> 
     with pytest.raises(InvalidArgumentError, match="lock file"):
         s3stream.open(str(tmp_path / "st2"), wal=f"file://{tmp_path}/{'v' * 251}.wal")
     assert not (tmp_path / "st2").exists()
+
+
+def _crash_after_appends(store: Path, wal: Path, *payloads: str) -> None:
+    """A writer that creates a stream in `store`, appends `payloads` through `wal` (each
+    acknowledged) and dies by SIGKILL before uploading any."""
+    code = (
+        "import os, signal, sys, s3stream\n"
+        "c = s3stream.open(sys.argv[1], wal=sys.argv[2])\n"
+        "s = c.create_stream()\n"
+        "for p in sys.argv[3:]:\n"
+        "    s.append(s3stream.RecordBatch(p.encode()))\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("S3STREAM_")}
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(store), str(wal), *payloads],
+        env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == -signal.SIGKILL, result.stderr
+
+
+def _payloads(store: Path, wal: Path, stream_id: int = 0) -> list[bytes]:
+    with s3stream.open(str(store), wal=str(wal)) as client:
+        stream = client.open_stream(stream_id)
+        return [bytes(b.payload) for b in stream.fetch(0, 1 << 20).batches]
+
+
+@pytest.mark.parametrize("b_streams", ["open", "closed", "none"])
+def test_another_stores_wal_is_never_replayed_into_this_store(
+    tmp_path: Path, b_streams: str
+) -> None:
+    """Two stores named one WAL, one after the other (a copied setting): store A's writer
+    died with acknowledged appends in it, then B was opened with it. B used to take it: into
+    B's stream 0 when that was open at the same epoch (A's records read back as B's), else
+    dropped as past the end of B's closed stream (A's appends lost, A fenced off its WAL). B
+    is refused now before anything is written, and A recovers every append."""
+    shared = tmp_path / "shared.wal"
+    a, b = tmp_path / "a", tmp_path / "b"
+    if b_streams == "open":
+        _crash_after_appends(b, tmp_path / "b.wal")  # stream 0 left open, at epoch 1
+    elif b_streams == "closed":
+        with s3stream.open(str(b), wal=str(tmp_path / "b.wal")) as client:
+            client.create_stream().append(RecordBatch(b"B's own"))
+    _crash_after_appends(a, shared, "A-0", "A-1", "A-2")
+    before = shared.read_bytes()
+    with pytest.raises(InvalidArgumentError, match="not the WAL this store recorded") as info:
+        s3stream.open(str(b), wal=str(shared))
+    assert "holds records that are not uploaded" in str(info.value)
+    assert shared.read_bytes() == before
+    assert _payloads(a, shared) == [b"A-0", b"A-1", b"A-2"]
+    if b_streams == "closed":
+        assert _payloads(b, tmp_path / "b.wal") == [b"B's own"]
+
+
+def test_another_stores_empty_wal_is_formatted_anew_and_then_not_its_own(
+    tmp_path: Path,
+) -> None:
+    """A WAL another store closed cleanly holds nothing to lose: B takes it, formatted with a
+    new identity. Once B's writer dies with appends in it, A (which recorded the old
+    identity) is refused it, and B recovers them."""
+    shared = tmp_path / "shared.wal"
+    a, b = tmp_path / "a", tmp_path / "b"
+    with s3stream.open(str(a), wal=str(shared)) as client:
+        client.create_stream().append(RecordBatch(b"A's"))
+        first = client.wal.identity
+    with s3stream.open(str(b), wal=str(tmp_path / "b.wal")) as client:
+        client.create_stream()
+    with s3stream.open(str(b), wal=str(shared)) as client:
+        assert client.wal.identity not in (None, first)
+        client.open_stream(0).append(RecordBatch(b"B-0"))
+    _crash_after_appends(b, shared, "B-1")
+    with pytest.raises(InvalidArgumentError, match="not the WAL this store recorded"):
+        s3stream.open(str(a), wal=str(shared))
+    assert _payloads(b, shared, 1) == [b"B-1"]  # the crashed writer's new stream
+    assert _payloads(a, shared) == [b"A's"]  # clean again after B's close: A's once more
+
+
+def test_an_empty_wal_not_the_nodes_own_is_a_loss_while_its_streams_are_open(
+    tmp_path: Path,
+) -> None:
+    """A node whose last session died with streams open names an empty WAL of another store:
+    its own WAL, elsewhere, may hold acknowledged appends, so taking the empty one would
+    release them unseen. That is the loss a missing WAL is (`CorruptionError` unless
+    `accept_wal_loss`), not a WAL to format."""
+    a, other = tmp_path / "a", tmp_path / "other"
+    _crash_after_appends(a, tmp_path / "a.wal", "A-0")
+    with s3stream.open(str(other), wal=str(tmp_path / "other.wal")) as client:
+        client.create_stream().append(RecordBatch(b"other's"))
+    with pytest.raises(CorruptionError, match="not the one the store recorded"):
+        s3stream.open(str(a), wal=str(tmp_path / "other.wal"))
+    assert _payloads(other, tmp_path / "other.wal") == [b"other's"]
+    assert _payloads(a, tmp_path / "a.wal") == [b"A-0"]

@@ -41,6 +41,7 @@ from s3stream.metadata import (
     LogEntry,
     MetadataManager,
     MetadataState,
+    NodeMeta,
     ObjectKind,
     ObjectMeta,
     Op,
@@ -1805,3 +1806,29 @@ def test_a_hole_at_the_tip_of_a_run_is_found_at_load() -> None:
         manager(store, "w2")
     store.delete_many([log.entry_key(s) for s in range(5, 10)])
     assert manager(store, "w3").seq == 3  # the tip, not a hole: loads
+
+
+def test_a_node_keeps_the_wal_identity_its_last_stream_open_recorded(
+    backend: MetadataBackend,
+) -> None:
+    """`OpenStream.wal_uid` becomes the node's `NodeMeta.wal_uid`; a registration (every open
+    of the node) keeps it, an open without one leaves it, checkpoints and replays carry it;
+    and an op without it encodes as before (old readers see the same bytes)."""
+    m = manager(backend)
+    assert m.register_node("n1") == 1
+    assert m.state.nodes["n1"].wal_uid is None
+    sid = m.create_stream({}, open_for="n1", wal_uid=111).stream_id
+    assert m.state.nodes["n1"].wal_uid == 111
+    m.register_node("n1")
+    assert m.state.nodes["n1"] == NodeMeta("n1", 2, 111)
+    m.open_stream(sid, "n1")
+    assert m.state.nodes["n1"].wal_uid == 111
+    m.open_stream(sid, "n1", wal_uid=222)
+    m.open_stream(m.create_stream({}).stream_id, "other", wal_uid=333)  # an unregistered node
+    assert m.state.nodes["n1"].wal_uid == 222 and "other" not in m.state.nodes
+    assert same_state(manager(backend, writer="r").state, m.state)
+    assert MetadataState.from_checkpoint(m.state.to_checkpoint()).nodes["n1"].wal_uid == 222
+    plain = LogEntry(seq=1, ops=(OpenStream(0, 1, "n1"),), writer="w", ts_ms=0)
+    assert b"wal_uid" not in encode_entry(plain)
+    with pytest.raises(InvalidArgumentError, match="wal_uid"):
+        m.open_stream(sid, "n1", wal_uid=-5)

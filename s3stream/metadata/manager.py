@@ -367,18 +367,29 @@ class MetadataManager:
 
     # -- conveniences built on commit() ------------------------------------------------
 
-    def create_stream(self, tags: Mapping[str, str], *, open_for: str | None = None) -> StreamMeta:
+    def create_stream(
+        self,
+        tags: Mapping[str, str],
+        *,
+        open_for: str | None = None,
+        wal_uid: int | None = None,
+    ) -> StreamMeta:
         """Create a stream (closed, epoch 0) with the next free id; with `open_for`, open it
         for that node (epoch 1) in the same entry: one commit instead of two, and concurrent
-        calls fold into one entry (group commit)."""
-        return self.create_streams([tags], open_for=open_for)[0]
+        calls fold into one entry (group commit). `wal_uid`: as for `open_stream`."""
+        return self.create_streams([tags], open_for=open_for, wal_uid=wal_uid)[0]
 
     def create_streams(
-        self, tags: Sequence[Mapping[str, str]], *, open_for: str | None = None
+        self,
+        tags: Sequence[Mapping[str, str]],
+        *,
+        open_for: str | None = None,
+        wal_uid: int | None = None,
     ) -> list[StreamMeta]:
         """Create one stream per item of `tags` (its tags), with consecutive ids in that
         order, in ONE entry: all or none; with `open_for`, each is also opened for that node
-        (epoch 1) in the same entry. At most `MAX_CREATES_PER_ENTRY` streams."""
+        (epoch 1) in the same entry. At most `MAX_CREATES_PER_ENTRY` streams. `wal_uid`: as
+        for `open_stream`."""
         if isinstance(tags, str | bytes | Mapping) or not isinstance(tags, Sequence):
             raise InvalidArgumentError(
                 f"tags must be a sequence of tag mappings, one per stream, not "
@@ -388,6 +399,8 @@ class MetadataManager:
         tag_dicts = [check_str_map(f"tags[{i}]", t) for i, t in enumerate(tags)]
         if open_for is not None:
             check_text("open_for", open_for, allow_empty=False)
+        if wal_uid is not None:
+            check_int("wal_uid", wal_uid)
         created_ms = self._clock.now_ms()
         first: list[int] = []
 
@@ -398,7 +411,7 @@ class MetadataManager:
             for i, tag_dict in enumerate(tag_dicts):
                 ops.append(CreateStream(sid + i, tag_dict, created_ms))
                 if open_for is not None:
-                    ops.append(OpenStream(sid + i, 1, open_for))
+                    ops.append(OpenStream(sid + i, 1, open_for, wal_uid))
             return ops
 
         weight = len(tag_dicts) * (1 if open_for is None else 2)
@@ -406,14 +419,20 @@ class MetadataManager:
         streams = state.streams
         return [streams[first[0] + i] for i in range(len(tag_dicts))]
 
-    def open_stream(self, stream_id: int, node_id: str, *, force: bool = False) -> StreamMeta:
+    def open_stream(
+        self, stream_id: int, node_id: str, *, force: bool = False, wal_uid: int | None = None
+    ) -> StreamMeta:
         """Open the stream for `node_id` with the next epoch, fencing every older owner.
 
         Raises `StreamOwnedError` if another node has the stream open (it may hold
         acknowledged appends it has not uploaded), unless `force`; judged on the state the
-        entry is committed after, so two openers cannot both pass the check.
+        entry is committed after, so two openers cannot both pass the check. `wal_uid`: the
+        identity of the WAL the node appends through (`WriteAheadLog.identity`), recorded as
+        the node's (`NodeMeta.wal_uid`).
         """
         check_text("node_id", node_id, allow_empty=False)
+        if wal_uid is not None:
+            check_int("wal_uid", wal_uid)
 
         def build(state: MetadataState) -> list[Op]:
             stream = state.get_stream(stream_id)
@@ -433,7 +452,7 @@ class MetadataManager:
                     stream_id=stream_id,
                     owner=owner,
                 )
-            return [OpenStream(stream_id, stream.epoch + 1, node_id)]
+            return [OpenStream(stream_id, stream.epoch + 1, node_id, wal_uid)]
 
         _, state = self.commit(build)
         return state.get_stream(stream_id)

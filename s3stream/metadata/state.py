@@ -383,6 +383,10 @@ class _Txn:
                 self._streams[op.stream_id] = _replace(
                     stream, epoch=op.epoch, state=StreamState.OPEN, owner=op.node_id
                 )
+                if op.wal_uid is not None:
+                    node = self._nodes.get(op.node_id)
+                    if node is not None and node.wal_uid != op.wal_uid:
+                        self._nodes[op.node_id] = _replace(node, wal_uid=op.wal_uid)
             case CloseStream():
                 stream = invariants.check_close(self, op)
                 self._streams[op.stream_id] = _replace(stream, state=StreamState.CLOSED, owner=None)
@@ -402,7 +406,10 @@ class _Txn:
                     del self._objects[key]
             case RegisterNode():
                 invariants.check_register(self, op)
-                self._nodes[op.node_id] = NodeMeta(op.node_id, op.epoch)
+                known = self._nodes.get(op.node_id)
+                self._nodes[op.node_id] = NodeMeta(
+                    op.node_id, op.epoch, None if known is None else known.wal_uid
+                )
             case _:
                 raise InvalidArgumentError(f"unknown metadata op {op!r}")
 

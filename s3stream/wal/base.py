@@ -135,6 +135,15 @@ class WriteAheadLog(Closeable):
         """Records at positions <= `position` are no longer needed; when this returns, none
         of them is recovered again."""
 
+    @property
+    def identity(self) -> int | None:
+        """What tells this WAL's medium apart from every other, or None (the default: a WAL
+        without one, such as the memory and object-store WALs). The client
+        records it for its node when it opens a stream (`NodeMeta.wal_uid`) and hands it to
+        the node's next opening of its WAL, which refuses a WAL of another identity that
+        holds records (`FileWal`'s `expect_uid`; docs/file-wal.md, "One WAL, one store")."""
+        return None
+
     def in_completion(self) -> bool:
         """Whether the calling thread is completing this WAL's append futures (running their
         callbacks): what waits there for this WAL to complete more would wait for itself. The

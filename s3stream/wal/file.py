@@ -23,6 +23,7 @@ import threading
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
+from dataclasses import replace
 from pathlib import Path
 
 from .._dirs import fsync_directory, make_directories
@@ -69,7 +70,7 @@ from .framing import (
     ring_holds_frames,
 )
 from .holder import WalHolderLock
-from .loss import check_wal_loss
+from .loss import check_open_node_wal, check_wal_loss
 from .os_errors import os_error
 from .pipeline import Group, Pending, PipelinedWal
 
@@ -139,6 +140,13 @@ class FileWal(PipelinedWal):
     `take_over` skips that refusal, for taking over a live holder on purpose; `lock` hands
     over a lock taken beforehand with `WalHolderLock.acquire` (the instance owns it then).
 
+    `expect_uid`: the identity (`identity`, the header's ``wal_uid``) the store recorded for
+    this node's WAL, or -1 for a node the store has no WAL of. An existing WAL of another
+    identity is another store's or node's: refused (`InvalidArgumentError`, nothing written)
+    if it holds records, else formatted anew with an identity of its own; unless `must_exist`
+    (the node still has streams open, so its own WAL, elsewhere, may hold acknowledged
+    appends): then the loss is `CorruptionError` unless `accept_loss`. None: no check.
+
     Opening *claims* the WAL (a header write); the last opener owns it. Every group commit and
     header write runs under an exclusive ``flock`` and first checks that nobody else wrote a
     header since this writer's last one, so an older owner (process or instance) that was taken
@@ -172,9 +180,13 @@ class FileWal(PipelinedWal):
         take_over: bool = False,
         lock: WalHolderLock | None = None,
         accept_loss: bool = False,
+        expect_uid: int | None = None,
+        must_exist: bool = False,
     ) -> None:
         check_text("node_id", node_id, max_bytes=MAX_NODE_ID_BYTES)
         check_int("node_epoch", node_epoch)
+        if expect_uid is not None:
+            check_int("expect_uid", expect_uid, minimum=-1)
         if not isinstance(path, str | Path) or not str(path):
             raise InvalidArgumentError(f"path must be a non-empty str or Path, got {path!r}")
         if lock is not None and (
@@ -197,6 +209,8 @@ class FileWal(PipelinedWal):
             log=ContextLogger(_log, node_id),
         )
         self._accept_loss = accept_loss
+        self._expect_uid = expect_uid
+        self._must_exist = must_exist
         self._drives = self._settings.caller_commits
 
         #: Positions of live (untrimmed) records, ascending; maps a trim point to a frame end.
@@ -268,6 +282,12 @@ class FileWal(PipelinedWal):
     def path(self) -> Path:
         """The file or device holding the WAL."""
         return self._path
+
+    @property
+    def identity(self) -> int:
+        """The header's ``wal_uid``: this formatting of the medium, told apart from every
+        other (see `WriteAheadLog.identity`)."""
+        return self._header.wal_uid
 
     @property
     def data_start(self) -> int:
@@ -454,6 +474,21 @@ class FileWal(PipelinedWal):
                 return
             raise _no_header_error(path, slots)
         self._check_header(header, size)
+        if self._is_foreign(header):
+            # Another store's or node's WAL that holds no records (`_check_header` refused
+            # one that does): taken with a new identity, written by the claim that follows
+            # into the other slot, so a crash before it leaves the old header whole. Its old
+            # frames, whose crcs the old identity seeds, never read as this one's.
+            uid = self._clock.now_ms()
+            header = replace(
+                header,
+                wal_uid=uid if uid != header.wal_uid else uid + 1,
+                start=0,
+                tail=0,
+                window_end=0,
+                session=0,
+                clean=True,
+            )
         self._header = header
         at = header.slot_index * SLOT_BYTES
         self._header_image = raw[at : at + _SLOT_PROBE_BYTES]
@@ -493,6 +528,31 @@ class FileWal(PipelinedWal):
             raise InvalidArgumentError(
                 f"WAL {path} belongs to node {header.node_id!r}, not node_id={self._node_id!r}"
             )
+        if self._is_foreign(header):
+            if not (header.clean and header.start == header.tail):
+                raise InvalidArgumentError(
+                    f"WAL {path} is not the WAL this store recorded for node "
+                    f"{self._node_id!r}: its identity is {header.wal_uid}, "
+                    + (
+                        "and the store has no WAL of this node"
+                        if self._expect_uid == -1
+                        else f"the node's is {self._expect_uid}"
+                    )
+                    + ", and it holds records that are not uploaded: another store's or "
+                    "another node's, which would be replayed into this store's streams. Name "
+                    "this node's own WAL (or a new path); the WAL is left as it is"
+                )
+            if self._must_exist:
+                check_open_node_wal(
+                    self._node_id,
+                    f"the WAL {path} is not the one the store recorded for it (its identity is "
+                    f"{header.wal_uid}, the node's {self._expect_uid}): the node's own WAL is "
+                    "elsewhere",
+                    location=str(path),
+                    accept_loss=self._accept_loss,
+                )
+            # Empty: formatted anew by `_load_header`; its epoch is another node's history.
+            return
         if header.node_epoch > self._node_epoch:
             raise FencedError(
                 f"WAL {path} is owned by node {header.node_id!r} epoch {header.node_epoch}; "
@@ -505,6 +565,10 @@ class FileWal(PipelinedWal):
                 header.capacity,
                 self._settings.capacity_bytes,
             )
+
+    def _is_foreign(self, header: HeaderSlot) -> bool:
+        """Whether `header` is of a WAL other than the one the store recorded for the node."""
+        return self._expect_uid is not None and header.wal_uid != self._expect_uid
 
     def _format(self, size: int, *, created: bool) -> None:
         path, fd = self._path, self._fd

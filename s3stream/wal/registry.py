@@ -193,8 +193,9 @@ def url_wal_factory(
 ) -> Callable[[str, int, Callable[[], None]], WriteAheadLog]:
     """The one way a client opens a WAL by URL, for its own node (`s3stream.open`) and for a
     node it takes over (`StreamClient.take_over`): a `WalFactory` ``(node_id, node_epoch,
-    on_full, *, take_over=False, must_exist=False)`` calling `open_wal` with the client's WAL
-    settings (the URL's query overrides single fields).
+    on_full, *, take_over=False, must_exist=False, expect_uid=None)`` calling `open_wal` with the
+    client's WAL settings (the URL's query overrides single fields). `expect_uid`: the WAL
+    identity the store recorded for the node (`FileWal`'s; other WALs have none).
 
     `url` is the WAL's URL, or a function of the node id giving it (each node's default file
     WAL inside a local store). `held`: the holder lock of the client's own file WAL, taken
@@ -213,9 +214,12 @@ def url_wal_factory(
         *,
         take_over: bool = False,
         must_exist: bool = False,
+        expect_uid: int | None = None,
     ) -> WriteAheadLog:
         target = url if isinstance(url, str) else url(node_id)
         extra: dict[str, Any] = {"must_exist": must_exist, "accept_wal_loss": accept_wal_loss}
+        if expect_uid is not None:
+            extra["expect_uid"] = expect_uid
         if s3_client is not None:
             extra["s3_client"] = s3_client
         if take_over:
@@ -302,6 +306,7 @@ def open_file_wal(
     lock: WalHolderLock | None = None,
     must_exist: bool = False,
     accept_wal_loss: bool = False,
+    expect_uid: int | None = None,
     **_other_kinds: Any,
 ) -> WriteAheadLog:
     """Factory of ``file://`` URLs and plain paths: a `FileWal` (file or block device).
@@ -309,7 +314,8 @@ def open_file_wal(
     `take_over` opens a WAL a live process holds (a take-over fences it); `lock` is its
     holder lock taken beforehand (`lock_file_wal`). `must_exist`: the node still has streams
     open, so a missing or empty WAL is damage (`CorruptionError`) unless `accept_wal_loss`,
-    which also lets recovery go on past damaged records (`FileWal`'s `accept_loss`)."""
+    which also lets recovery go on past damaged records (`FileWal`'s `accept_loss`).
+    `expect_uid`: `FileWal`'s (the identity the store recorded for the node's WAL)."""
     path, query = _file_target(url)
     if must_exist:
         _check_wal_present(Path(path), node_id, accept_wal_loss)
@@ -325,6 +331,8 @@ def open_file_wal(
         take_over=take_over,
         lock=lock,
         accept_loss=accept_wal_loss,
+        expect_uid=expect_uid,
+        must_exist=must_exist,
     )
 
 
