@@ -1420,11 +1420,13 @@ def test_a_compactor_whose_stop_timed_out_runs_again_once_its_pass_ended() -> No
         assert compactor.stop(5) is True
 
 
-def test_one_damaged_object_stops_its_task_only(tmp_path: Path) -> None:
-    """A flipped byte in one stream object of stream A: its task stops (counted in
-    `damaged`, nothing of it committed), while stream B's objects are still merged and the
-    replaced ones purged in the same pass. The CorruptionError stopped the whole pass,
-    every pass, before its purge and sweep: the store only grew."""
+@pytest.mark.parametrize("damage", ["flipped", "missing"])
+def test_one_damaged_object_stops_its_task_only(tmp_path: Path, damage: str) -> None:
+    """A flipped byte in one stream object of stream A (or the object missing from the store
+    while live): its task stops (counted in `damaged`, nothing of it committed), while stream
+    B's objects are still merged and the replaced ones purged in the same pass. The
+    CorruptionError (or ObjectNotFoundError) stopped the whole pass, every pass, before its
+    purge and sweep: the store only grew."""
     settings = ClientSettings(
         stream_split_bytes=8192,
         block_target_bytes=4096,
@@ -1442,11 +1444,14 @@ def test_one_damaged_object_stops_its_task_only(tmp_path: Path) -> None:
             o for o in state.objects.values()
             if o.kind is ObjectKind.STREAM and o.ranges[0].stream_id == a.stream_id
         )  # fmt: skip
-        with open(tmp_path / victim.key, "r+b") as f:
-            f.seek(100)
-            byte = f.read(1)
-            f.seek(100)
-            f.write(bytes([byte[0] ^ 0xFF]))
+        if damage == "missing":
+            (tmp_path / victim.key).unlink()
+        else:
+            with open(tmp_path / victim.key, "r+b") as f:
+                f.seek(100)
+                byte = f.read(1)
+                f.seek(100)
+                f.write(bytes([byte[0] ^ 0xFF]))
         report = client.compact()
         assert report.damaged == 1
         assert report.tasks.get("stream_set", 0) == 1 and report.objects_purged > 0
@@ -1454,3 +1459,46 @@ def test_one_damaged_object_stops_its_task_only(tmp_path: Path) -> None:
         assert [r.payload for r in b.fetch(0).batches] == [b"b%d" % i for i in range(4)]
         assert client.metadata.state.objects[victim.key].live  # left as it was
     assert cli_main(["compact", str(tmp_path)]) == 1  # damage is a failure to report
+
+
+@pytest.mark.parametrize("damage", ["index", "missing"])
+def test_an_object_whose_index_cannot_be_read_is_left_out_of_planning(
+    tmp_path: Path, damage: str
+) -> None:
+    """A stream-set object whose index (at its end) is damaged, or which is missing from the
+    store while live: planning read its index and the error ended every pass there, before
+    the purge and the sweep (objects replaced earlier were never deleted, the store only
+    grew). The object is left out now, counted in `damaged`, and the rest of the pass runs."""
+    keep = ClientSettings(compaction=CompactionSettings(deletion_delay_ms=600_000))
+    with s3stream.open(tmp_path, settings=keep, wal="memory://") as client:
+        a, b = client.create_stream(), client.create_stream()
+        for rnd in range(4):
+            a.append(RecordBatch(b"a%d" % rnd))
+            b.append(RecordBatch(b"b%d" % rnd))
+            client.flush()
+        assert client.compact().objects_replaced == 4  # kept until the deletion delay
+        for rnd in range(4, 8):
+            a.append(RecordBatch(b"a%d" % rnd))
+            b.append(RecordBatch(b"b%d" % rnd))
+            client.flush()
+        state = client.metadata.state
+        replaced = [o.key for o in state.objects.values() if not o.live]
+        victim = max(
+            (o for o in state.objects.values() if o.live and o.kind is ObjectKind.STREAM_SET),
+            key=lambda o: o.key,
+        )
+    path = tmp_path / victim.key
+    if damage == "index":
+        data = bytearray(path.read_bytes())
+        data[-3] ^= 0xFF
+        path.write_bytes(bytes(data))
+    else:
+        path.unlink()
+    now = ClientSettings(compaction=CompactionSettings(deletion_delay_ms=0))
+    with s3stream.open(tmp_path, settings=now, wal="memory://") as client:
+        report = client.compact()
+        assert report.damaged == 1
+        assert len(replaced) == 4 and report.objects_purged >= 4
+        assert not any((tmp_path / key).exists() for key in replaced)
+        assert client.metadata.state.objects[victim.key].live  # left as it was
+        assert client.compact().damaged == 1  # and again: reported, never stalling

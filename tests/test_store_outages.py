@@ -130,6 +130,34 @@ def test_a_close_keeps_its_own_deadline_shorter_than_the_stores(
         ends_within(1.5 + 8 / 3 + 1.0, lambda: writer.close(timeout_s=1.5))
 
 
+def test_compaction_with_retention_ends_within_its_deadline_on_a_frozen_server(
+    server: SeaweedS3Server, postgres: Any
+) -> None:
+    """Eight streams with a retention policy, the metadata in PostgreSQL (up all along), and a
+    compactor that has read no index yet (a standalone `s3stream compact`): retention took
+    each stream's outage as that stream's problem and went on to the next, a store timeout
+    each (8 streams: 19.9 s; 16: 37 s). An outage now ends the pass."""
+    url = f"s3://{server.bucket}/retention-{uuid.uuid4().hex}"
+    opts = server.storage_options()
+    meta = postgres.url()
+    week = {"retention.ms": str(7 * 86_400_000)}
+    with s3stream.open(
+        url, node_id="w", wal="memory://", storage_options=opts, settings=SETTINGS, metadata=meta
+    ) as writer:
+        for _ in range(8):
+            writer.create_stream(tags=week).append(RecordBatch(b"x" * 100))
+            writer.flush()  # an object per stream
+    compactor = s3stream.open(
+        url, node_id="c", wal="memory://", storage_options=opts, settings=SETTINGS, metadata=meta
+    )
+    try:
+        with server.frozen():
+            outcome = ends_within(STORE_S + MARGIN_S, compactor.compact)
+        assert outcome.startswith("UnavailableError"), outcome
+    finally:
+        compactor.close()
+
+
 # -- SeaweedFS killed and restarted -----------------------------------------------------------
 
 RESTART_SETTINGS = ClientSettings(

@@ -25,7 +25,12 @@ from dataclasses import dataclass, field
 
 from ..cache.block_cache import BlockCache
 from ..clock import Clock
-from ..errors import CorruptionError, S3StreamError
+from ..errors import (
+    CorruptionError,
+    InvalidArgumentError,
+    ObjectNotFoundError,
+    S3StreamError,
+)
 from ..format.objects import ObjectIndex
 from ..metadata import MetadataManager, MetadataState, ObjectMeta, StreamState, TrimStream
 from ..metrics.logs import ContextLogger
@@ -209,15 +214,16 @@ class Compactor:
         report = CompactionReport()
         live = _live(self._meta.state)
         report.objects_before, report.bytes_before = len(live), sum(o.size for o in live)
+        unreadable: dict[str, S3StreamError] = {}
         try:
             report.streams_trimmed = self._apply_retention()
             state = self._meta.state
             tasks = plan_stream_set_compaction(
-                state, self._settings, self._index_of, self._clock.now_ms()
+                state, self._settings, self._index_of, self._clock.now_ms(), unreadable
             )
             self._run_tasks(tasks, state, report, progress, "stream-set compaction")
             state = self._meta.state
-            tasks = plan_stream_object_compaction(state, self._settings, self._index_of)
+            tasks = plan_stream_object_compaction(state, self._settings, self._index_of, unreadable)
             self._run_tasks(tasks, state, report, progress, "stream object compaction")
         except _Stopped:
             pass
@@ -226,6 +232,7 @@ class Compactor:
             # included, waits for the next one.
             report.duration_s = self._clock.monotonic() - started
             return report
+        self._report_unreadable(unreadable, report)
 
         purged = purge_deleted(
             self._meta,
@@ -269,6 +276,27 @@ class Compactor:
             if progress is not None:
                 progress(done, total, what)
 
+    def _report_unreadable(
+        self, unreadable: dict[str, S3StreamError], report: CompactionReport
+    ) -> None:
+        """Count and log the objects planning left out because their index could not be read:
+        damaged, or missing while still live (one purged since the plan's snapshot is not)."""
+        if not unreadable:
+            return
+        self._meta.refresh()
+        objects = self._meta.state.objects
+        for key, exc in unreadable.items():
+            obj = objects.get(key)
+            if isinstance(exc, ObjectNotFoundError) and (obj is None or not obj.live):
+                continue
+            report.damaged += 1
+            self._log.error(
+                "object %s left out of compaction, its index unreadable: %s; run "
+                "`s3stream verify` on the store",
+                key,
+                exc,
+            )
+
     def _index_of(self, obj: ObjectMeta) -> ObjectIndex:
         if self._stop.is_set():
             raise _Stopped  # an index read may be a GET: stopping must not wait for more
@@ -299,9 +327,11 @@ class Compactor:
             return
         try:
             result: TaskResult = self._executor.execute(task, state, moved)
-        except CorruptionError as exc:
+        except (CorruptionError, ObjectNotFoundError) as exc:
             # One damaged object stops its task only: the other tasks, the purge of
             # replaced objects and the orphan sweep go on (they stalled store-wide before).
+            # (The executor raises ObjectNotFoundError only for a source still live: one
+            # missing from the store is damage too.)
             report.damaged += 1
             self._log.error(
                 "compaction task (%s) stopped, nothing of it committed: %s; run "
@@ -331,8 +361,10 @@ class Compactor:
                 if policy.unlimited:
                     continue
                 new_start = retention_start(state, stream, policy, self._index_of, now)
-            except S3StreamError as exc:
-                # A bad tag or an unreadable index must not stop compaction of the rest.
+            except (InvalidArgumentError, CorruptionError, ObjectNotFoundError) as exc:
+                # A bad tag or an unreadable index must not stop compaction of the rest; an
+                # outage (UnavailableError) ends the pass: going on stream by stream took a
+                # store timeout per stream with a retention policy.
                 self._log.for_stream(stream.stream_id).warning(
                     "retention of stream %d: %s", stream.stream_id, exc
                 )

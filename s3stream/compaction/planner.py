@@ -18,6 +18,10 @@ Two kinds of compaction, as in AutoMQ:
 
 Data below a stream's start offset is never copied (the executor drops those batches; a batch
 straddling the start offset stays whole).
+
+An object whose index cannot be read (damaged: `CorruptionError`; missing: `ObjectNotFoundError`)
+is left out of every plan when the caller passes `unreadable`, which then names it with its
+error: one damaged object must not stop the planning of every other (it stalled every pass).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from ..errors import CorruptionError, ObjectNotFoundError, S3StreamError
 from ..format.objects import ObjectIndex
 from ..metadata import MetadataState, ObjectKind, ObjectMeta, StreamState
 from ..settings import CompactionSettings
@@ -43,6 +48,30 @@ IndexOf = Callable[[ObjectMeta], ObjectIndex]
 
 #: Rewrite a lone stream object when at least this share of its bytes is below the start.
 _MOSTLY_TRIMMED = 0.5
+
+
+class _Unreadable(Exception):
+    """The index of `obj` could not be read (`_guarded`); its plan goes on without it."""
+
+    def __init__(self, obj: ObjectMeta) -> None:
+        super().__init__(obj.key)
+        self.obj = obj
+
+
+def _guarded(index_of: IndexOf, unreadable: dict[str, S3StreamError] | None) -> IndexOf:
+    """`index_of`, which (given `unreadable`) records an object whose index is damaged or
+    missing there and raises `_Unreadable` for the planner to leave it out."""
+    if unreadable is None:
+        return index_of
+
+    def guarded(obj: ObjectMeta) -> ObjectIndex:
+        try:
+            return index_of(obj)
+        except (CorruptionError, ObjectNotFoundError) as exc:
+            unreadable[obj.key] = exc
+            raise _Unreadable(obj) from exc
+
+    return guarded
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +176,25 @@ def _merge_task(
     )
 
 
+def _readable_merge(
+    state: MetadataState,
+    group: list[ObjectMeta],
+    index_of: IndexOf,
+    settings: CompactionSettings,
+    least: int,
+    *,
+    split_all: bool,
+) -> list[CompactionTask]:
+    """The merge task of `group` without its objects whose index cannot be read, if at least
+    `least` objects remain (none else)."""
+    while len(group) >= least:
+        try:
+            return [_merge_task(state, group, index_of, settings, split_all=split_all)]
+        except _Unreadable as exc:
+            group = [o for o in group if o.key != exc.obj.key]
+    return []
+
+
 def _batched(objects: Iterable[ObjectMeta], max_bytes: int) -> list[list[ObjectMeta]]:
     groups: list[list[ObjectMeta]] = []
     total = 0
@@ -165,8 +213,10 @@ def plan_stream_set_compaction(
     settings: CompactionSettings,
     index_of: IndexOf,
     now_ms: int,
+    unreadable: dict[str, S3StreamError] | None = None,
 ) -> list[CompactionTask]:
     """Tasks that split old stream-set objects and merge small ones (see module docstring)."""
+    index_of = _guarded(index_of, unreadable)
     candidates = sorted(
         (o for o in state.objects.values() if o.live and o.kind is ObjectKind.STREAM_SET),
         key=lambda o: (o.committed_ms, o.key),
@@ -182,23 +232,26 @@ def plan_stream_set_compaction(
         for o in live
         if o.key not in old_keys and o.size < settings.stream_set_object_target_bytes
     ]
-    tasks = [
-        _merge_task(state, group, index_of, settings, split_all=True)
-        for group in _batched(old, settings.max_task_bytes)
-    ]
+    tasks: list[CompactionTask] = []
+    for group in _batched(old, settings.max_task_bytes):
+        tasks.extend(_readable_merge(state, group, index_of, settings, 1, split_all=True))
+    least = max(2, settings.stream_set_min_objects)
     for group in _batched(small, settings.max_task_bytes):
-        if len(group) >= max(2, settings.stream_set_min_objects):
-            tasks.append(_merge_task(state, group, index_of, settings, split_all=False))
+        tasks.extend(_readable_merge(state, group, index_of, settings, least, split_all=False))
     if dead:
         tasks.append(CompactionTask("drop", tuple(dead), (), 0))
     return tasks
 
 
 def plan_stream_object_compaction(
-    state: MetadataState, settings: CompactionSettings, index_of: IndexOf
+    state: MetadataState,
+    settings: CompactionSettings,
+    index_of: IndexOf,
+    unreadable: dict[str, S3StreamError] | None = None,
 ) -> list[CompactionTask]:
     """Per stream (deleted ones included): drop stream objects wholly below the start offset,
     merge runs of small adjacent stream objects, rewrite mostly-trimmed ones."""
+    index_of = _guarded(index_of, unreadable)
     tasks: list[CompactionTask] = []
     dropped: list[ObjectMeta] = []
     for sid in sorted(state.streams):
@@ -254,7 +307,10 @@ def _mostly_trimmed(obj: ObjectMeta, stream_id: int, keep: int | None, index_of:
     rng = obj.range_of(stream_id)
     if rng is None or keep is None or keep <= rng.start_offset:
         return False
-    idx = index_of(obj)
+    try:
+        idx = index_of(obj)
+    except _Unreadable:
+        return False  # left as it is (recorded as unreadable)
     dead = sum(
         b.stored_size for b in idx.find(stream_id, rng.start_offset, keep) if b.end_offset <= keep
     )
