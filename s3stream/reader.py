@@ -48,6 +48,7 @@ from .validation import (
     check_instance,
     check_int,
     check_offset_in_range,
+    check_poll,
     check_read_args,
     check_str_map,
     check_text,
@@ -289,10 +290,9 @@ class StreamReader(Closeable):
         check_int("stream_id", stream_id)
         pos = check_int("start_offset", start_offset)
         check_int("max_bytes", max_bytes, minimum=1)
-        poll = self._settings.tail_poll_ms / 1000 if poll_s is None else poll_s
-        if not check_timeout("poll_s", poll):
-            # A tail that never waits would hammer the metadata log.
-            raise InvalidArgumentError(f"poll_s must be a number of seconds > 0, got {poll_s!r}")
+        poll = (
+            self._settings.tail_poll_ms / 1000 if poll_s is None else check_poll("poll_s", poll_s)
+        )
         self._check_open()
         return self._tail(stream_id, pos, max_bytes, poll)
 

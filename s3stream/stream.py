@@ -26,6 +26,7 @@ from .validation import (
     check_instance,
     check_int,
     check_offset_in_range,
+    check_poll,
     check_read_args,
     check_text,
     check_timeout,
@@ -349,10 +350,7 @@ class Stream(Closeable):
         """
         pos = check_int("start_offset", start_offset)
         check_int("max_bytes", max_bytes, minimum=1)
-        wait = check_timeout("wait_s", wait_s)
-        if not wait:
-            # A tail that never waits would spin on fetch at the end of the stream.
-            raise InvalidArgumentError(f"wait_s must be a number of seconds > 0, got {wait_s!r}")
+        wait = check_poll("wait_s", wait_s)
         return self._tail(pos, max_bytes, wait)
 
     def _tail(self, pos: int, max_bytes: int, wait: float) -> Iterator[FetchedBatch]:

@@ -183,6 +183,25 @@ def check_seconds(name: str, value: object) -> float:
     return seconds
 
 
+#: The shortest wait of a loop that waits between looks (a tail's long poll, a reader's poll).
+MIN_POLL_S = 0.001
+
+
+def check_poll(name: str, value: object) -> float:
+    """`check_seconds`, at least `MIN_POLL_S`: the wait of a loop that looks again after it
+    (a shorter one, 0 or ``1e-9``, makes it spin: a core busy and, on a store, a request
+    each time)."""
+    if value is None:
+        raise InvalidArgumentError(f"{name} must be a number of seconds, got None")
+    seconds = check_seconds(name, value)
+    if seconds < MIN_POLL_S:
+        raise InvalidArgumentError(
+            f"{name} must be at least {MIN_POLL_S} s (a shorter wait makes a loop that spins), "
+            f"got {_show(value)}"
+        )
+    return seconds
+
+
 def check_timeout(name: str, value: object) -> float | None:
     """None (the call's default deadline) or `check_seconds`."""
     return None if value is None else check_seconds(name, value)

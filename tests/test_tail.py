@@ -267,3 +267,23 @@ def test_tail_records_checks_its_arguments_at_the_call(tmp_path: Path) -> None:
         # The record codec's bound holds at append time: every batch reads back as records.
         with pytest.raises(InvalidArgumentError):
             RecordBatch(b"d", base_timestamp=-(2**63))
+
+
+@pytest.mark.parametrize("wait", [1e-300, 1e-9, 0.0009, None])
+def test_a_wait_that_would_spin_is_refused_like_none(tmp_path: Path, wait: float | None) -> None:
+    """`wait_s` / `poll_s` of 0 were refused (the loop would spin), yet 1e-9 passed and spun:
+    about 720,000 fetches (or 83,000 metadata-log reads, each a GET on a store) in 2 s on an
+    idle stream. A wait under a millisecond is refused as 0 is; 1 ms is taken."""
+    with open_dir(tmp_path) as client:
+        s = client.create_stream()
+        client.flush()
+        with pytest.raises(InvalidArgumentError, match="wait_s"):
+            s.tail(0, wait_s=wait)  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgumentError, match="wait_s"):
+            s.tail_records(0, wait_s=wait)  # type: ignore[arg-type]
+        s.tail(0, wait_s=0.001)
+        with s3stream.open_reader(str(tmp_path)) as reader:
+            if wait is not None:  # None is the reader's default poll
+                with pytest.raises(InvalidArgumentError, match="poll_s"):
+                    reader.tail(s.stream_id, 0, poll_s=wait)
+            reader.tail(s.stream_id, 0, poll_s=0.001)
