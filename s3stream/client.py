@@ -262,9 +262,17 @@ class StreamClient(Closeable):
             bind_log(meta_log, view("metadata"), metadata_prefix, create=True)
             self._meta.load()
             known = self._meta.state.nodes.get(node_id)
-            # The WAL the store recorded for this node (-1: the store has none of it, so a
-            # WAL holding records is another store's or node's; None: none recorded).
-            expect_uid = -1 if known is None else known.wal_uid
+            # The WAL the store recorded for this node; -1 when it knows none and the node has
+            # no streams open, so that no WAL holding records can be of use here (one that
+            # does is another store's or node's); None (no check) when it knows none and
+            # open streams may have appends in whatever WAL the node used.
+            expect_uid = (
+                known.wal_uid
+                if known is not None and known.wal_uid is not None
+                else None
+                if has_open_streams(self._meta.state, node_id)
+                else -1
+            )
             self._node_epoch = self._meta.register_node(node_id)
         except BaseException:
             if isinstance(wal, WriteAheadLog):

@@ -138,7 +138,7 @@ def take_over_node(
         lambda: None,
         take_over=True,
         must_exist=has_open_streams(meta.state, node_id),
-        expect_uid=meta.state.nodes[node_id].wal_uid,
+        expect_uid=meta.state.nodes[node_id].wal_uid,  # None: unknown, no check
     )
     storage = Storage(
         store=store,

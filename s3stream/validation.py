@@ -174,7 +174,10 @@ def check_seconds(name: str, value: object) -> float:
     """
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidArgumentError(f"{name} must be a number of seconds, got {_show(value)}")
-    seconds = float(value)
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int beyond any float (10**400)
+        seconds = math.inf
     if not (math.isfinite(seconds) and 0 <= seconds <= MAX_DURATION_S):
         raise InvalidArgumentError(
             f"{name} must be a finite number of seconds in [0, {MAX_DURATION_S:.0f}], "

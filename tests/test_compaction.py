@@ -1502,3 +1502,27 @@ def test_an_object_whose_index_cannot_be_read_is_left_out_of_planning(
         assert not any((tmp_path / key).exists() for key in replaced)
         assert client.metadata.state.objects[victim.key].live  # left as it was
         assert client.compact().damaged == 1  # and again: reported, never stalling
+
+
+def test_damage_only_retention_reads_is_counted_as_damage(tmp_path: Path) -> None:
+    """The oldest object of a stream with `retention.bytes` has a damaged index, and nothing
+    but retention reads it (too large to merge, nothing trimmed yet): retention only warned,
+    every pass, `damaged` stayed 0 and `s3stream compact` said all was well while the
+    stream grew past its policy. It is counted and reported now."""
+    settings = ClientSettings(
+        stream_split_bytes=1024,
+        compaction=CompactionSettings(stream_object_target_bytes=4096, deletion_delay_ms=0),
+    )
+    with s3stream.open(tmp_path, settings=settings, wal="memory://") as client:
+        s = client.create_stream(tags=RetentionPolicy(retention_bytes=1).to_tags())
+        for _ in range(3):
+            s.append(RecordBatch(os.urandom(8192)))
+            client.flush()
+        oldest = client.metadata.state.stream_objects(s.stream_id)[0]
+        assert oldest.kind is ObjectKind.STREAM and oldest.size > 4096
+        data = bytearray((tmp_path / oldest.key).read_bytes())
+        data[-3] ^= 0xFF
+        (tmp_path / oldest.key).write_bytes(bytes(data))
+        report = client.compact()
+        assert report.damaged == 1 and report.streams_trimmed == 0
+    assert cli_main(["compact", str(tmp_path)]) == 1

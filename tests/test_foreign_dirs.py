@@ -461,3 +461,63 @@ def test_an_empty_wal_not_the_nodes_own_is_a_loss_while_its_streams_are_open(
         s3stream.open(str(a), wal=str(tmp_path / "other.wal"))
     assert _payloads(other, tmp_path / "other.wal") == [b"other's"]
     assert _payloads(a, tmp_path / "a.wal") == [b"A-0"]
+
+
+def _crash_after_open(store: Path, wal: Path) -> None:
+    """A client that opens `store` with `wal` and dies by SIGKILL before opening a stream."""
+    code = (
+        "import os, signal, sys, s3stream\n"
+        "c = s3stream.open(sys.argv[1], wal=sys.argv[2])\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("S3STREAM_")}
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(store), str(wal)],
+        env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == -signal.SIGKILL, result.stderr
+
+
+def test_a_new_wal_of_the_node_that_died_before_any_stream_opens_again(tmp_path: Path) -> None:
+    """The node recorded one WAL, then opened with a new one (its old disk gone) and was
+    killed before it opened a stream: the new WAL's identity was never recorded, and its
+    header, claimed at the open, said it was not shut down cleanly. It was refused for good
+    as another store's WAL holding records; it holds none, and opens."""
+    store = tmp_path / "store"
+    with s3stream.open(str(store), wal=str(tmp_path / "old.wal")) as client:
+        client.create_stream().append(RecordBatch(b"uploaded"))
+    _crash_after_open(store, tmp_path / "new.wal")
+    assert _payloads(store, tmp_path / "new.wal") == [b"uploaded"]
+
+
+def test_a_truncated_wal_of_another_store_is_refused_without_a_write(tmp_path: Path) -> None:
+    """Store A's WAL was cut short with records in it; store B named it by mistake. B's open
+    put the file back to its full size before it refused it, so A's next open no longer saw
+    the cut (its CorruptionError) and recovered part of its records without a word."""
+    a, shared = tmp_path / "a", tmp_path / "shared.wal"
+    _crash_after_appends(a, shared, *(f"A-{i}" for i in range(50)))
+    cut = shared.stat().st_size // 2
+    with open(shared, "r+b") as f:
+        f.truncate(cut)
+    with pytest.raises(InvalidArgumentError, match="not the WAL this store recorded"):
+        s3stream.open(str(tmp_path / "b"), wal=str(shared), accept_wal_loss=True)
+    assert shared.stat().st_size == cut
+    with pytest.raises(CorruptionError, match="truncated"):
+        s3stream.open(str(a), wal=str(shared))
+
+
+def test_a_node_without_a_recorded_wal_and_no_open_streams_takes_no_records(
+    tmp_path: Path,
+) -> None:
+    """Store B's node is registered but recorded no WAL (it never opened a stream), and has
+    no streams open, so no record in any WAL can be of use to it: a WAL holding another
+    store's records is refused (it was taken, and those records dropped)."""
+    b, a, shared = tmp_path / "b", tmp_path / "a", tmp_path / "shared.wal"
+    s3stream.open(str(b), wal=str(tmp_path / "b.wal")).close()
+    _crash_after_appends(a, shared, "A-0", "A-1")
+    with pytest.raises(InvalidArgumentError, match="not the WAL this store recorded"):
+        s3stream.open(str(b), wal=str(shared))
+    assert _payloads(a, shared) == [b"A-0", b"A-1"]

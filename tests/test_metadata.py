@@ -1812,8 +1812,9 @@ def test_a_node_keeps_the_wal_identity_its_last_stream_open_recorded(
     backend: MetadataBackend,
 ) -> None:
     """`OpenStream.wal_uid` becomes the node's `NodeMeta.wal_uid`; a registration (every open
-    of the node) keeps it, an open without one leaves it, checkpoints and replays carry it;
-    and an op without it encodes as before (old readers see the same bytes)."""
+    of the node) keeps it, an open without one (a WAL without identity, or a client from
+    before identities) makes it unknown again, checkpoints and replays carry it; and an op
+    without it encodes as before (old readers see the same bytes)."""
     m = manager(backend)
     assert m.register_node("n1") == 1
     assert m.state.nodes["n1"].wal_uid is None
@@ -1822,7 +1823,7 @@ def test_a_node_keeps_the_wal_identity_its_last_stream_open_recorded(
     m.register_node("n1")
     assert m.state.nodes["n1"] == NodeMeta("n1", 2, 111)
     m.open_stream(sid, "n1")
-    assert m.state.nodes["n1"].wal_uid == 111
+    assert m.state.nodes["n1"].wal_uid is None
     m.open_stream(sid, "n1", wal_uid=222)
     m.open_stream(m.create_stream({}).stream_id, "other", wal_uid=333)  # an unregistered node
     assert m.state.nodes["n1"].wal_uid == 222 and "other" not in m.state.nodes

@@ -708,3 +708,17 @@ def test_endpoint_url_must_be_an_http_url(endpoint: object) -> None:
         S3ObjectStore(
             "bucket", endpoint_url=endpoint, aws_access_key_id="a", aws_secret_access_key="b"
         )
+
+
+def test_an_int_beyond_any_float_is_a_clear_error_as_a_duration(tmp_path: Path) -> None:
+    """``10**400`` seconds as a timeout, a tail's wait or a reader's poll escaped as a bare
+    OverflowError (float() of it)."""
+    with s3stream.open(str(tmp_path), wal="memory://") as client:
+        s = client.create_stream()
+        for call in (
+            lambda: s.append(RecordBatch(b"x"), timeout_s=10**400),
+            lambda: s.tail(0, wait_s=10**400),
+            lambda: s.fetch(0, wait_s=-(10**400)),
+        ):
+            with pytest.raises(InvalidArgumentError, match="seconds"):
+                call()

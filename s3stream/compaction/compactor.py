@@ -216,7 +216,7 @@ class Compactor:
         report.objects_before, report.bytes_before = len(live), sum(o.size for o in live)
         unreadable: dict[str, S3StreamError] = {}
         try:
-            report.streams_trimmed = self._apply_retention()
+            report.streams_trimmed = self._apply_retention(unreadable)
             state = self._meta.state
             tasks = plan_stream_set_compaction(
                 state, self._settings, self._index_of, self._clock.now_ms(), unreadable
@@ -349,10 +349,20 @@ class Compactor:
         report.bytes_read += result.bytes_read
         report.bytes_written += result.bytes_written
 
-    def _apply_retention(self) -> int:
+    def _apply_retention(self, unreadable: dict[str, S3StreamError]) -> int:
         state = self._meta.state
         now = self._clock.now_ms()
         targets: dict[int, int] = {}
+
+        def index_of(obj: ObjectMeta) -> ObjectIndex:
+            # An index retention cannot read is damage to report (`unreadable`), as one
+            # planning cannot read: the stream's retention stops there until it is mended.
+            try:
+                return self._index_of(obj)
+            except (CorruptionError, ObjectNotFoundError) as exc:
+                unreadable[obj.key] = exc
+                raise
+
         for stream in state.streams.values():
             if stream.state is StreamState.DELETED:
                 continue
@@ -360,7 +370,7 @@ class Compactor:
                 policy = RetentionPolicy.from_tags(stream.tags, self._default_policy)
                 if policy.unlimited:
                     continue
-                new_start = retention_start(state, stream, policy, self._index_of, now)
+                new_start = retention_start(state, stream, policy, index_of, now)
             except (InvalidArgumentError, CorruptionError, ObjectNotFoundError) as exc:
                 # A bad tag or an unreadable index must not stop compaction of the rest; an
                 # outage (UnavailableError) ends the pass: going on stream by stream took a

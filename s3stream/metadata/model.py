@@ -183,11 +183,10 @@ class NodeMeta(msgspec.Struct, frozen=True, omit_defaults=True):
     """A node (a client writing a WAL) and its epoch; a bump fences the previous holder.
 
     `wal_uid`: the identity of the WAL the node last opened a stream through (a file WAL's
-    header ``wal_uid``; `WriteAheadLog.identity`), or None (none recorded: a WAL without an
-    identity, or no stream opened since identities were recorded). The node's next open
-    refuses a WAL of another identity that holds records: another store's or another node's,
-    whose records would be replayed into the wrong streams (docs/file-wal.md, "One WAL, one
-    store").
+    header ``wal_uid``; `WriteAheadLog.identity`), or None (unknown: a WAL without an
+    identity, or an open by a client that records none). The node's next open refuses a WAL
+    of another identity that holds records: another store's or another node's, whose records
+    would be replayed into the wrong streams (docs/file-wal.md, "One WAL, one store").
     """
 
     node_id: Key
@@ -210,9 +209,9 @@ class CreateStream(_Op, frozen=True, tag="create_stream"):
 class OpenStream(_Op, frozen=True, tag="open_stream", omit_defaults=True):
     """Open a stream for `node_id` at `epoch`, which must be exactly the previous epoch + 1.
 
-    `wal_uid`, when set, is the identity of the WAL the node writes the stream's appends to:
-    it becomes the node's `NodeMeta.wal_uid`. (Left out of the encoding when None, so entries
-    without it read as before.)"""
+    `wal_uid` is the identity of the WAL the node writes the stream's appends to, None when
+    it has none: it becomes the node's `NodeMeta.wal_uid`. (Left out of the encoding when
+    None, so an entry without it, from a client before identities, reads the same.)"""
 
     stream_id: NonNeg
     epoch: Epoch

@@ -383,10 +383,11 @@ class _Txn:
                 self._streams[op.stream_id] = _replace(
                     stream, epoch=op.epoch, state=StreamState.OPEN, owner=op.node_id
                 )
-                if op.wal_uid is not None:
-                    node = self._nodes.get(op.node_id)
-                    if node is not None and node.wal_uid != op.wal_uid:
-                        self._nodes[op.node_id] = _replace(node, wal_uid=op.wal_uid)
+                # The node's WAL is the one this open names; one without an identity (or a
+                # client that records none, before identities were) leaves it unknown.
+                node = self._nodes.get(op.node_id)
+                if node is not None and node.wal_uid != op.wal_uid:
+                    self._nodes[op.node_id] = _replace(node, wal_uid=op.wal_uid)
             case CloseStream():
                 stream = invariants.check_close(self, op)
                 self._streams[op.stream_id] = _replace(stream, state=StreamState.CLOSED, owner=None)

@@ -63,6 +63,7 @@ from .framing import (
     SlotStatus,
     align_down,
     align_up,
+    decode_frame_header,
     decode_slot,
     encode_group_mark,
     file_bytes,
@@ -141,9 +142,10 @@ class FileWal(PipelinedWal):
     over a lock taken beforehand with `WalHolderLock.acquire` (the instance owns it then).
 
     `expect_uid`: the identity (`identity`, the header's ``wal_uid``) the store recorded for
-    this node's WAL, or -1 for a node the store has no WAL of. An existing WAL of another
-    identity is another store's or node's: refused (`InvalidArgumentError`, nothing written)
-    if it holds records, else formatted anew with an identity of its own; unless `must_exist`
+    this node's WAL, or -1 when no WAL's records can be of use to the node (none recorded, no
+    stream open). An existing WAL of another identity is another store's or node's: refused
+    (`InvalidArgumentError`, nothing written) if it holds records or is cut short, else
+    formatted anew with an identity of its own; unless `must_exist`
     (the node still has streams open, so its own WAL, elsewhere, may hold acknowledged
     appends): then the loss is `CorruptionError` unless `accept_loss`. None: no check.
 
@@ -513,7 +515,17 @@ class FileWal(PipelinedWal):
                 "was resized",
                 location=str(path),
             )
-        if not self._is_device and size < expected:
+        if header.node_id != self._node_id:
+            raise InvalidArgumentError(
+                f"WAL {path} belongs to node {header.node_id!r}, not node_id={self._node_id!r}"
+            )
+        truncated = not self._is_device and size < expected
+        if self._is_foreign(header):
+            # Before anything is written (the truncation's repair below included): the WAL
+            # is another store's or node's, to be left as it is unless it holds nothing.
+            self._check_foreign(header, truncated=truncated)
+            return
+        if truncated:
             check_wal_loss(
                 f"WAL {path} was truncated to {size} bytes (its header says {expected}): the "
                 "records past the cut are lost",
@@ -524,35 +536,6 @@ class FileWal(PipelinedWal):
             )
             # Put the ring back to its size; recovery then reads up to the cut (zeros past it).
             os.ftruncate(self._fd, expected)
-        if header.node_id != self._node_id:
-            raise InvalidArgumentError(
-                f"WAL {path} belongs to node {header.node_id!r}, not node_id={self._node_id!r}"
-            )
-        if self._is_foreign(header):
-            if not (header.clean and header.start == header.tail):
-                raise InvalidArgumentError(
-                    f"WAL {path} is not the WAL this store recorded for node "
-                    f"{self._node_id!r}: its identity is {header.wal_uid}, "
-                    + (
-                        "and the store has no WAL of this node"
-                        if self._expect_uid == -1
-                        else f"the node's is {self._expect_uid}"
-                    )
-                    + ", and it holds records that are not uploaded: another store's or "
-                    "another node's, which would be replayed into this store's streams. Name "
-                    "this node's own WAL (or a new path); the WAL is left as it is"
-                )
-            if self._must_exist:
-                check_open_node_wal(
-                    self._node_id,
-                    f"the WAL {path} is not the one the store recorded for it (its identity is "
-                    f"{header.wal_uid}, the node's {self._expect_uid}): the node's own WAL is "
-                    "elsewhere",
-                    location=str(path),
-                    accept_loss=self._accept_loss,
-                )
-            # Empty: formatted anew by `_load_header`; its epoch is another node's history.
-            return
         if header.node_epoch > self._node_epoch:
             raise FencedError(
                 f"WAL {path} is owned by node {header.node_id!r} epoch {header.node_epoch}; "
@@ -569,6 +552,46 @@ class FileWal(PipelinedWal):
     def _is_foreign(self, header: HeaderSlot) -> bool:
         """Whether `header` is of a WAL other than the one the store recorded for the node."""
         return self._expect_uid is not None and header.wal_uid != self._expect_uid
+
+    def _check_foreign(self, header: HeaderSlot, *, truncated: bool) -> None:
+        """Refuse a WAL of another identity that holds records (or is cut short, so that
+        what it holds cannot be told), and, while the node's streams are open, one that
+        holds nothing (its own WAL is elsewhere); a WAL that passes is formatted anew."""
+        path = self._path
+        if truncated or self._holds_records(header):
+            raise InvalidArgumentError(
+                f"WAL {path} is not the WAL this store recorded for node "
+                f"{self._node_id!r}: its identity is {header.wal_uid}, "
+                + (
+                    "and the store has no WAL of this node"
+                    if self._expect_uid == -1
+                    else f"the node's is {self._expect_uid}"
+                )
+                + ", and it holds records that are not uploaded: another store's or another "
+                "node's, which would be replayed into this store's streams. Name this node's "
+                "own WAL (or a new path); the WAL is left as it is"
+            )
+        if self._must_exist:
+            check_open_node_wal(
+                self._node_id,
+                f"the WAL {path} is not the one the store recorded for it (its identity is "
+                f"{header.wal_uid}, the node's {self._expect_uid}): the node's own WAL is "
+                "elsewhere",
+                location=str(path),
+                accept_loss=self._accept_loss,
+            )
+
+    def _holds_records(self, header: HeaderSlot) -> bool:
+        """Whether the WAL `header` describes holds a record at or past its trim point: a
+        clean one says so exactly; after a crash, the first live record would be a valid
+        frame at `start` (an open's claim left the header unclean even when nothing was
+        appended after it)."""
+        if header.clean:
+            return header.start != header.tail
+        at = header.data_start + header.start % header.capacity
+        raw = pread_all(self._fd, FRAME_HEADER.size, at)
+        found = decode_frame_header(raw, 0, header.start, header.seed)
+        return found is not None and not found.is_mark
 
     def _format(self, size: int, *, created: bool) -> None:
         path, fd = self._path, self._fd
