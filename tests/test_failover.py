@@ -9,6 +9,7 @@ in the object store and in PostgreSQL (`metadata_url`): fencing must hold on eit
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -761,3 +762,41 @@ def test_a_live_node_taken_over_does_not_report_its_replayed_appends_as_lost(
     with s3stream.open_reader(root) as reader:
         got = [b.payload for b in reader.read(s.stream_id, 0).batches]
     assert got == [b"a0", b"a1", b"a2"]
+
+
+def test_a_live_node_whose_upload_a_take_over_overtook_is_fenced(tmp_path: Path) -> None:
+    """A take-over replayed part of a live node's appends (the rest were acknowledged after
+    its replay read the WAL: an old writer appending every 2 ms) and moved the stream's end
+    into the node's next upload. That upload's commit stopped at the offsets, a
+    CorruptionError retried for ever, so the node was never fenced and went on taking
+    appends. It is fenced now, as the entry's own node check (I14) would say."""
+    import s3stream
+    from s3stream.errors import FencedError
+    from s3stream.metadata import CommitObjects, ObjectKind, ObjectMeta, StreamRange
+    from s3stream.types import RecordBatch
+
+    root = tmp_path / "store"
+    lazy = {"upload_interval_ms": 3_600_000, "upload_threshold_bytes": 1 << 20}
+    a = s3stream.open(root, node_id="n1", wal="memory://", settings=lazy)
+    s = a.create_stream()
+    for i in range(3):
+        s.append(RecordBatch(b"a%d" % i))
+    with s3stream.open(root, node_id="n2", wal="memory://") as b:
+        # What the take-over does to the metadata: n1 registered again, then its replay's
+        # commit of the first two appends (as the take-over's own node).
+        b.metadata.register_node("n1")
+        replayed = ObjectMeta(
+            key="data/n2/replayed",
+            kind=ObjectKind.STREAM_SET,
+            size=1,
+            ranges=(StreamRange(s.stream_id, 0, 2),),
+            committed_ms=0,
+            node_id="n2",
+        )
+        b.metadata.commit(lambda state: [CommitObjects((replayed,), {s.stream_id: s.epoch})])
+    with pytest.raises(FencedError, match="taken over"):
+        a.flush(timeout_s=10)
+    with pytest.raises(FencedError):
+        s.append(RecordBatch(b"after"))
+    with contextlib.suppress(FencedError):
+        a.close()

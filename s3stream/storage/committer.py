@@ -142,6 +142,7 @@ class Committer:
                     fenced.add(sid)
                 elif s.end_offset != e[BASE]:
                     if s.end_offset < ends[sid]:
+                        self._fenced_if_taken_over(state)
                         raise CorruptionError(
                             f"stream {sid}: upload starts at {e[BASE]} but the "
                             f"committed end is {s.end_offset}"
@@ -149,6 +150,7 @@ class Committer:
                     moved.append(sid)
             if moved:
                 if len(moved) + len(fenced) < len(first):
+                    self._fenced_if_taken_over(state)
                     raise CorruptionError(
                         f"streams {sorted(moved)} are committed past this upload, others of "
                         "it are not: the metadata does not match this client's uploads"
@@ -240,6 +242,18 @@ class Committer:
             what = f"stream {sid} offsets [{lo}, {hi}) ({by})"
             self._log.for_stream(sid).error("acknowledged appends dropped: %s", what)
         self._status.add_dropped(what)
+
+    def _fenced_if_taken_over(self, state: MetadataState) -> None:
+        """`FencedError` if this node was taken over (`state` has it at a newer epoch): a
+        take-over's replay moves ends into this client's uploads, which is no damage then,
+        and the entry's own node check (I14) would say fenced (a CorruptionError was retried
+        for ever, the node never fenced, while it went on taking appends)."""
+        node = None if self._node_epoch is None else state.nodes.get(self._node_id)
+        if node is not None and node.epoch != self._node_epoch:
+            raise FencedError(
+                f"node {self._node_id!r} is at epoch {node.epoch}; this client's uploads, at "
+                f"node epoch {self._node_epoch}, are fenced (the node was taken over)"
+            )
 
     def _taken_over(self) -> bool:
         """Whether this node was registered again since this client registered it (a
