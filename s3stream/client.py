@@ -32,7 +32,13 @@ from .errors import (
     StreamNotFoundError,
     UnavailableError,
 )
-from .failover import TakeOverReport, call_wal_factory, has_open_streams, take_over_node
+from .failover import (
+    TakeOverReport,
+    call_wal_factory,
+    expected_wal_uid,
+    has_open_streams,
+    take_over_node,
+)
 from .metadata import (
     CloseStream,
     DeleteStream,
@@ -261,18 +267,8 @@ class StreamClient(Closeable):
         try:
             bind_log(meta_log, view("metadata"), metadata_prefix, create=True)
             self._meta.load()
-            known = self._meta.state.nodes.get(node_id)
-            # The WAL the store recorded for this node; -1 when it knows none and the node has
-            # no streams open, so that no WAL holding records can be of use here (one that
-            # does is another store's or node's); None (no check) when it knows none and
-            # open streams may have appends in whatever WAL the node used.
-            expect_uid = (
-                known.wal_uid
-                if known is not None and known.wal_uid is not None
-                else None
-                if has_open_streams(self._meta.state, node_id)
-                else -1
-            )
+            open_streams = has_open_streams(self._meta.state, node_id)
+            expect_uid = expected_wal_uid(self._meta.state, node_id, open_streams)
             self._node_epoch = self._meta.register_node(node_id)
         except BaseException:
             if isinstance(wal, WriteAheadLog):
@@ -300,7 +296,7 @@ class StreamClient(Closeable):
                 node_id,
                 self._node_epoch,
                 on_full,
-                must_exist=has_open_streams(self._meta.state, node_id),
+                must_exist=open_streams,
                 expect_uid=expect_uid,
             )
         )

@@ -60,6 +60,17 @@ def has_open_streams(state: MetadataState, node_id: str) -> bool:
     return any(m.state is StreamState.OPEN and m.owner == node_id for m in state.streams.values())
 
 
+def expected_wal_uid(state: MetadataState, node_id: str, open_streams: bool) -> int | None:
+    """What the store expects of `node_id`'s WAL (a WAL factory's `expect_uid`): the identity
+    it recorded; else -1 when the node has no streams open, since no WAL's records can be of
+    use to it then (one holding records is another store's or node's); else None (no check:
+    open streams may have appends in whatever WAL the node used)."""
+    known = state.nodes.get(node_id)
+    if known is not None and known.wal_uid is not None:
+        return known.wal_uid
+    return None if open_streams else -1
+
+
 def call_wal_factory(
     factory: _WalFactory,
     node_id: str,

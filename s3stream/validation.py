@@ -194,8 +194,6 @@ def check_poll(name: str, value: object) -> float:
     """`check_seconds`, at least `MIN_POLL_S`: the wait of a loop that looks again after it
     (a shorter one, 0 or ``1e-9``, makes it spin: a core busy and, on a store, a request
     each time)."""
-    if value is None:
-        raise InvalidArgumentError(f"{name} must be a number of seconds, got None")
     seconds = check_seconds(name, value)
     if seconds < MIN_POLL_S:
         raise InvalidArgumentError(

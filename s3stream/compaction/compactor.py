@@ -39,7 +39,14 @@ from ..settings import CompactionSettings
 from ..storage.packing import KeyFactory
 from ..throttle import PriorityRateLimiter
 from .executor import CompactionExecutor, Moved, TaskResult, WriterOptions
-from .planner import CompactionTask, plan_stream_object_compaction, plan_stream_set_compaction
+from .planner import (
+    CompactionTask,
+    IndexOf,
+    UnreadableIndex,
+    guard_index,
+    plan_stream_object_compaction,
+    plan_stream_set_compaction,
+)
 from .retention import RetentionPolicy, retention_start
 from .sweeper import OrphanSweeper, purge_deleted
 
@@ -215,15 +222,18 @@ class Compactor:
         live = _live(self._meta.state)
         report.objects_before, report.bytes_before = len(live), sum(o.size for o in live)
         unreadable: dict[str, S3StreamError] = {}
+        # An index that cannot be read leaves its object out (retention, planning), to be
+        # reported once below, instead of ending the pass.
+        index_of = guard_index(self._index_of, unreadable)
         try:
-            report.streams_trimmed = self._apply_retention(unreadable)
+            report.streams_trimmed = self._apply_retention(index_of)
             state = self._meta.state
             tasks = plan_stream_set_compaction(
-                state, self._settings, self._index_of, self._clock.now_ms(), unreadable
+                state, self._settings, index_of, self._clock.now_ms()
             )
             self._run_tasks(tasks, state, report, progress, "stream-set compaction")
             state = self._meta.state
-            tasks = plan_stream_object_compaction(state, self._settings, self._index_of, unreadable)
+            tasks = plan_stream_object_compaction(state, self._settings, index_of)
             self._run_tasks(tasks, state, report, progress, "stream object compaction")
         except _Stopped:
             pass
@@ -349,20 +359,10 @@ class Compactor:
         report.bytes_read += result.bytes_read
         report.bytes_written += result.bytes_written
 
-    def _apply_retention(self, unreadable: dict[str, S3StreamError]) -> int:
+    def _apply_retention(self, index_of: IndexOf) -> int:
         state = self._meta.state
         now = self._clock.now_ms()
         targets: dict[int, int] = {}
-
-        def index_of(obj: ObjectMeta) -> ObjectIndex:
-            # An index retention cannot read is damage to report (`unreadable`), as one
-            # planning cannot read: the stream's retention stops there until it is mended.
-            try:
-                return self._index_of(obj)
-            except (CorruptionError, ObjectNotFoundError) as exc:
-                unreadable[obj.key] = exc
-                raise
-
         for stream in state.streams.values():
             if stream.state is StreamState.DELETED:
                 continue
@@ -371,10 +371,10 @@ class Compactor:
                 if policy.unlimited:
                     continue
                 new_start = retention_start(state, stream, policy, index_of, now)
-            except (InvalidArgumentError, CorruptionError, ObjectNotFoundError) as exc:
-                # A bad tag or an unreadable index must not stop compaction of the rest; an
-                # outage (UnavailableError) ends the pass: going on stream by stream took a
-                # store timeout per stream with a retention policy.
+            except (InvalidArgumentError, UnreadableIndex) as exc:
+                # A bad tag or an unreadable index (reported as damage) must not stop
+                # compaction of the rest; an outage (UnavailableError) ends the pass: going
+                # on stream by stream took a store timeout per stream with a retention policy.
                 self._log.for_stream(stream.stream_id).warning(
                     "retention of stream %d: %s", stream.stream_id, exc
                 )

@@ -20,8 +20,8 @@ Data below a stream's start offset is never copied (the executor drops those bat
 straddling the start offset stays whole).
 
 An object whose index cannot be read (damaged: `CorruptionError`; missing: `ObjectNotFoundError`)
-is left out of every plan when the caller passes `unreadable`, which then names it with its
-error: one damaged object must not stop the planning of every other (it stalled every pass).
+is left out of every plan when `index_of` is guarded (`guard_index`, which names it with its
+error): one damaged object must not stop the planning of every other (it stalled every pass).
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ __all__ = [
     "IndexOf",
     "OutputObject",
     "Piece",
+    "UnreadableIndex",
+    "guard_index",
     "keep_from",
     "plan_stream_object_compaction",
     "plan_stream_set_compaction",
@@ -50,26 +52,25 @@ IndexOf = Callable[[ObjectMeta], ObjectIndex]
 _MOSTLY_TRIMMED = 0.5
 
 
-class _Unreadable(Exception):
-    """The index of `obj` could not be read (`_guarded`); its plan goes on without it."""
+class UnreadableIndex(Exception):
+    """The index of `obj` could not be read (`guard_index`): what reads it goes on without
+    it (a plan, a stream's retention)."""
 
-    def __init__(self, obj: ObjectMeta) -> None:
-        super().__init__(obj.key)
+    def __init__(self, obj: ObjectMeta, error: S3StreamError) -> None:
+        super().__init__(str(error))
         self.obj = obj
 
 
-def _guarded(index_of: IndexOf, unreadable: dict[str, S3StreamError] | None) -> IndexOf:
-    """`index_of`, which (given `unreadable`) records an object whose index is damaged or
-    missing there and raises `_Unreadable` for the planner to leave it out."""
-    if unreadable is None:
-        return index_of
+def guard_index(index_of: IndexOf, unreadable: dict[str, S3StreamError]) -> IndexOf:
+    """`index_of`, recording an object whose index is damaged or missing in `unreadable`
+    (with its error) and raising `UnreadableIndex` for the caller to leave it out."""
 
     def guarded(obj: ObjectMeta) -> ObjectIndex:
         try:
             return index_of(obj)
         except (CorruptionError, ObjectNotFoundError) as exc:
             unreadable[obj.key] = exc
-            raise _Unreadable(obj) from exc
+            raise UnreadableIndex(obj, exc) from exc
 
     return guarded
 
@@ -190,7 +191,7 @@ def _readable_merge(
     while len(group) >= least:
         try:
             return [_merge_task(state, group, index_of, settings, split_all=split_all)]
-        except _Unreadable as exc:
+        except UnreadableIndex as exc:
             group = [o for o in group if o.key != exc.obj.key]
     return []
 
@@ -213,10 +214,8 @@ def plan_stream_set_compaction(
     settings: CompactionSettings,
     index_of: IndexOf,
     now_ms: int,
-    unreadable: dict[str, S3StreamError] | None = None,
 ) -> list[CompactionTask]:
     """Tasks that split old stream-set objects and merge small ones (see module docstring)."""
-    index_of = _guarded(index_of, unreadable)
     candidates = sorted(
         (o for o in state.objects.values() if o.live and o.kind is ObjectKind.STREAM_SET),
         key=lambda o: (o.committed_ms, o.key),
@@ -244,14 +243,10 @@ def plan_stream_set_compaction(
 
 
 def plan_stream_object_compaction(
-    state: MetadataState,
-    settings: CompactionSettings,
-    index_of: IndexOf,
-    unreadable: dict[str, S3StreamError] | None = None,
+    state: MetadataState, settings: CompactionSettings, index_of: IndexOf
 ) -> list[CompactionTask]:
     """Per stream (deleted ones included): drop stream objects wholly below the start offset,
     merge runs of small adjacent stream objects, rewrite mostly-trimmed ones."""
-    index_of = _guarded(index_of, unreadable)
     tasks: list[CompactionTask] = []
     dropped: list[ObjectMeta] = []
     for sid in sorted(state.streams):
@@ -309,7 +304,7 @@ def _mostly_trimmed(obj: ObjectMeta, stream_id: int, keep: int | None, index_of:
         return False
     try:
         idx = index_of(obj)
-    except _Unreadable:
+    except UnreadableIndex:
         return False  # left as it is (recorded as unreadable)
     dead = sum(
         b.stored_size for b in idx.find(stream_id, rng.start_offset, keep) if b.end_offset <= keep

@@ -228,7 +228,7 @@ class Committer:
         hi = max([b for _, b in spans] + [released.confirm_offset or 0])
         if hi <= lo:
             return
-        if self._taken_over():
+        if self._taken_over(self._meta.state):
             # The take-over replayed this node's WAL, which held these appends (its claim
             # fenced the WAL before anything later was acknowledged): they are in the stream,
             # and a caller told they were lost would append them twice.
@@ -244,23 +244,23 @@ class Committer:
         self._status.add_dropped(what)
 
     def _fenced_if_taken_over(self, state: MetadataState) -> None:
-        """`FencedError` if this node was taken over (`state` has it at a newer epoch): a
-        take-over's replay moves ends into this client's uploads, which is no damage then,
-        and the entry's own node check (I14) would say fenced (a CorruptionError was retried
-        for ever, the node never fenced, while it went on taking appends)."""
-        node = None if self._node_epoch is None else state.nodes.get(self._node_id)
-        if node is not None and node.epoch != self._node_epoch:
+        """`FencedError` if this node was taken over (`_taken_over` in `state`): a take-over's
+        replay moves ends into this client's uploads, which is no damage then, and the
+        entry's own node check (I14) would say fenced (a CorruptionError was retried for
+        ever, the node never fenced, while it went on taking appends)."""
+        if self._taken_over(state):
             raise FencedError(
-                f"node {self._node_id!r} is at epoch {node.epoch}; this client's uploads, at "
-                f"node epoch {self._node_epoch}, are fenced (the node was taken over)"
+                f"node {self._node_id!r} is at epoch {state.nodes[self._node_id].epoch}; this "
+                f"client's uploads, at node epoch {self._node_epoch}, are fenced (the node was "
+                "taken over)"
             )
 
-    def _taken_over(self) -> bool:
+    def _taken_over(self, state: MetadataState) -> bool:
         """Whether this node was registered again since this client registered it (a
-        take-over, or another open of the node id), as the metadata read last says."""
+        take-over, or another open of the node id), as `state` says."""
         if self._node_epoch is None:
             return False
-        node = self._meta.state.nodes.get(self._node_id)
+        node = state.nodes.get(self._node_id)
         return node is not None and node.epoch > self._node_epoch
 
 
