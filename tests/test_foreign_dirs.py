@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -368,7 +369,27 @@ def test_the_name_limit_counts_a_wal_urls_path_not_its_query(tmp_path: Path) -> 
     assert not (tmp_path / "st2").exists()
 
 
-def _crash_after_appends(store: Path, wal: Path, *payloads: str) -> None:
+@pytest.fixture(params=["file", "object"])
+def wal_at(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[str], str]:
+    """The WAL named `name` in `tmp_path`: a file WAL, or an object WAL on a local directory."""
+
+    def at(name: str) -> str:
+        if request.param == "file":
+            return str(tmp_path / f"{name}.wal")
+        return f"object+file://{tmp_path}/{name}-wal"
+
+    return at
+
+
+def _contents(wal: str) -> dict[str, bytes]:
+    """Every byte of a WAL: its file's, or its objects' by name."""
+    if wal.startswith("object+file://"):
+        root = Path(wal[len("object+file://") :])
+        return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    return {"": Path(wal).read_bytes()}
+
+
+def _crash_after_appends(store: Path, wal: str, *payloads: str) -> None:
     """A writer that creates a stream in `store`, appends `payloads` through `wal` (each
     acknowledged) and dies by SIGKILL before uploading any."""
     code = (
@@ -390,80 +411,84 @@ def _crash_after_appends(store: Path, wal: Path, *payloads: str) -> None:
     assert result.returncode == -signal.SIGKILL, result.stderr
 
 
-def _payloads(store: Path, wal: Path, stream_id: int = 0) -> list[bytes]:
-    with s3stream.open(str(store), wal=str(wal)) as client:
+def _payloads(store: Path, wal: str, stream_id: int = 0) -> list[bytes]:
+    with s3stream.open(str(store), wal=wal) as client:
         stream = client.open_stream(stream_id)
         return [bytes(b.payload) for b in stream.fetch(0, 1 << 20).batches]
 
 
 @pytest.mark.parametrize("b_streams", ["open", "closed", "none"])
 def test_another_stores_wal_is_never_replayed_into_this_store(
-    tmp_path: Path, b_streams: str
+    tmp_path: Path, wal_at: Callable[[str], str], b_streams: str
 ) -> None:
     """Two stores named one WAL, one after the other (a copied setting): store A's writer
     died with acknowledged appends in it, then B was opened with it. B used to take it: into
     B's stream 0 when that was open at the same epoch (A's records read back as B's), else
     dropped as past the end of B's closed stream (A's appends lost, A fenced off its WAL). B
-    is refused now before anything is written, and A recovers every append."""
-    shared = tmp_path / "shared.wal"
+    is refused now before anything is written, and A recovers every append. The same for a
+    file WAL and an object WAL (its prefix's identity object)."""
+    shared = wal_at("shared")
     a, b = tmp_path / "a", tmp_path / "b"
     if b_streams == "open":
-        _crash_after_appends(b, tmp_path / "b.wal")  # stream 0 left open, at epoch 1
+        _crash_after_appends(b, wal_at("b"))  # stream 0 left open, at epoch 1
     elif b_streams == "closed":
-        with s3stream.open(str(b), wal=str(tmp_path / "b.wal")) as client:
+        with s3stream.open(str(b), wal=wal_at("b")) as client:
             client.create_stream().append(RecordBatch(b"B's own"))
     _crash_after_appends(a, shared, "A-0", "A-1", "A-2")
-    before = shared.read_bytes()
+    before = _contents(shared)
     with pytest.raises(InvalidArgumentError, match="not the WAL this store recorded") as info:
-        s3stream.open(str(b), wal=str(shared))
+        s3stream.open(str(b), wal=shared)
     assert "holds records that are not uploaded" in str(info.value)
-    assert shared.read_bytes() == before
+    assert _contents(shared) == before
     assert _payloads(a, shared) == [b"A-0", b"A-1", b"A-2"]
     if b_streams == "closed":
-        assert _payloads(b, tmp_path / "b.wal") == [b"B's own"]
+        assert _payloads(b, wal_at("b")) == [b"B's own"]
 
 
 def test_another_stores_empty_wal_is_formatted_anew_and_then_not_its_own(
-    tmp_path: Path,
+    tmp_path: Path, wal_at: Callable[[str], str]
 ) -> None:
     """A WAL another store closed cleanly holds nothing to lose: B takes it, formatted with a
     new identity. Once B's writer dies with appends in it, A (which recorded the old
     identity) is refused it, and B recovers them."""
-    shared = tmp_path / "shared.wal"
+    shared = wal_at("shared")
     a, b = tmp_path / "a", tmp_path / "b"
-    with s3stream.open(str(a), wal=str(shared)) as client:
+    with s3stream.open(str(a), wal=shared) as client:
         client.create_stream().append(RecordBatch(b"A's"))
         first = client.wal.identity
-    with s3stream.open(str(b), wal=str(tmp_path / "b.wal")) as client:
+    assert first is not None
+    with s3stream.open(str(b), wal=wal_at("b")) as client:
         client.create_stream()
-    with s3stream.open(str(b), wal=str(shared)) as client:
+    with s3stream.open(str(b), wal=shared) as client:
         assert client.wal.identity not in (None, first)
         client.open_stream(0).append(RecordBatch(b"B-0"))
     _crash_after_appends(b, shared, "B-1")
     with pytest.raises(InvalidArgumentError, match="not the WAL this store recorded"):
-        s3stream.open(str(a), wal=str(shared))
+        s3stream.open(str(a), wal=shared)
     assert _payloads(b, shared, 1) == [b"B-1"]  # the crashed writer's new stream
     assert _payloads(a, shared) == [b"A's"]  # clean again after B's close: A's once more
 
 
 def test_an_empty_wal_not_the_nodes_own_is_a_loss_while_its_streams_are_open(
-    tmp_path: Path,
+    tmp_path: Path, wal_at: Callable[[str], str]
 ) -> None:
     """A node whose last session died with streams open names an empty WAL of another store:
     its own WAL, elsewhere, may hold acknowledged appends, so taking the empty one would
     release them unseen. That is the loss a missing WAL is (`CorruptionError` unless
     `accept_wal_loss`), not a WAL to format."""
     a, other = tmp_path / "a", tmp_path / "other"
-    _crash_after_appends(a, tmp_path / "a.wal", "A-0")
-    with s3stream.open(str(other), wal=str(tmp_path / "other.wal")) as client:
+    _crash_after_appends(a, wal_at("a"), "A-0")
+    with s3stream.open(str(other), wal=wal_at("other")) as client:
         client.create_stream().append(RecordBatch(b"other's"))
+    before = _contents(wal_at("other"))
     with pytest.raises(CorruptionError, match="not the one the store recorded"):
-        s3stream.open(str(a), wal=str(tmp_path / "other.wal"))
-    assert _payloads(other, tmp_path / "other.wal") == [b"other's"]
-    assert _payloads(a, tmp_path / "a.wal") == [b"A-0"]
+        s3stream.open(str(a), wal=wal_at("other"))
+    assert _contents(wal_at("other")) == before
+    assert _payloads(other, wal_at("other")) == [b"other's"]
+    assert _payloads(a, wal_at("a")) == [b"A-0"]
 
 
-def _crash_after_open(store: Path, wal: Path) -> None:
+def _crash_after_open(store: Path, wal: str) -> None:
     """A client that opens `store` with `wal` and dies by SIGKILL before opening a stream."""
     code = (
         "import os, signal, sys, s3stream\n"
@@ -481,16 +506,18 @@ def _crash_after_open(store: Path, wal: Path) -> None:
     assert result.returncode == -signal.SIGKILL, result.stderr
 
 
-def test_a_new_wal_of_the_node_that_died_before_any_stream_opens_again(tmp_path: Path) -> None:
+def test_a_new_wal_of_the_node_that_died_before_any_stream_opens_again(
+    tmp_path: Path, wal_at: Callable[[str], str]
+) -> None:
     """The node recorded one WAL, then opened with a new one (its old disk gone) and was
     killed before it opened a stream: the new WAL's identity was never recorded, and its
     header, claimed at the open, said it was not shut down cleanly. It was refused for good
     as another store's WAL holding records; it holds none, and opens."""
     store = tmp_path / "store"
-    with s3stream.open(str(store), wal=str(tmp_path / "old.wal")) as client:
+    with s3stream.open(str(store), wal=wal_at("old")) as client:
         client.create_stream().append(RecordBatch(b"uploaded"))
-    _crash_after_open(store, tmp_path / "new.wal")
-    assert _payloads(store, tmp_path / "new.wal") == [b"uploaded"]
+    _crash_after_open(store, wal_at("new"))
+    assert _payloads(store, wal_at("new")) == [b"uploaded"]
 
 
 def test_a_truncated_wal_of_another_store_is_refused_without_a_write(tmp_path: Path) -> None:
@@ -498,7 +525,7 @@ def test_a_truncated_wal_of_another_store_is_refused_without_a_write(tmp_path: P
     put the file back to its full size before it refused it, so A's next open no longer saw
     the cut (its CorruptionError) and recovered part of its records without a word."""
     a, shared = tmp_path / "a", tmp_path / "shared.wal"
-    _crash_after_appends(a, shared, *(f"A-{i}" for i in range(50)))
+    _crash_after_appends(a, str(shared), *(f"A-{i}" for i in range(50)))
     cut = shared.stat().st_size // 2
     with open(shared, "r+b") as f:
         f.truncate(cut)
@@ -510,14 +537,14 @@ def test_a_truncated_wal_of_another_store_is_refused_without_a_write(tmp_path: P
 
 
 def test_a_node_without_a_recorded_wal_and_no_open_streams_takes_no_records(
-    tmp_path: Path,
+    tmp_path: Path, wal_at: Callable[[str], str]
 ) -> None:
     """Store B's node is registered but recorded no WAL (it never opened a stream), and has
     no streams open, so no record in any WAL can be of use to it: a WAL holding another
     store's records is refused (it was taken, and those records dropped)."""
-    b, a, shared = tmp_path / "b", tmp_path / "a", tmp_path / "shared.wal"
-    s3stream.open(str(b), wal=str(tmp_path / "b.wal")).close()
+    b, a, shared = tmp_path / "b", tmp_path / "a", wal_at("shared")
+    s3stream.open(str(b), wal=wal_at("b")).close()
     _crash_after_appends(a, shared, "A-0", "A-1")
     with pytest.raises(InvalidArgumentError, match="not the WAL this store recorded"):
-        s3stream.open(str(b), wal=str(shared))
+        s3stream.open(str(b), wal=shared)
     assert _payloads(a, shared) == [b"A-0", b"A-1"]

@@ -58,7 +58,7 @@ def _ready(store: ObjectStore, epoch: int = 1, **kw: Any) -> tuple[ObjectWal, li
 
 
 def _chain_objects(store: ObjectStore) -> list[ObjectInfo]:
-    return [i for i in store.list("wal/n1/") if "/trim/" not in i.key]
+    return [i for i in store.list("wal/n1/") if "/trim/" not in i.key and "identity" not in i.key]
 
 
 def _data_objects(store: ObjectStore) -> list[ObjectInfo]:
@@ -585,13 +585,14 @@ def test_both_attempts_landing_is_one_object_acked_once() -> None:
     # reads the object back, finds its own bytes and acknowledges.
     gate = AttemptGate(MetricsObjectStore(MemoryObjectStore()), frozenset({0}), after=True)
     wal, _ = _ready(gate, settings=HEDGE_FAST, retry=False)
+    gets_at_open = gate.inner.metrics.gets  # type: ignore[attr-defined]
     fired: list[int] = []
     fut = wal.append(b"landed twice")
     fut.add_done_callback(lambda f: fired.append(f.result()))
     pos = fut.result(5)
     assert gate.returned == [(1, False)] and not gate.events[0].is_set()
     assert (wal.hedged_puts, wal.hedges_won) == (1, 1)
-    assert gate.inner.metrics.gets == 1  # type: ignore[attr-defined]
+    assert gate.inner.metrics.gets == gets_at_open + 1  # type: ignore[attr-defined]
     gate.events[0].set()
     wal.close()  # waits for the late attempt: nothing runs after close()
     assert gate.returned == [(1, False), (0, True)] and fired == [pos]
@@ -963,6 +964,149 @@ def test_client_on_s3_defaults_to_the_object_wal_and_recovers(seaweedfs: Any) ->
     with s3stream.open(url, node_id="n1", storage_options=opts) as again:
         assert again.recovery.uploaded_batches == 50
         assert _read_all(again, stream.stream_id) == payloads
+
+
+# -- identity: one WAL, one store -----------------------------------------------------------------
+
+
+def _everything(store: ObjectStore) -> dict[str, bytes]:
+    return {info.key: store.get(info.key) for info in store.list("")}
+
+
+def test_the_first_open_gives_the_prefix_an_identity_that_later_opens_keep(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = MemoryObjectStore()
+    wal = _wal(store, expect_uid=-1)
+    assert wal.identity is None  # not known before recovery
+    list(wal.recover())
+    uid = wal.identity
+    assert uid is not None and uid >= 0
+    assert store.head("wal/n1/identity") is not None
+    wal.append(b"x").result(5)
+    wal.close()
+    again, got = _ready(store, epoch=2, expect_uid=uid)
+    assert again.identity == uid and [r.data for r in got] == [b"x"]
+    again.close()
+    with caplog.at_level(logging.WARNING, logger="s3stream"):
+        unchecked, got = _ready(store, epoch=3)  # expect_uid None: no check
+    assert unchecked.identity == uid and [r.data for r in got] == [b"x"]
+    unchecked.close()
+    assert "unexpected key" not in caplog.text
+
+
+@pytest.mark.parametrize("expect", [-1, 12345])
+def test_another_stores_prefix_holding_records_is_refused_before_any_write(expect: int) -> None:
+    """Its node is at a higher epoch than ours (epochs are each store's own): the refusal
+    names the WAL as another store's, not this writer as fenced; neither a recovery nor a
+    reset (which would drop the other store's records) writes anything."""
+    store = MemoryObjectStore()
+    theirs, _ = _ready(store, epoch=7, expect_uid=-1)
+    acked = [WalRecord(theirs.append(b"t%d" % i).result(5), b"t%d" % i) for i in range(3)]
+    uid = theirs.identity
+    theirs._abandon()  # their writer dies with the records not uploaded
+    before = _everything(store)
+    mine = _wal(store, epoch=2, expect_uid=expect)
+    with pytest.raises(InvalidArgumentError, match="not the WAL this store recorded"):
+        list(mine.recover())
+    mine.close()
+    mine = _wal(store, epoch=2, expect_uid=expect)
+    with pytest.raises(InvalidArgumentError, match="holds records that are not uploaded"):
+        mine.reset()
+    mine.close()
+    assert _everything(store) == before
+    again, got = _ready(store, epoch=8, expect_uid=uid)
+    assert got == acked and again.identity == uid
+    again.close()
+
+
+def test_another_stores_empty_prefix_is_taken_with_an_identity_of_its_own() -> None:
+    """Their trim marker and seals carry their store's higher epoch: taken anyway, and this
+    store's next open is not fenced by them (their markers are gone before the new identity
+    is written). Their writer, if alive, is fenced by the seal."""
+    store = MemoryObjectStore()
+    theirs, _ = _ready(store, epoch=9, expect_uid=-1)
+    theirs.trim(theirs.append(b"uploaded").result(5))  # trimmed: nothing left to lose
+    uid = theirs.identity
+    mine, got = _ready(store, epoch=2, expect_uid=-1)
+    assert got == [] and mine.identity not in (None, uid)
+    assert all(".000000000002" in i.key for i in store.list("wal/n1/trim/"))
+    with pytest.raises(FencedError):
+        theirs.append(b"late").result(5)
+    theirs.close()
+    pos = mine.append(b"mine").result(5)
+    mine_uid = mine.identity
+    mine._abandon()
+    again, got = _ready(store, epoch=3, expect_uid=mine_uid)
+    assert got == [WalRecord(pos, b"mine")]
+    again.close()
+    with pytest.raises(InvalidArgumentError, match="not the WAL this store recorded"):
+        _ready(store, epoch=10, expect_uid=uid)
+
+
+def test_a_crash_while_an_empty_foreign_prefix_is_taken_leaves_it_to_be_taken_again() -> None:
+    """The identity is written last: if that fails, the prefix is still the other store's,
+    and the next open takes it again."""
+    inner = MemoryObjectStore()
+    theirs, _ = _ready(inner, epoch=9, expect_uid=-1)
+    uid = theirs.identity
+    theirs.close()
+    faulty = FaultyObjectStore(
+        inner,
+        rules=[FaultRule(error_rate=1.0, operations=frozenset({"put"}), key_prefix="wal/n1/id")],
+        rng=random.Random(0),
+    )
+    mine = _wal(faulty, epoch=2, expect_uid=-1, retry=False)
+    with pytest.raises(UnavailableError):
+        list(mine.recover())
+    mine._abandon()
+    assert _wal(inner, expect_uid=-1)._read_identity() == uid
+    mine, _ = _ready(inner, epoch=2, expect_uid=-1)
+    assert mine.identity not in (None, uid)
+    mine.close()
+
+
+def test_a_damaged_identity_is_damage() -> None:
+    store = MemoryObjectStore()
+    wal, _ = _ready(store, expect_uid=-1)
+    wal.close()
+    blob = bytearray(store.get("wal/n1/identity"))
+    blob[8] ^= 1
+    store.put("wal/n1/identity", bytes(blob))
+    with pytest.raises(CorruptionError, match="identity"):
+        _ready(store, epoch=2)
+
+
+@pytest.mark.s3
+def test_two_stores_given_one_s3_wal(seaweedfs: Any) -> None:
+    """Two stores on SeaweedFS named one object WAL: store A's writer died with acknowledged
+    appends in it; store B is refused it, writing nothing, and A recovers every append."""
+    run = uuid.uuid4().hex
+    opts = seaweedfs.storage_options()
+    shared = f"s3://{seaweedfs.bucket}/shared-{run}/wal"
+    a_url, b_url = (f"s3://{seaweedfs.bucket}/{name}-{run}" for name in ("a", "b"))
+    with s3stream.open(b_url, node_id="n1", storage_options=opts) as b:
+        b.create_stream().append(RecordBatch(b"B's own"))
+    a = s3stream.open(a_url, node_id="n1", wal=shared, storage_options=opts)
+    stream = a.create_stream()
+    for i in range(3):
+        stream.append(RecordBatch(b"A-%d" % i))
+    a._storage.abandon()  # crash before any upload
+    a._wal._abandon()  # type: ignore[attr-defined]
+    raw = S3ObjectStore.from_url(f"s3://{seaweedfs.bucket}", **opts)
+    try:
+        before = _everything_under(raw, f"shared-{run}/")
+        with pytest.raises(InvalidArgumentError, match="not the WAL this store recorded"):
+            s3stream.open(b_url, node_id="n1", wal=shared, storage_options=opts)
+        assert _everything_under(raw, f"shared-{run}/") == before
+    finally:
+        raw.close()
+    with s3stream.open(a_url, node_id="n1", wal=shared, storage_options=opts) as again:
+        assert _read_all(again, stream.stream_id) == [b"A-0", b"A-1", b"A-2"]
+
+
+def _everything_under(store: ObjectStore, prefix: str) -> dict[str, bytes]:
+    return {info.key: store.get(info.key) for info in store.list(prefix)}
 
 
 # -- a crash's torn tail or damage ----------------------------------------------------------------

@@ -138,10 +138,10 @@ class WriteAheadLog(Closeable):
     @property
     def identity(self) -> int | None:
         """What tells this WAL's medium apart from every other, or None (the default: a WAL
-        without one, such as the memory and object-store WALs). The client
-        records it for its node when it opens a stream (`NodeMeta.wal_uid`) and hands it to
-        the node's next opening of its WAL, which refuses a WAL of another identity that
-        holds records (`FileWal`'s `expect_uid`; docs/file-wal.md, "One WAL, one store")."""
+        without one, such as the memory WAL). The client records it for its node when it
+        opens a stream (`NodeMeta.wal_uid`) and hands it to the node's next opening of its
+        WAL, which refuses a WAL of another identity that holds records (`FileWal`'s and
+        `ObjectWal`'s `expect_uid`; docs/file-wal.md, "One WAL, one store")."""
         return None
 
     def in_completion(self) -> bool:

@@ -13,6 +13,9 @@ Layout, fencing and the recovery argument are in ``docs/s3-wal.md``. In short, u
   that had landed when the object was cut.
 - ``trim/{trim:020d}.{anchor:020d}.{epoch:012d}`` — a *trim marker*: records at positions
   <= `trim` are gone and the live chain starts at `anchor`.
+- ``identity`` — the WAL's identity (`ObjectWal.identity`), written by its first open, which
+  the store records for the node; an open expecting another (`expect_uid`) refuses the WAL
+  if it holds records (another store's or node's), else takes it with a new identity.
 
 Recovery is a LIST: the newest marker gives the anchor, the chain is followed from there by
 key and size (``next`` of each object is the key of the following one), data objects are
@@ -115,6 +118,10 @@ _OBJECT_NAME = re.compile(r"^\d{20}$")
 # Epochs are written with at least 12 digits (any int64 one fits in 19).
 _MARKER_NAME = re.compile(r"^trim/(\d{20})\.(\d{20})\.(\d{12,19})$")
 _SEAL_ATTEMPTS = 64
+#: The identity object: magic, version, the identity, crc32c of the 16 bytes before it.
+_IDENTITY = struct.Struct("<4sHxxQI")
+_IDENTITY_MAGIC = b"S3WI"
+_IDENTITY_NAME = "identity"
 _RECOVERY_READ_AHEAD = 8
 #: Adaptive hedging: the delay is `_HEDGE_FACTOR` times the p90 of the last `_HEDGE_WINDOW`
 #: PUT latencies of objects of the same size class, and `_HEDGE_INITIAL_S` until
@@ -310,6 +317,15 @@ class ObjectWal(PipelinedWal):
     `CorruptionError` naming both; with `must_exist` (the node still has streams open), so
     does a prefix holding no object at all. `accept_loss` logs a warning instead and goes on
     without what is lost.
+
+    `expect_uid`: the identity (`identity`, the prefix's ``identity`` object) the store
+    recorded for this node's WAL, or -1 when no WAL's records can be of use to the node (none
+    recorded, no stream open); None: no check. A prefix of another identity (or of none) is
+    another store's or node's: refused by recovery (`InvalidArgumentError`, before anything is
+    written) if its chain holds records, else taken with an identity of its own; unless
+    `must_exist` (the node's own WAL, elsewhere, may hold acknowledged appends): then the
+    loss is `CorruptionError` unless `accept_loss`. As `FileWal`'s (docs/s3-wal.md, "One
+    WAL, one store").
     """
 
     def __init__(
@@ -327,6 +343,7 @@ class ObjectWal(PipelinedWal):
         close_store: bool = False,
         must_exist: bool = False,
         accept_loss: bool = False,
+        expect_uid: int | None = None,
     ) -> None:
         if not isinstance(store, ObjectStore):
             raise InvalidArgumentError(f"store must be an ObjectStore, got {store!r}")
@@ -339,6 +356,11 @@ class ObjectWal(PipelinedWal):
             raise InvalidArgumentError(f"settings must be ObjectWalSettings, got {settings!r}")
         self._must_exist = check_bool("must_exist", must_exist)
         self._accept_loss = check_bool("accept_loss", accept_loss)
+        if expect_uid is not None:
+            check_int("expect_uid", expect_uid, minimum=-1)
+        self._expect_uid = expect_uid
+        #: This WAL's identity, known once recovery has sealed the chain.
+        self._uid: int | None = None
         super().__init__(
             clock=clock if clock is not None else SystemClock(),
             on_full=on_full,
@@ -436,6 +458,13 @@ class ObjectWal(PipelinedWal):
         return self._raw_store
 
     @property
+    def identity(self) -> int | None:
+        """The prefix's identity (its ``identity`` object), once recovery has run; None
+        before."""
+        with self._cond:
+            return self._uid
+
+    @property
     def hedged_puts(self) -> int:
         """Hedges sent so far: second PUTs of a WAL object whose first PUT was slow."""
         with self._lock:
@@ -469,7 +498,11 @@ class ObjectWal(PipelinedWal):
         return self._recover(read_records=True)
 
     def _recover(self, *, read_records: bool) -> Iterator[WalRecord]:
-        listing = self._list()
+        found_uid = self._read_identity()
+        foreign = self._expect_uid is not None and found_uid != self._expect_uid
+        # Another store's WAL: its epochs are that store's, and fence nobody of this one.
+        fence = not foreign or found_uid is None
+        listing = self._list(fence=fence)
         if self._must_exist and not listing.objects:
             # Every open writes a seal, and seals are never deleted: the prefix was wiped.
             markers = " (only trim markers)" if listing.markers else " and no trim marker"
@@ -485,8 +518,12 @@ class ObjectWal(PipelinedWal):
         live: list[tuple[int, int]] = []
         last_record = -1
         pos = start
+        loss_checked = False
         for _ in range(_SEAL_ATTEMPTS):
             plan, end = self._plan(listing, pos)
+            if foreign and any(not step.seal and step.next - 1 > trim for step in plan):
+                # Before a record is read or anything written: not this store's to replay.
+                raise self._foreign_error(found_uid)
             with ThreadPoolExecutor(_RECOVERY_READ_AHEAD, "s3stream-wal-recover") as pool:
                 reads: dict[int, Future[bytes]] = {}
                 vanished = False
@@ -503,7 +540,7 @@ class ObjectWal(PipelinedWal):
                     except ObjectNotFoundError:
                         vanished = True
                         break
-                    header = self._check_object(step, data)
+                    header = self._check_object(step, data, fence=fence)
                     if step.seal:
                         chain.append(_Obj(step.first, step.next, step.key, -1, True))
                     else:
@@ -521,7 +558,7 @@ class ObjectWal(PipelinedWal):
                 past = [] if vanished else self._past_end(listing, end, pool)
             if vanished:
                 # A WAL object disappears only when a trim covers it: the marker says so.
-                listing = self._list()
+                listing = self._list(fence=fence)
                 if listing.anchor <= pos:
                     key = self.object_key(pos)
                     raise CorruptionError(
@@ -532,10 +569,12 @@ class ObjectWal(PipelinedWal):
                 pos, chain = _onto_anchor(listing, pos, chain)
                 continue
             proof = next((p for p in past if p.proves), None)
+            if foreign and proof is not None:
+                raise self._foreign_error(found_uid)  # it held records, lost or not
             if proof is not None:
                 # Confirmed on a new LIST first: a paginated LIST can miss an object that landed
                 # while it ran and still show a later one.
-                listing = self._list()
+                listing = self._list(fence=fence)
                 trim = max(trim, listing.trim)
                 if listing.anchor > end:  # trimmed meanwhile: read on from the new anchor
                     pos, chain = _onto_anchor(listing, pos, chain)
@@ -556,12 +595,27 @@ class ObjectWal(PipelinedWal):
                     ", ".join(p.key for p in past),
                 )
             self._check_not_closing()
+            if foreign and self._must_exist and not loss_checked:
+                loss_checked = True
+                check_open_node_wal(
+                    self._node_id,
+                    f"the WAL {self.describe()} is not the one the store recorded for it (its "
+                    f"identity is {found_uid}, the node's {self._expect_uid}): the node's own "
+                    "WAL is elsewhere",
+                    location=f"{self._dir}/",
+                    accept_loss=self._accept_loss,
+                )
             if self._claim(end, KIND_SEAL):
-                after = self._list()
+                after = self._list(fence=fence)
                 if after.anchor <= end:
                     trim = max(trim, after.trim)
                     live = [(p, size) for p, size in live if p > trim]
                     self._become_ready(after, chain, end, trim, live, last_record)
+                    if not fence:
+                        self._forget_other_store(end)
+                    uid = self._own_identity(found_uid, foreign)
+                    with self._cond:
+                        self._uid = uid
                     return
                 # The position was free because an older writer still at work had written it
                 # and then trimmed past it (its marker, written before the delete, shows it):
@@ -577,7 +631,7 @@ class ObjectWal(PipelinedWal):
                 listing = after
             else:
                 # Someone extended the chain (an older writer still at work): read on.
-                listing = self._list()
+                listing = self._list(fence=fence)
             trim = max(trim, listing.trim)
             pos, chain = _onto_anchor(listing, pos, chain)
         raise UnavailableError(
@@ -692,7 +746,84 @@ class ObjectWal(PipelinedWal):
         )
         return min(seals)
 
-    def _list(self) -> _Listing:
+    # ------------------------------------------------------------------ identity
+
+    def _identity_key(self) -> str:
+        return f"{self._dir}/{_IDENTITY_NAME}"
+
+    def _read_identity(self) -> int | None:
+        """The prefix's identity; None if it has none (new, or written before identities)."""
+        key = self._identity_key()
+        try:
+            data = self._store.get(key)
+        except ObjectNotFoundError:
+            return None
+        if len(data) != _IDENTITY.size:
+            raise CorruptionError(
+                f"WAL identity object {key!r} is {len(data)} bytes, not {_IDENTITY.size}",
+                location=key,
+            )
+        magic, version, uid, crc = _IDENTITY.unpack(data)
+        if magic != _IDENTITY_MAGIC or version != 1 or crc32c.crc32c(data[:16], self._seed) != crc:
+            raise CorruptionError(f"WAL identity object {key!r} is damaged", location=key)
+        return int(uid)
+
+    def _own_identity(self, found: int | None, foreign: bool) -> int:
+        """The identity this WAL has from now on, written if it must be: a prefix without one
+        gets one (created only if absent: a racing opener's, if it was first, is the one);
+        another store's or node's, taken because it held no records, a new one. Written after
+        the seal: a crash before it leaves the old one over a chain of seals only."""
+        if found is not None and not foreign:
+            return found
+        key = self._identity_key()
+        # Not the RNG: it is seeded from the node id, the same in every store. The location
+        # is mixed in so that two WALs made in the same millisecond differ.
+        uid = (self._clock.now_ms() << 16) ^ (crc32c.crc32c(self.describe().encode()) & 0xFFFF)
+        while uid in (found, self._expect_uid):
+            uid += 1
+        head = _IDENTITY.pack(_IDENTITY_MAGIC, 1, uid, 0)[:16]
+        blob = head + struct.pack("<I", crc32c.crc32c(head, self._seed))
+        if found is not None:
+            self._store.put(key, blob)
+            return uid
+        if self._store.put_if_absent(key, blob):
+            return uid
+        theirs = self._read_identity()
+        if theirs is None:  # pragma: no cover - identity objects are never deleted
+            raise UnavailableError(f"{self.describe()}: the WAL identity {key!r} vanished")
+        return theirs
+
+    def _forget_other_store(self, end: int) -> None:
+        """This WAL, another store's that held no records, was sealed at `end` by this open:
+        trim past the seal and delete the other store's trim markers, whose epochs (that
+        store's) would fence this store's next open, before the identity says it is ours (a
+        crash before that leaves it the other store's, to be taken again)."""
+        with self._cond:
+            theirs = list(self._marker_keys)
+        with self._trim_lock:
+            self._trim_to(end)
+        # `_trim_to` deletes them too, but goes on if that fails.
+        self._store.delete_many(theirs)
+
+    def _foreign_error(self, found: int | None) -> InvalidArgumentError:
+        return InvalidArgumentError(
+            f"{self.describe()} is not the WAL this store recorded for node "
+            f"{self._node_id!r}: its identity is "
+            + ("unknown (it has none)" if found is None else str(found))
+            + ", "
+            + (
+                "and the store has no WAL of this node"
+                if self._expect_uid == -1
+                else f"the node's is {self._expect_uid}"
+            )
+            + ", and it holds records that are not uploaded: another store's or another "
+            "node's, which would be replayed into this store's streams. Name this node's own "
+            "WAL (or a new prefix); the WAL is left as it is"
+        )
+
+    def _list(self, *, fence: bool = True) -> _Listing:
+        """One LIST of the node's prefix; with `fence`, `FencedError` if a trim marker of a
+        newer epoch is in it."""
         listing = _Listing()
         base = self._dir + "/"
         for info in self._store.list(base):
@@ -700,13 +831,15 @@ class ObjectWal(PipelinedWal):
             if _OBJECT_NAME.match(name):
                 listing.objects[int(name)] = (info.key, info.size)
                 continue
+            if name == _IDENTITY_NAME:
+                continue
             m = _MARKER_NAME.match(name)
             if m is not None:
                 listing.markers.append((int(m[1]), int(m[2]), int(m[3]), info.key))
             else:
                 self._log.warning("ignoring unexpected key %r in %s", info.key, self.describe())
         newer = max((m[2] for m in listing.markers), default=-1)
-        if newer > self._epoch:
+        if fence and newer > self._epoch:
             raise FencedError(
                 f"WAL of node {self._node_id!r} was trimmed by epoch {newer}; "
                 f"epoch {self._epoch} is fenced"
@@ -734,7 +867,7 @@ class ObjectWal(PipelinedWal):
         # Seals are always read: their epoch says whether a newer owner exists.
         return step.seal or (read_records and step.next - 1 > trim)
 
-    def _check_object(self, step: _PlanStep, data: bytes) -> WalObjectHeader:
+    def _check_object(self, step: _PlanStep, data: bytes, *, fence: bool = True) -> WalObjectHeader:
         header = decode_object_header(data, node_id=self._node_id, key=step.key)
         expected_kind = KIND_SEAL if step.seal else KIND_DATA
         if (
@@ -748,7 +881,7 @@ class ObjectWal(PipelinedWal):
                 f"({step.size} bytes)",
                 location=step.key,
             )
-        if header.epoch > self._epoch:
+        if fence and header.epoch > self._epoch:
             raise FencedError(
                 f"WAL of node {self._node_id!r} is owned by epoch {header.epoch} "
                 f"(object {step.key!r}); epoch {self._epoch} is fenced"
@@ -1218,14 +1351,16 @@ def open_object_wal(
     rng: random.Random | None = None,
     must_exist: bool = False,
     accept_wal_loss: bool = False,
+    expect_uid: int | None = None,
     open_store: Callable[[str], ObjectStore] | None = None,
     **_other_kinds: Any,
 ) -> WriteAheadLog:
     """Factory of ``s3://bucket/prefix/wal`` and ``object+URL`` (any object-store URL, e.g.
-    ``object+file:///var/wal``): an `ObjectWal` whose objects go under the URL. `must_exist`
-    and `accept_wal_loss` are its `must_exist` and `accept_loss`. `open_store` opens the
-    store of the URL (given without its query) instead of `open_object_store` with
-    `storage_options` (the S3 WAL's choice of client, `open_s3_wal`); the WAL closes it.
+    ``object+file:///var/wal``): an `ObjectWal` whose objects go under the URL. `must_exist`,
+    `accept_wal_loss` and `expect_uid` are its `must_exist`, `accept_loss` and `expect_uid`.
+    `open_store` opens the store of the URL (given without its query) instead of
+    `open_object_store` with `storage_options` (the S3 WAL's choice of client,
+    `open_s3_wal`); the WAL closes it.
 
     The query may override single fields of `object_settings`, by their names
     (``wal_batch_interval_ms=50``, ``max_unflushed_bytes=256MiB``, ``full_wait_ms=30s``; the
@@ -1257,6 +1392,7 @@ def open_object_wal(
             close_store=True,
             must_exist=must_exist,
             accept_loss=accept_wal_loss,
+            expect_uid=expect_uid,
         )
     except BaseException:
         with contextlib.suppress(S3StreamError):
