@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import random
 import shutil
 import threading
 from collections.abc import Callable
@@ -30,8 +31,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar
 
+from ..clock import SystemClock
 from ..errors import InvalidArgumentError, ObjectNotFoundError, S3StreamError
 from ..objectstore.base import ObjectInfo, ObjectStore, ObjectStoreCapabilities
+from ..objectstore.wrappers import RetryingObjectStore
 from . import MISSING_DEPENDENCIES_MESSAGE
 
 try:
@@ -145,6 +148,11 @@ class ObjectStoreTests:
     race_rounds: ClassVar[int] = 5
     #: Threads used to write many objects quickly.
     parallelism: ClassVar[int] = 8
+    #: Whether the store's service may answer any call with a transient `UnavailableError`
+    #: (a server on a network resets a connection now and then): the state machine, whose
+    #: long random programs would meet one sooner or later, then calls the store through
+    #: `RetryingObjectStore`, as the client does, instead of failing on it.
+    transient_errors: ClassVar[bool] = False
 
     # -- hooks ------------------------------------------------------------------------------
 
@@ -595,7 +603,10 @@ class ObjectStoreStateMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.directory = type(self).new_directory()
-        self.store = self.hooks._store(self.directory)
+        store = self.hooks._store(self.directory)
+        if self.hooks.transient_errors:
+            store = RetryingObjectStore(store, clock=SystemClock(), rng=random.Random(0))
+        self.store = store
         self.model: dict[str, bytes] = {}
 
     def _key(self, data: st.DataObject) -> str:
