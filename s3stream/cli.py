@@ -852,7 +852,9 @@ def _verify_wals(client: StreamReader, args: argparse.Namespace) -> int:
         if node_id in checked:
             continue
         if default_dir is None:
-            bad += _verify_object_wal(client, node_id, has_open_streams(state, node_id))
+            bad += _verify_object_wal(
+                client, node_id, has_open_streams(state, node_id), state.nodes[node_id].wal_uid
+            )
             continue
         if not has_open_streams(state, node_id):
             continue
@@ -867,9 +869,12 @@ def _verify_wals(client: StreamReader, args: argparse.Namespace) -> int:
     return bad
 
 
-def _verify_object_wal(client: StreamReader, node_id: str, open_streams: bool) -> int:
+def _verify_object_wal(
+    client: StreamReader, node_id: str, open_streams: bool, recorded: int | None
+) -> int:
     """Check `node_id`'s object WAL at a remote store's default place (``wal/NODE/``),
-    read-only; 1 if it is damaged."""
+    read-only; 1 if it is damaged, or holds records under another identity than the one
+    the store `recorded` for the node (the node's open would refuse them)."""
     from .opening import OBJECT_WAL_DIR
     from .wal.object import check_object_wal
 
@@ -889,6 +894,13 @@ def _verify_object_wal(client: StreamReader, node_id: str, open_streams: bool) -
         return 0
     if not check.ok:
         print(f"{where} (node {node_id!r}): DAMAGED: {check.damage}")
+        return 1
+    if check.records and recorded is not None and check.identity != recorded:
+        print(
+            f"{where} (node {node_id!r}): NOT THIS STORE'S: its identity is "
+            f"{check.identity}, the store recorded {recorded} for the node, and it holds "
+            f"{_count(check.records, 'record')}: the node's open refuses it"
+        )
         return 1
     torn = f", {check.torn_tail} unacknowledged object(s) past its end" if check.torn_tail else ""
     print(

@@ -142,14 +142,15 @@ def take_over_node(
     stop_if_given_up(given_up, f"the take-over of node {node_id!r}")
     # `take_over`: a file WAL a live process still holds is opened anyway (the open fences
     # that process) instead of refused with `NodeInUseError`.
+    open_streams = has_open_streams(meta.state, node_id)
     wal = call_wal_factory(
         wal_factory,
         node_id,
         epoch,
         lambda: None,
         take_over=True,
-        must_exist=has_open_streams(meta.state, node_id),
-        expect_uid=meta.state.nodes[node_id].wal_uid,  # None: unknown, no check
+        must_exist=open_streams,
+        expect_uid=expected_wal_uid(meta.state, node_id, open_streams),
     )
     storage = Storage(
         store=store,

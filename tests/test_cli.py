@@ -880,3 +880,28 @@ def test_verify_of_a_store_being_written_reports_no_damage(tmp_path: Path) -> No
     finally:
         writer.kill()
         writer.wait(10)
+
+
+@pytest.mark.s3
+def test_verify_names_an_object_wal_holding_another_stores_records(
+    seaweedfs: LoopbackS3Server,
+) -> None:
+    """Store B was given store S's default object WAL and died with appends in it: S's
+    `verify` said OK, and S's node then failed to open. It reports the WAL as not S's now."""
+    opts = seaweedfs.storage_options()
+    run_id = random.randrange(1 << 30)
+    s_url, b_url = (f"s3://{seaweedfs.bucket}/{name}-{run_id}" for name in ("s", "b"))
+    with s3stream.open(s_url, node_id="n1", storage_options=opts) as c:
+        c.create_stream().append(RecordBatch(b"S's"))
+    b = s3stream.open(b_url, node_id="n1", wal=f"{s_url}/wal", storage_options=opts)
+    b.create_stream().append(RecordBatch(b"B's"))
+    b._storage.abandon()  # crash before any upload
+    b._wal._abandon()  # type: ignore[attr-defined]
+    creds = {
+        "AWS_ACCESS_KEY_ID": seaweedfs.access_key,
+        "AWS_SECRET_ACCESS_KEY": seaweedfs.secret_key,
+    }
+    env = {**ENV, **creds, "S3STREAM_ENDPOINT_URL": seaweedfs.endpoint_url}
+    verified = run("verify", s_url, env=env)
+    assert verified.returncode == 1, (verified.stdout, verified.stderr)
+    assert "NOT THIS STORE'S" in verified.stdout and "1 record" in verified.stdout

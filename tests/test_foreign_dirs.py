@@ -389,20 +389,20 @@ def _contents(wal: str) -> dict[str, bytes]:
     return {"": Path(wal).read_bytes()}
 
 
-def _crash_after_appends(store: Path, wal: str, *payloads: str) -> None:
-    """A writer that creates a stream in `store`, appends `payloads` through `wal` (each
-    acknowledged) and dies by SIGKILL before uploading any."""
+def _crash_after_appends(store: Path, wal: str, *payloads: str, node_id: str = "local") -> None:
+    """A writer (node `node_id`) that creates a stream in `store`, appends `payloads` through
+    `wal` (each acknowledged) and dies by SIGKILL before uploading any."""
     code = (
         "import os, signal, sys, s3stream\n"
-        "c = s3stream.open(sys.argv[1], wal=sys.argv[2])\n"
+        "c = s3stream.open(sys.argv[1], wal=sys.argv[2], node_id=sys.argv[3])\n"
         "s = c.create_stream()\n"
-        "for p in sys.argv[3:]:\n"
+        "for p in sys.argv[4:]:\n"
         "    s.append(s3stream.RecordBatch(p.encode()))\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("S3STREAM_")}
     result = subprocess.run(
-        [sys.executable, "-c", code, str(store), str(wal), *payloads],
+        [sys.executable, "-c", code, str(store), str(wal), node_id, *payloads],
         env={**env, "PYTHONPATH": str(ROOT)},
         capture_output=True,
         timeout=120,
@@ -548,3 +548,22 @@ def test_a_node_without_a_recorded_wal_and_no_open_streams_takes_no_records(
     with pytest.raises(InvalidArgumentError, match="not the WAL this store recorded"):
         s3stream.open(str(b), wal=shared)
     assert _payloads(a, shared) == [b"A-0", b"A-1"]
+
+
+def test_a_take_over_of_a_node_without_a_recorded_wal_takes_no_records(
+    tmp_path: Path, wal_at: Callable[[str], str]
+) -> None:
+    """The take-over's side of the same rule: store B's node n1 is registered, recorded no
+    WAL and has no stream open; taking it over with a WAL that holds store A's records
+    trimmed them away (A's acknowledged appends lost). Refused now, and A recovers them."""
+    b, a, shared = tmp_path / "b", tmp_path / "a", wal_at("shared")
+    s3stream.open(str(b), node_id="n1", wal=wal_at("b-n1")).close()
+    _crash_after_appends(a, shared, "A-0", "A-1", node_id="n1")
+    with (
+        s3stream.open(str(b), node_id="n2", wal=wal_at("b-n2")) as taker,
+        pytest.raises(InvalidArgumentError, match="not the WAL this store recorded"),
+    ):
+        taker.take_over("n1", wal=shared)
+    with s3stream.open(str(a), wal=shared, node_id="n1") as client:
+        got = [bytes(b.payload) for b in client.open_stream(0).fetch(0, 1 << 20).batches]
+    assert got == [b"A-0", b"A-1"]

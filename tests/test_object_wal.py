@@ -1023,14 +1023,15 @@ def test_another_stores_prefix_holding_records_is_refused_before_any_write(expec
 def test_another_stores_empty_prefix_is_taken_with_an_identity_of_its_own() -> None:
     """Their trim marker and seals carry their store's higher epoch: taken anyway, and this
     store's next open is not fenced by them (their markers are gone before the new identity
-    is written). Their writer, if alive, is fenced by the seal."""
+    is written; the taking seal and marker are of epoch 0). Their writer, if alive, is
+    fenced by the seal."""
     store = MemoryObjectStore()
     theirs, _ = _ready(store, epoch=9, expect_uid=-1)
     theirs.trim(theirs.append(b"uploaded").result(5))  # trimmed: nothing left to lose
     uid = theirs.identity
     mine, got = _ready(store, epoch=2, expect_uid=-1)
     assert got == [] and mine.identity not in (None, uid)
-    assert all(".000000000002" in i.key for i in store.list("wal/n1/trim/"))
+    assert [i.key[-13:] for i in store.list("wal/n1/trim/")] == [".000000000000"]
     with pytest.raises(FencedError):
         theirs.append(b"late").result(5)
     theirs.close()
@@ -1044,26 +1045,148 @@ def test_another_stores_empty_prefix_is_taken_with_an_identity_of_its_own() -> N
         _ready(store, epoch=10, expect_uid=uid)
 
 
-def test_a_crash_while_an_empty_foreign_prefix_is_taken_leaves_it_to_be_taken_again() -> None:
-    """The identity is written last: if that fails, the prefix is still the other store's,
-    and the next open takes it again."""
+class _Before(ForwardingObjectStore):
+    """Runs `hook` once, just before the first write (`operation`) of the identity object."""
+
+    def __init__(self, inner: ObjectStore, operation: str, hook: Any) -> None:
+        super().__init__(inner)
+        self.operation, self.hook = operation, hook
+
+    def _maybe(self, operation: str, key: str) -> None:
+        if operation == self.operation and key.endswith("/identity") and self.hook is not None:
+            hook, self.hook = self.hook, None
+            hook()
+
+    def put(self, key: str, data: bytes) -> None:
+        self._maybe("put", key)
+        self.inner.put(key, data)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        self._maybe("put_if_absent", key)
+        return self.inner.put_if_absent(key, data)
+
+
+def test_two_openers_of_a_new_prefix_do_not_share_an_identity() -> None:
+    """Two stores open one new prefix at once; the other's identity lands first. This open
+    took it as its own (and recorded it), so the other's records were replayed into this
+    store as its own. It fails now, and its next open judges the other's identity."""
     inner = MemoryObjectStore()
-    theirs, _ = _ready(inner, epoch=9, expect_uid=-1)
-    uid = theirs.identity
-    theirs.close()
+    other: list[ObjectWal] = []
+
+    def other_opens() -> None:
+        wal, _ = _ready(inner, epoch=5, expect_uid=-1)
+        other.append(wal)
+
+    mine = _wal(_Before(inner, "put_if_absent", other_opens), epoch=3, expect_uid=-1)
+    with pytest.raises(UnavailableError, match="another writer gave this WAL an identity"):
+        list(mine.recover())
+    mine.close()
+    acked = [WalRecord(other[0].append(b"o%d" % i).result(5), b"o%d" % i) for i in range(2)]
+    uid = other[0].identity
+    other[0]._abandon()
+    with pytest.raises(InvalidArgumentError, match="not the WAL this store recorded"):
+        _ready(inner, epoch=4, expect_uid=-1)
+    again, got = _ready(inner, epoch=6, expect_uid=uid)
+    assert got == acked
+    again.close()
+
+
+def test_a_take_racing_the_owners_open_gives_the_wal_back() -> None:
+    """Store B takes store A's empty prefix; before B's identity lands, A opens its WAL as
+    its own (the identity read is still A's), seals past B's seal and acknowledges appends.
+    B's identity written over A's made A's next open refuse A's records and B's replay them
+    as B's. B now sees A's seal past its own, puts A's identity back and fails."""
+    inner = MemoryObjectStore()
+    a, _ = _ready(inner, epoch=2, expect_uid=-1)
+    a_uid = a.identity
+    a.close()
+    acked: list[WalRecord] = []
+
+    def a_opens_and_appends() -> None:
+        wal, _ = _ready(inner, epoch=3, expect_uid=a_uid)
+        acked.extend(WalRecord(wal.append(b"a%d" % i).result(5), b"a%d" % i) for i in range(3))
+        wal._abandon()
+
+    b = _wal(_Before(inner, "put", a_opens_and_appends), epoch=7, expect_uid=-1)
+    with pytest.raises(UnavailableError, match="opened it while this open took it"):
+        list(b.recover())
+    b._abandon()
+    assert _wal(inner)._read_identity() == a_uid
+    with pytest.raises(InvalidArgumentError, match="not the WAL this store recorded"):
+        _ready(inner, epoch=8, expect_uid=-1)
+    again, got = _ready(inner, epoch=4, expect_uid=a_uid)
+    assert got == acked and len(acked) == 3
+    again.close()
+
+
+def test_an_owner_whose_wal_is_taken_while_it_opens_fails_its_open() -> None:
+    """Store A read its own identity, then store B took the (empty) prefix before A's seal:
+    A's open fails instead of appending to a WAL B now holds."""
+    inner = MemoryObjectStore()
+    a, _ = _ready(inner, epoch=2, expect_uid=-1)
+    a_uid = a.identity
+    a.close()
+    took: list[ObjectWal] = []
+
+    class TakenBeforeSeal(ForwardingObjectStore):
+        def put_if_absent(self, key: str, data: bytes) -> bool:
+            if not took and not key.endswith("/identity"):
+                took.append(_ready(inner, epoch=9, expect_uid=-1)[0])
+            return self.inner.put_if_absent(key, data)
+
+    mine = _wal(TakenBeforeSeal(inner), epoch=3, expect_uid=a_uid)
+    with pytest.raises(UnavailableError, match="another store took this WAL"):
+        list(mine.recover())
+    mine._abandon()
+    assert took[0].identity not in (None, a_uid)
+    took[0].close()
+
+
+def test_a_take_that_dies_half_way_leaves_the_wal_to_its_owner() -> None:
+    """Store B (its node at epoch 6) died taking store A's empty prefix: its seal and trim
+    marker written, its identity not. The prefix is still A's; the seal and the marker
+    carried B's epoch, and every open of A (at epoch 2, 3, ...) was fenced by them. They
+    are of epoch 0 now: A opens and appends as before, and B can take it later."""
+    inner = MemoryObjectStore()
+    a, _ = _ready(inner, epoch=1, expect_uid=-1)
+    a_uid = a.identity
+    a.close()
     faulty = FaultyObjectStore(
         inner,
         rules=[FaultRule(error_rate=1.0, operations=frozenset({"put"}), key_prefix="wal/n1/id")],
         rng=random.Random(0),
     )
-    mine = _wal(faulty, epoch=2, expect_uid=-1, retry=False)
+    b = _wal(faulty, epoch=6, expect_uid=-1, retry=False)
     with pytest.raises(UnavailableError):
-        list(mine.recover())
-    mine._abandon()
-    assert _wal(inner, expect_uid=-1)._read_identity() == uid
-    mine, _ = _ready(inner, epoch=2, expect_uid=-1)
-    assert mine.identity not in (None, uid)
-    mine.close()
+        list(b.recover())
+    b._abandon()
+    assert _wal(inner)._read_identity() == a_uid
+    again, got = _ready(inner, epoch=2, expect_uid=a_uid)
+    assert got == [] and again.identity == a_uid
+    pos = again.append(b"after").result(5)
+    again.close()
+    last, got = _ready(inner, epoch=3, expect_uid=a_uid)
+    assert got == [WalRecord(pos, b"after")]
+    last.trim(pos)
+    last.close()
+    b, _ = _ready(inner, epoch=7, expect_uid=-1)
+    assert b.identity not in (None, a_uid)
+    b.close()
+
+
+def test_the_check_reports_the_identity_and_its_damage() -> None:
+    store = MemoryObjectStore()
+    wal, _ = _ready(store, expect_uid=-1)
+    uid = wal.identity
+    wal.append(b"x").result(5)
+    wal._abandon()
+    check = check_object_wal(store, "n1", prefix="wal")
+    assert check.ok and check.identity == uid and check.records == 1
+    blob = bytearray(store.get("wal/n1/identity"))
+    blob[8] ^= 1
+    store.put("wal/n1/identity", bytes(blob))
+    check = check_object_wal(store, "n1", prefix="wal")
+    assert not check.ok and "identity" in (check.damage or "") and check.records == 1
 
 
 def test_a_damaged_identity_is_damage() -> None:
@@ -1093,6 +1216,12 @@ def test_two_stores_given_one_s3_wal(seaweedfs: Any) -> None:
         stream.append(RecordBatch(b"A-%d" % i))
     a._storage.abandon()  # crash before any upload
     a._wal._abandon()  # type: ignore[attr-defined]
+    # A's node in B's store (registered, no stream opened) is taken over with the WAL.
+    with (
+        s3stream.open(b_url, node_id="n2", storage_options=opts) as taker,
+        pytest.raises(InvalidArgumentError, match="not the WAL this store recorded"),
+    ):
+        taker.take_over("n1", wal=shared, storage_options=opts)
     raw = S3ObjectStore.from_url(f"s3://{seaweedfs.bucket}", **opts)
     try:
         before = _everything_under(raw, f"shared-{run}/")

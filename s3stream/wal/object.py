@@ -289,6 +289,8 @@ class ObjectWalCheck:
     torn_tail: int
     #: Why recovery would refuse this WAL with `CorruptionError`; None if healthy.
     damage: str | None
+    #: The prefix's identity (`ObjectWal.identity`); None if it has none, or it is damaged.
+    identity: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -605,7 +607,10 @@ class ObjectWal(PipelinedWal):
                     location=f"{self._dir}/",
                     accept_loss=self._accept_loss,
                 )
-            if self._claim(end, KIND_SEAL):
+            # Taking another store's WAL, this open's seal and trim marker carry epoch 0: a
+            # crash before the identity is ours leaves the WAL the other store's, which this
+            # store's epochs must not fence (its live writer is fenced by the position).
+            if self._claim(end, KIND_SEAL, epoch=self._epoch if fence else 0):
                 after = self._list(fence=fence)
                 if after.anchor <= end:
                     trim = max(trim, after.trim)
@@ -613,7 +618,7 @@ class ObjectWal(PipelinedWal):
                     self._become_ready(after, chain, end, trim, live, last_record)
                     if not fence:
                         self._forget_other_store(end)
-                    uid = self._own_identity(found_uid, foreign)
+                    uid = self._settle_identity(found_uid, foreign, end)
                     with self._cond:
                         self._uid = uid
                     return
@@ -647,6 +652,13 @@ class ObjectWal(PipelinedWal):
         listing = self._list()
         records = record_bytes = 0
         damage: str | None = None
+        identity: int | None = None
+        identity_damage: str | None = None
+        try:
+            identity = self._read_identity()
+        except CorruptionError as exc:
+            # Recovery refuses to open past it (whose records these are cannot be told).
+            identity_damage = str(exc)
         plan, end = self._plan(listing, listing.anchor)
         with ThreadPoolExecutor(_RECOVERY_READ_AHEAD, "s3stream-wal-check") as pool:
             for step in plan:
@@ -680,7 +692,8 @@ class ObjectWal(PipelinedWal):
             records=records,
             record_bytes=record_bytes,
             torn_tail=len(past) if proof is None else 0,
-            damage=damage,
+            damage=identity_damage or damage,
+            identity=identity,
         )
 
     def _past_end(self, listing: _Listing, end: int, pool: ThreadPoolExecutor) -> list[_PastEnd]:
@@ -768,12 +781,30 @@ class ObjectWal(PipelinedWal):
             raise CorruptionError(f"WAL identity object {key!r} is damaged", location=key)
         return int(uid)
 
-    def _own_identity(self, found: int | None, foreign: bool) -> int:
-        """The identity this WAL has from now on, written if it must be: a prefix without one
-        gets one (created only if absent: a racing opener's, if it was first, is the one);
-        another store's or node's, taken because it held no records, a new one. Written after
-        the seal: a crash before it leaves the old one over a chain of seals only."""
+    def _identity_blob(self, uid: int) -> bytes:
+        head = _IDENTITY.pack(_IDENTITY_MAGIC, 1, uid, 0)[:16]
+        return head + struct.pack("<I", crc32c.crc32c(head, self._seed))
+
+    def _settle_identity(self, found: int | None, foreign: bool, end: int) -> int:
+        """The identity this WAL has from now on, this open having sealed it at `end`
+        (`found` read before, `foreign` judged on it): kept if it was the expected one, else
+        written. Another opener racing this one (another store's, naming the same WAL) is
+        caught on the way, and this open fails with `UnavailableError` (open again: the
+        other is then judged by the identity it left):
+
+        - ours, replaced meanwhile: a store taking it wrote its own (read again after the
+          seal);
+        - none yet: created only if absent; another opener's, created first, wins;
+        - another store's, taken because it held no records: written over it, then put
+          back if that store's writer sealed past this open's seal meanwhile (it opened
+          judging by its own identity, so the WAL is its again)."""
         if found is not None and not foreign:
+            now = self._read_identity()
+            if now != found:
+                raise UnavailableError(
+                    f"{self.describe()}: another store took this WAL while it was opened (its "
+                    f"identity is now {now}, was {found}); open it again"
+                )
             return found
         key = self._identity_key()
         # Not the RNG: it is seeded from the node id, the same in every store. The location
@@ -781,44 +812,58 @@ class ObjectWal(PipelinedWal):
         uid = (self._clock.now_ms() << 16) ^ (crc32c.crc32c(self.describe().encode()) & 0xFFFF)
         while uid in (found, self._expect_uid):
             uid += 1
-        head = _IDENTITY.pack(_IDENTITY_MAGIC, 1, uid, 0)[:16]
-        blob = head + struct.pack("<I", crc32c.crc32c(head, self._seed))
-        if found is not None:
-            self._store.put(key, blob)
+        if found is None:
+            if not self._store.put_if_absent(key, self._identity_blob(uid)):
+                raise UnavailableError(
+                    f"{self.describe()}: another writer gave this WAL an identity while this "
+                    "open sealed it; open it again"
+                )
             return uid
-        if self._store.put_if_absent(key, blob):
-            return uid
-        theirs = self._read_identity()
-        if theirs is None:  # pragma: no cover - identity objects are never deleted
-            raise UnavailableError(f"{self.describe()}: the WAL identity {key!r} vanished")
-        return theirs
+        self._store.put(key, self._identity_blob(uid))
+        if self._store.head(self.object_key(end + SESSION_GAP)) is not None:
+            self._store.put(key, self._identity_blob(found))
+            raise UnavailableError(
+                f"{self.describe()}: the store whose WAL this was (identity {found}) opened it "
+                "while this open took it; open it again"
+            )
+        return uid
 
     def _forget_other_store(self, end: int) -> None:
         """This WAL, another store's that held no records, was sealed at `end` by this open:
-        trim past the seal and delete the other store's trim markers, whose epochs (that
-        store's) would fence this store's next open, before the identity says it is ours (a
-        crash before that leaves it the other store's, to be taken again)."""
+        trim past the seal (a marker of epoch 0, fencing nobody of that store should it stay
+        its WAL) and delete the other store's trim markers, whose epochs (that store's) would
+        fence this store's next open, before the identity says it is ours (a crash before
+        that leaves it the other store's, to be taken again)."""
         with self._cond:
             theirs = list(self._marker_keys)
         with self._trim_lock:
-            self._trim_to(end)
+            self._trim_to(end, epoch=0)
         # `_trim_to` deletes them too, but goes on if that fails.
         self._store.delete_many(theirs)
 
     def _foreign_error(self, found: int | None) -> InvalidArgumentError:
+        whose = (
+            "it has none (written before identities, or its identity object was deleted)"
+            if found is None
+            else str(found)
+        )
+        if self._expect_uid == -1:
+            expected = (
+                "and the store recorded none for the node, which has no stream open, so no "
+                "record in any WAL is of use to it"
+            )
+            way_out = (
+                "If they are this store's, uploaded before its streams were closed, delete "
+                f"the objects under {self._dir}/ to go on"
+            )
+        else:
+            expected = f"the store recorded {self._expect_uid} for the node"
+            way_out = "Name this node's own WAL"
         return InvalidArgumentError(
             f"{self.describe()} is not the WAL this store recorded for node "
-            f"{self._node_id!r}: its identity is "
-            + ("unknown (it has none)" if found is None else str(found))
-            + ", "
-            + (
-                "and the store has no WAL of this node"
-                if self._expect_uid == -1
-                else f"the node's is {self._expect_uid}"
-            )
-            + ", and it holds records that are not uploaded: another store's or another "
-            "node's, which would be replayed into this store's streams. Name this node's own "
-            "WAL (or a new prefix); the WAL is left as it is"
+            f"{self._node_id!r}: its identity is {whose}, {expected}, and it holds records "
+            "that are not uploaded: another store's or another node's, which would be "
+            f"replayed into this store's streams. {way_out}; the WAL is left as it is"
         )
 
     def _list(self, *, fence: bool = True) -> _Listing:
@@ -915,17 +960,25 @@ class ObjectWal(PipelinedWal):
             )
         return records
 
-    def _claim(self, first: int, kind: int) -> bool:
-        """Create the chain object at `first` (a seal, whose owner walked the chain up to it);
-        False if the position is taken."""
-        blob = self._object_bytes(first, kind, acked_through=first)
+    def _claim(self, first: int, kind: int, *, epoch: int | None = None) -> bool:
+        """Create the chain object at `first` (a seal, whose owner walked the chain up to it),
+        of this writer's epoch unless `epoch` is given; False if the position is taken."""
+        blob = self._object_bytes(first, kind, acked_through=first, epoch=epoch)
         return self._store.put_if_absent(self.object_key(first), blob)
 
     def _object_bytes(
-        self, first: int, kind: int, body: bytes = b"", records: int = 0, *, acked_through: int
+        self,
+        first: int,
+        kind: int,
+        body: bytes = b"",
+        records: int = 0,
+        *,
+        acked_through: int,
+        epoch: int | None = None,
     ) -> bytes:
         nxt = first + SESSION_GAP if kind == KIND_SEAL else first + len(body)
-        header = WalObjectHeader(kind, self._epoch, first, nxt, records, acked_through)
+        epoch = self._epoch if epoch is None else epoch
+        header = WalObjectHeader(kind, epoch, first, nxt, records, acked_through)
         return _encode_header(header, self._seed) + body
 
     def _check_not_closing(self) -> None:
@@ -1195,8 +1248,9 @@ class ObjectWal(PipelinedWal):
                     return
             self._trim_to(position)
 
-    def _trim_to(self, position: int) -> None:
-        """Persist the trim point, then delete what it frees (holding `_trim_lock`)."""
+    def _trim_to(self, position: int, *, epoch: int | None = None) -> None:
+        """Persist the trim point (a marker of this writer's epoch unless `epoch` is given),
+        then delete what it frees (holding `_trim_lock`)."""
         with self._cond:
             anchor = self._next
             for o in self._objects:
@@ -1207,7 +1261,8 @@ class ObjectWal(PipelinedWal):
                 if self._pending:
                     anchor = self._pending[0].position
             anchor = max(anchor, self._anchor)
-        key = f"{self._dir}/trim/{position:020d}.{anchor:020d}.{self._epoch:012d}"
+        epoch = self._epoch if epoch is None else epoch
+        key = f"{self._dir}/trim/{position:020d}.{anchor:020d}.{epoch:012d}"
         self._store.put(key, b"")
         with self._cond:
             self._trim = position

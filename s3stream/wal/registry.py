@@ -195,7 +195,7 @@ def url_wal_factory(
     node it takes over (`StreamClient.take_over`): a `WalFactory` ``(node_id, node_epoch,
     on_full, *, take_over=False, must_exist=False, expect_uid=None)`` calling `open_wal` with the
     client's WAL settings (the URL's query overrides single fields). `expect_uid`: the WAL
-    identity the store recorded for the node (`FileWal`'s; other WALs have none).
+    identity the store recorded for the node (`FileWal`'s and `ObjectWal`'s).
 
     `url` is the WAL's URL, or a function of the node id giving it (each node's default file
     WAL inside a local store). `held`: the holder lock of the client's own file WAL, taken
