@@ -973,6 +973,17 @@ def _everything(store: ObjectStore) -> dict[str, bytes]:
     return {info.key: store.get(info.key) for info in store.list("")}
 
 
+def _append_crash_recover(wal: ObjectWal, store: ObjectStore, payload: bytes, epoch: int) -> None:
+    """`wal` acknowledges `payload` and dies; its next open (at `epoch`, expecting its
+    identity) recovers it."""
+    pos = wal.append(payload).result(5)
+    uid = wal.identity
+    wal._abandon()
+    again, got = _ready(store, epoch=epoch, expect_uid=uid)
+    assert got == [WalRecord(pos, payload)]
+    again.close()
+
+
 def test_the_first_open_gives_the_prefix_an_identity_that_later_opens_keep(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -1026,21 +1037,18 @@ def test_another_stores_empty_prefix_is_taken_with_an_identity_of_its_own() -> N
     is written; the taking seal and marker are of epoch 0). Their writer, if alive, is
     fenced by the seal."""
     store = MemoryObjectStore()
-    theirs, _ = _ready(store, epoch=9, expect_uid=-1)
+    first, _ = _ready(store, epoch=1, expect_uid=-1)  # their node's first open
+    uid = first.identity
+    first.close()
+    theirs, _ = _ready(store, epoch=9, expect_uid=uid)
     theirs.trim(theirs.append(b"uploaded").result(5))  # trimmed: nothing left to lose
-    uid = theirs.identity
     mine, got = _ready(store, epoch=2, expect_uid=-1)
     assert got == [] and mine.identity not in (None, uid)
     assert [i.key[-13:] for i in store.list("wal/n1/trim/")] == [".000000000000"]
     with pytest.raises(FencedError):
         theirs.append(b"late").result(5)
     theirs.close()
-    pos = mine.append(b"mine").result(5)
-    mine_uid = mine.identity
-    mine._abandon()
-    again, got = _ready(store, epoch=3, expect_uid=mine_uid)
-    assert got == [WalRecord(pos, b"mine")]
-    again.close()
+    _append_crash_recover(mine, store, b"mine", epoch=3)
     with pytest.raises(InvalidArgumentError, match="not the WAL this store recorded"):
         _ready(store, epoch=10, expect_uid=uid)
 
@@ -1111,7 +1119,7 @@ def test_a_take_racing_the_owners_open_gives_the_wal_back() -> None:
     with pytest.raises(UnavailableError, match="opened it while this open took it"):
         list(b.recover())
     b._abandon()
-    assert _wal(inner)._read_identity() == a_uid
+    assert _wal(inner)._read_identity().uid == a_uid  # type: ignore[union-attr]
     with pytest.raises(InvalidArgumentError, match="not the WAL this store recorded"):
         _ready(inner, epoch=8, expect_uid=-1)
     again, got = _ready(inner, epoch=4, expect_uid=a_uid)
@@ -1160,7 +1168,7 @@ def test_a_take_that_dies_half_way_leaves_the_wal_to_its_owner() -> None:
     with pytest.raises(UnavailableError):
         list(b.recover())
     b._abandon()
-    assert _wal(inner)._read_identity() == a_uid
+    assert _wal(inner)._read_identity().uid == a_uid  # type: ignore[union-attr]
     again, got = _ready(inner, epoch=2, expect_uid=a_uid)
     assert got == [] and again.identity == a_uid
     pos = again.append(b"after").result(5)
@@ -1172,6 +1180,79 @@ def test_a_take_that_dies_half_way_leaves_the_wal_to_its_owner() -> None:
     b, _ = _ready(inner, epoch=7, expect_uid=-1)
     assert b.identity not in (None, a_uid)
     b.close()
+
+
+class _FailNextData(ForwardingObjectStore):
+    """Fails the next conditional create of a data object (a WAL PUT) with UnavailableError."""
+
+    armed = False
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        if self.armed and len(data) > HEADER.size:
+            self.armed = False
+            raise UnavailableError("injected: the WAL PUT failed")
+        return self.inner.put_if_absent(key, data)
+
+
+@pytest.mark.parametrize("take", ["whole", "half"])
+def test_a_resume_after_a_failure_does_not_run_over_another_stores_take(take: str) -> None:
+    """Store A's WAL failed a PUT; before A's reset (the uploader's repair) ran, store B took
+    the empty WAL. A's reset walked past B's seal (of epoch 0), sealed and trimmed: B's
+    acknowledged appends were deleted, and A's next one went into a WAL that was B's. A is
+    fenced now. A take that died before its identity was written leaves the WAL A's."""
+    inner = MemoryObjectStore()
+    a_store = _FailNextData(inner)
+    a, _ = _ready(a_store, epoch=2, expect_uid=-1, retry=False)
+    a.trim(a.append(b"uploaded").result(5))
+    a_store.armed = True
+    with pytest.raises(UnavailableError):
+        a.append(b"failed").result(5)
+    acked: list[WalRecord] = []
+    if take == "whole":
+        b, _ = _ready(inner, epoch=3, expect_uid=-1)
+        acked = [WalRecord(b.append(b"b%d" % i).result(5), b"b%d" % i) for i in range(3)]
+        b_uid = b.identity
+        b._abandon()
+    else:
+        faulty = FaultyObjectStore(
+            inner,
+            rules=[
+                FaultRule(error_rate=1.0, operations=frozenset({"put"}), key_prefix="wal/n1/id")
+            ],
+            rng=random.Random(0),
+        )
+        b = _wal(faulty, epoch=3, expect_uid=-1, retry=False)
+        with pytest.raises(UnavailableError):
+            list(b.recover())
+        b._abandon()
+    if take == "half":
+        # B's take never finished: the WAL is still A's, which goes on with it.
+        a.reset()
+        _append_crash_recover(a, inner, b"after", epoch=4)
+        return
+    with pytest.raises(FencedError, match="another store took this WAL"):
+        a.reset()
+    a._abandon()
+    again, got = _ready(inner, epoch=4, expect_uid=b_uid)
+    assert got == acked
+    again.close()
+
+
+def test_a_stale_opener_of_this_stores_node_does_not_take_its_wal() -> None:
+    """Two processes of one store open node n1 at once, the node having recorded no WAL: the
+    first registered (epoch 1) but opens its WAL after the second (epoch 2) did. Expecting
+    none, it took the WAL as another store's (epoch checks skipped), fenced the newer
+    opener, and the identity it wrote was not the one the store recorded last: the node's
+    WAL was refused for good. The stale opener is fenced now, writing nothing."""
+    store = MemoryObjectStore()
+    newer, _ = _ready(store, epoch=2, expect_uid=-1)
+    before = _everything(store)
+    stale = _wal(store, epoch=1, expect_uid=-1)
+    with pytest.raises(FencedError, match="newer than this writer's 1"):
+        list(stale.recover())
+    stale.close()
+    assert _everything(store) == before
+    _append_crash_recover(newer, store, b"kept", epoch=3)
 
 
 def test_the_check_reports_the_identity_and_its_damage() -> None:

@@ -118,8 +118,9 @@ _OBJECT_NAME = re.compile(r"^\d{20}$")
 # Epochs are written with at least 12 digits (any int64 one fits in 19).
 _MARKER_NAME = re.compile(r"^trim/(\d{20})\.(\d{20})\.(\d{12,19})$")
 _SEAL_ATTEMPTS = 64
-#: The identity object: magic, version, the identity, crc32c of the 16 bytes before it.
-_IDENTITY = struct.Struct("<4sHxxQI")
+#: The identity object: magic, version, the identity, the epoch of the node that wrote it,
+#: crc32c of the 24 bytes before it.
+_IDENTITY = struct.Struct("<4sHxxQQI")
 _IDENTITY_MAGIC = b"S3WI"
 _IDENTITY_NAME = "identity"
 _RECOVERY_READ_AHEAD = 8
@@ -254,6 +255,14 @@ def _onto_anchor(listing: _Listing, pos: int, chain: list[_Obj]) -> tuple[int, l
     return listing.anchor, [o for o in chain if o.first >= listing.anchor]
 
 
+class _Identity(NamedTuple):
+    """A WAL prefix's identity object, decoded."""
+
+    uid: int
+    #: The epoch of the opener that wrote it (of its store's node).
+    epoch: int
+
+
 class _PlanStep(NamedTuple):
     first: int
     key: str
@@ -362,7 +371,7 @@ class ObjectWal(PipelinedWal):
             check_int("expect_uid", expect_uid, minimum=-1)
         self._expect_uid = expect_uid
         #: This WAL's identity, known once recovery has sealed the chain.
-        self._uid: int | None = None
+        self._ident: _Identity | None = None
         super().__init__(
             clock=clock if clock is not None else SystemClock(),
             on_full=on_full,
@@ -407,6 +416,8 @@ class ObjectWal(PipelinedWal):
 
         #: The position the next record gets.
         self._next = 0
+        #: Where this writer's latest seal is (its open's, or a resume's).
+        self._sealed_at = -1
         #: Where the unbroken run of this writer's chain objects known to have landed ends
         #: (exclusive): what the next object cut records as `acked_through`.
         self._durable = 0
@@ -464,7 +475,7 @@ class ObjectWal(PipelinedWal):
         """The prefix's identity (its ``identity`` object), once recovery has run; None
         before."""
         with self._cond:
-            return self._uid
+            return None if self._ident is None else self._ident.uid
 
     @property
     def hedged_puts(self) -> int:
@@ -500,7 +511,8 @@ class ObjectWal(PipelinedWal):
         return self._recover(read_records=True)
 
     def _recover(self, *, read_records: bool) -> Iterator[WalRecord]:
-        found_uid = self._read_identity()
+        found = self._read_identity()
+        found_uid = None if found is None else found.uid
         foreign = self._expect_uid is not None and found_uid != self._expect_uid
         # Another store's WAL: its epochs are that store's, and fence nobody of this one.
         fence = not foreign or found_uid is None
@@ -597,6 +609,16 @@ class ObjectWal(PipelinedWal):
                     ", ".join(p.key for p in past),
                 )
             self._check_not_closing()
+            if foreign and found is not None and found.epoch > self._epoch:
+                # Perhaps this store's own node, opened meanwhile by a newer opener (whose
+                # identity this stale open, expecting none, cannot tell from another store's):
+                # taking the WAL would fence it, and the appends it acknowledges would be
+                # recorded under an identity that is no longer the WAL's.
+                raise FencedError(
+                    f"{self.describe()}: its identity was written by an opener at epoch "
+                    f"{found.epoch}, newer than this writer's {self._epoch}: a newer opener of "
+                    "this node holds it (or, if it is another store's WAL, that store's)"
+                )
             if foreign and self._must_exist and not loss_checked:
                 loss_checked = True
                 check_open_node_wal(
@@ -618,9 +640,9 @@ class ObjectWal(PipelinedWal):
                     self._become_ready(after, chain, end, trim, live, last_record)
                     if not fence:
                         self._forget_other_store(end)
-                    uid = self._settle_identity(found_uid, foreign, end)
+                    ident = self._settle_identity(found, foreign, end)
                     with self._cond:
-                        self._uid = uid
+                        self._ident = ident
                     return
                 # The position was free because an older writer still at work had written it
                 # and then trimmed past it (its marker, written before the delete, shows it):
@@ -655,7 +677,8 @@ class ObjectWal(PipelinedWal):
         identity: int | None = None
         identity_damage: str | None = None
         try:
-            identity = self._read_identity()
+            read = self._read_identity()
+            identity = None if read is None else read.uid
         except CorruptionError as exc:
             # Recovery refuses to open past it (whose records these are cannot be told).
             identity_damage = str(exc)
@@ -764,7 +787,7 @@ class ObjectWal(PipelinedWal):
     def _identity_key(self) -> str:
         return f"{self._dir}/{_IDENTITY_NAME}"
 
-    def _read_identity(self) -> int | None:
+    def _read_identity(self) -> _Identity | None:
         """The prefix's identity; None if it has none (new, or written before identities)."""
         key = self._identity_key()
         try:
@@ -776,16 +799,16 @@ class ObjectWal(PipelinedWal):
                 f"WAL identity object {key!r} is {len(data)} bytes, not {_IDENTITY.size}",
                 location=key,
             )
-        magic, version, uid, crc = _IDENTITY.unpack(data)
-        if magic != _IDENTITY_MAGIC or version != 1 or crc32c.crc32c(data[:16], self._seed) != crc:
+        magic, version, uid, epoch, crc = _IDENTITY.unpack(data)
+        if magic != _IDENTITY_MAGIC or version != 1 or crc32c.crc32c(data[:24], self._seed) != crc:
             raise CorruptionError(f"WAL identity object {key!r} is damaged", location=key)
-        return int(uid)
+        return _Identity(int(uid), int(epoch))
 
-    def _identity_blob(self, uid: int) -> bytes:
-        head = _IDENTITY.pack(_IDENTITY_MAGIC, 1, uid, 0)[:16]
+    def _identity_blob(self, identity: _Identity) -> bytes:
+        head = _IDENTITY.pack(_IDENTITY_MAGIC, 1, identity.uid, identity.epoch, 0)[:24]
         return head + struct.pack("<I", crc32c.crc32c(head, self._seed))
 
-    def _settle_identity(self, found: int | None, foreign: bool, end: int) -> int:
+    def _settle_identity(self, found: _Identity | None, foreign: bool, end: int) -> _Identity:
         """The identity this WAL has from now on, this open having sealed it at `end`
         (`found` read before, `foreign` judged on it): kept if it was the expected one, else
         written. Another opener racing this one (another store's, naming the same WAL) is
@@ -803,30 +826,41 @@ class ObjectWal(PipelinedWal):
             if now != found:
                 raise UnavailableError(
                     f"{self.describe()}: another store took this WAL while it was opened (its "
-                    f"identity is now {now}, was {found}); open it again"
+                    f"identity is now {None if now is None else now.uid}, was {found.uid}); "
+                    "open it again"
                 )
             return found
         key = self._identity_key()
         # Not the RNG: it is seeded from the node id, the same in every store. The location
         # is mixed in so that two WALs made in the same millisecond differ.
         uid = (self._clock.now_ms() << 16) ^ (crc32c.crc32c(self.describe().encode()) & 0xFFFF)
-        while uid in (found, self._expect_uid):
+        while uid in (None if found is None else found.uid, self._expect_uid):
             uid += 1
+        mine = _Identity(uid, self._epoch)
         if found is None:
-            if not self._store.put_if_absent(key, self._identity_blob(uid)):
+            if not self._store.put_if_absent(key, self._identity_blob(mine)):
                 raise UnavailableError(
                     f"{self.describe()}: another writer gave this WAL an identity while this "
                     "open sealed it; open it again"
                 )
-            return uid
-        self._store.put(key, self._identity_blob(uid))
+            return mine
+        self._store.put(key, self._identity_blob(mine))
         if self._store.head(self.object_key(end + SESSION_GAP)) is not None:
             self._store.put(key, self._identity_blob(found))
             raise UnavailableError(
-                f"{self.describe()}: the store whose WAL this was (identity {found}) opened it "
-                "while this open took it; open it again"
+                f"{self.describe()}: the store whose WAL this was (identity {found.uid}) opened "
+                "it while this open took it; open it again"
             )
-        return uid
+        return mine
+
+    def _check_identity_kept(self) -> None:
+        """`FencedError` if the prefix's identity is no longer the one this writer settled
+        at its open: another store took the WAL."""
+        if self._ident is not None and self._read_identity() != self._ident:
+            raise FencedError(
+                f"{self.describe()}: another store took this WAL (its identity changed); this "
+                "writer is fenced"
+            )
 
     def _forget_other_store(self, end: int) -> None:
         """This WAL, another store's that held no records, was sealed at `end` by this open:
@@ -1016,6 +1050,7 @@ class ObjectWal(PipelinedWal):
             self._live = deque(live)
             self._live_bytes = sum(size for _, size in live)
             self._next = self._durable = end + SESSION_GAP
+            self._sealed_at = end
             self._start_workers()
 
     def _start_workers(self) -> None:
@@ -1316,14 +1351,27 @@ class ObjectWal(PipelinedWal):
         failure is cleared; until then every append keeps failing.
         """
         with self._order_lock:
+            self._check_identity_kept()
             listing = self._list()
             pos = listing.anchor
             for _ in range(_SEAL_ATTEMPTS):
                 plan, end = self._plan(listing, pos)
                 for step in plan:
                     if step.seal:
-                        self._check_object(step, self._store.get(step.key))
+                        header = self._check_object(step, self._store.get(step.key))
+                        if step.first > self._sealed_at and header.epoch != self._epoch:
+                            # Not ours, and not a newer epoch of this store's node: another
+                            # store's take (epoch 0), or an older writer's. Either way the
+                            # chain past this writer's seal is not its own to seal and trim.
+                            raise FencedError(
+                                f"{self.describe()}: a seal of epoch {header.epoch} past this "
+                                f"writer's (epoch {self._epoch}) at position {step.first}: "
+                                "another writer opened this WAL; this writer is fenced"
+                            )
                 if self._claim(end, KIND_SEAL):
+                    # Again after the seal: a store that took the WAL since the check above
+                    # may have appended before it; nothing of theirs may be trimmed.
+                    self._check_identity_kept()
                     break
                 # Claimed meanwhile (a late attempt of ours, or a taker's seal): walk again.
                 listing = self._list()
@@ -1347,6 +1395,7 @@ class ObjectWal(PipelinedWal):
                 seal = _Obj(end, end + SESSION_GAP, self.object_key(end), -1, True)
                 self._objects = deque([seal])
                 self._next = self._durable = end + SESSION_GAP
+                self._sealed_at = end
                 self._acked = max(self._acked, end)
             self._trim_to(end)
             with self._cond:
