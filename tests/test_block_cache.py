@@ -283,6 +283,31 @@ def test_a_reader_joined_to_a_readahead_that_close_cancels_is_told() -> None:
     assert len(outcome) == 1 and isinstance(outcome[0], s3stream.StreamClosedError), outcome
 
 
+def test_a_reader_joined_to_a_readahead_the_store_did_not_answer_is_told_at_once() -> None:
+    """The readahead a demand read joined got no answer from the store within its deadline
+    (`UnavailableError`): the read fails with it, instead of asking again on its own account
+    and waiting as long once more."""
+    inner = MemoryObjectStore()
+    inner.put(KEY, make_object({1: 10}))
+    down = MetricsObjectStore(
+        FaultyObjectStore(
+            inner,
+            rng=random.Random(1),
+            clock=SystemClock(),
+            rules=[FaultRule(error_rate=1.0, latency_s=(0.3, 0.3), operations=frozenset({"get"}))],
+        )
+    )
+    cache = BlockCache(down, capacity_bytes=1 << 20, readahead_workers=1)
+    blocks = read_index(inner, KEY).find(1, 0)[:1]
+    cache.prefetch(KEY, blocks)
+    time.sleep(0.1)  # its GET is under way
+    with pytest.raises(s3stream.UnavailableError):
+        cache.get_blocks(KEY, blocks)
+    assert cache.metrics.joined == 1
+    assert down.metrics.errors == 1  # one GET: the readahead's
+    cache.close()
+
+
 def _state_with(objects: list[tuple[str, int, int, int]]) -> MetadataState:
     """A metadata state with one stream and the given stream objects (key, size, start, end)."""
     from s3stream.metadata import (

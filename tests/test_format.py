@@ -608,9 +608,11 @@ def test_truncated_objects() -> None:
         with pytest.raises(CorruptionError) as err:
             read_everything(store)
         assert err.value.location == KEY
-        # Metadata says the object is bigger than what is stored.
-        with pytest.raises(CorruptionError):
+        # Metadata says the object is bigger than what is stored: the error names where the
+        # stored bytes end (it said a negative byte for objects smaller than the tail read).
+        with pytest.raises(CorruptionError, match="shorter than expected") as short:
             read_index(store, KEY, object_size=len(data))
+        assert short.value.position == len(data) - cut
     index = read_index(stored(data), KEY)
     short = stored(data[: index.blocks[-1].position + 1])
     with pytest.raises(CorruptionError, match="ends before"):

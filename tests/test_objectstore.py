@@ -986,6 +986,26 @@ def test_a_stuck_fsspec_backend_keeps_the_deadline(tmp_path: Path) -> None:
             os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
 
 
+def test_a_fifo_at_a_keys_path_in_a_local_store_is_no_object(tmp_path: Path) -> None:
+    """Somebody's FIFO where a key's file would be: a read opened it and blocked until a
+    writer came, for ever (a reader's fetch, `open_reader` on a FIFO in the metadata log,
+    `s3stream inspect`). It is no object now, at once; the FIFO is left as it was."""
+    store = LocalObjectStore(tmp_path / "objects")
+    store.put("a/regular", b"x")
+    fifo = tmp_path / "objects" / "a" / "fifo"
+    os.mkfifo(fifo)
+    started = time.monotonic()
+    for call in (
+        lambda: store.get("a/fifo"),
+        lambda: store.get("a/fifo", 1, 2),
+        lambda: store.get_suffix("a/fifo", 4),
+    ):
+        with pytest.raises(ObjectNotFoundError):
+            call()
+    assert time.monotonic() - started < 1
+    assert fifo.is_fifo() and store.get("a/regular") == b"x"
+
+
 def test_fsspec_bad_url() -> None:
     with pytest.raises(InvalidArgumentError):
         FsspecObjectStore("nosuchproto-xyz://a")

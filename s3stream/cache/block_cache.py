@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ..errors import InvalidArgumentError, S3StreamError, StreamClosedError
+from ..errors import InvalidArgumentError, S3StreamError, StreamClosedError, UnavailableError
 from ..format.block import BlockInfo
 from ..format.block_reader import BlockReader, decode_run
 from ..format.objects import ObjectIndex
@@ -260,6 +260,10 @@ class BlockCache:
             try:
                 results[i] = fut.result()
             except StreamClosedError:
+                raise
+            except UnavailableError:
+                # The store did not answer the fetch we joined within its deadline: asking
+                # again on our own account would wait as long once more.
                 raise
             except S3StreamError:
                 # The fetch we joined failed (a readahead, say): try once on our own account.

@@ -887,7 +887,9 @@ def read_index(
         check_int("object_size", object_size)
         tail = store.get(key, max(0, object_size - tail_read_bytes), object_size)
         if len(tail) != min(object_size, tail_read_bytes):
-            raise corrupt(key, object_size - tail_read_bytes, "object shorter than expected")
+            # Named where the object ends: the tail read starts at 0 for a small object.
+            ends = max(0, object_size - tail_read_bytes) + len(tail)
+            raise corrupt(key, ends, "object shorter than expected")
     result = parse_tail(tail, object_size, key)
     if isinstance(result, ObjectIndex):
         return result

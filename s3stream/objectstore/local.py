@@ -72,6 +72,11 @@ def is_temp_name(name: str) -> bool:
 #: A temporary file's name: ``TEMP_PREFIX`` + the writing process's pid + a counter.
 _TEMP_NAME = re.compile(re.escape(TEMP_PREFIX) + r"([0-9]+)-[0-9]+")
 
+#: Reads open without blocking: a FIFO (or device) at a key's path would otherwise block the
+#: open until a writer appears, for ever; opened, it is refused as no object (not a regular
+#: file). On a regular file the flag changes nothing.
+_READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
+
 
 class LocalObjectStore(ObjectStore):
     """Objects as files below `root` (created if missing).
@@ -264,7 +269,7 @@ class LocalObjectStore(ObjectStore):
         path = self._path(key)
         check_range(start, end)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(path, _READ_FLAGS)
         except OSError as exc:
             raise self._translate(exc, "read", key) from exc
         try:
@@ -280,7 +285,7 @@ class LocalObjectStore(ObjectStore):
         path = self._path(key)
         check_suffix_length(length)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(path, _READ_FLAGS)
         except OSError as exc:
             raise self._translate(exc, "read", key) from exc
         try:
