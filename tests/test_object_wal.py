@@ -1255,6 +1255,33 @@ def test_a_stale_opener_of_this_stores_node_does_not_take_its_wal() -> None:
     _append_crash_recover(newer, store, b"kept", epoch=3)
 
 
+def test_a_stale_opener_that_read_an_older_identity_does_not_take_the_wal() -> None:
+    """As above, the node having run before (its identity of epoch 1 in place): the stale
+    opener (epoch 2) read that identity, then the newer one (epoch 3) opened and wrote its
+    own. Judged on what it had read, the stale one took the WAL, fenced the newer one and
+    left the node's WAL refused. It looks again before its seal now, and fails."""
+    inner = MemoryObjectStore()
+    first, _ = _ready(inner, epoch=1, expect_uid=-1)
+    first.close()
+    newer: list[ObjectWal] = []
+
+    class NewerOpensAfterTheRead(ForwardingObjectStore):
+        def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+            if not newer:
+                newer.append(_ready(inner, epoch=3, expect_uid=-1)[0])
+            return self.inner.list(prefix)
+
+    stale = _wal(NewerOpensAfterTheRead(inner), epoch=2, expect_uid=-1)
+    with pytest.raises(UnavailableError, match="while this open read it"):
+        list(stale.recover())
+    stale.close()
+    _append_crash_recover(newer[0], inner, b"kept", epoch=4)
+    retried = _wal(inner, epoch=2, expect_uid=-1)  # refused: the newer one's records
+    with pytest.raises(InvalidArgumentError, match="not the WAL this store recorded"):
+        list(retried.recover())
+    retried.close()
+
+
 def test_the_check_reports_the_identity_and_its_damage() -> None:
     store = MemoryObjectStore()
     wal, _ = _ready(store, expect_uid=-1)

@@ -27,6 +27,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass
 
 from ..errors import InvalidArgumentError, S3StreamError, StreamClosedError, UnavailableError
@@ -48,6 +49,10 @@ log = logging.getLogger(__name__)
 
 
 _BlockKey = tuple[str, int]
+#: How long a demand read waits for a readahead of its block that has not sent its GET yet
+#: before it reads the block itself: usually the readahead goes within milliseconds; queued
+#: behind runs that each wait out a store timeout, it could make a fetch take several.
+_QUEUED_JOIN_S = 0.25
 #: Blocks whose fetch a caller owns, each with the future its readers wait on.
 _Owned = list[tuple[BlockInfo, Future[list[FetchedBatch]]]]
 
@@ -118,7 +123,8 @@ class BlockCache:
         self._log = ContextLogger(log, check_text("node_id", node_id))
         self._capacity = check_int("capacity_bytes", capacity_bytes, minimum=0)
         self._limiter = limiter
-        # Only a throttle delays a readahead much; without one, demand reads join it.
+        # A throttle may delay a readahead long: demand reads take it over at once; without
+        # one, they join it (its GET is usually sent already, or soon).
         self._throttled = limiter is not None and not limiter.unlimited
         self._reader = BlockReader(
             store,
@@ -224,8 +230,21 @@ class BlockCache:
         Cached blocks cost nothing; blocks being fetched are waited for; the rest are fetched
         with one ranged GET per run of adjacent blocks.
         """
+        return self._get_blocks(key, blocks, priority, take_queued=False)
+
+    def _get_blocks(
+        self,
+        key: str,
+        blocks: Sequence[BlockInfo],
+        priority: Priority,
+        *,
+        take_queued: bool,
+    ) -> list[list[FetchedBatch]]:
+        """`get_blocks`; with `take_queued`, a readahead of a block that has not sent its GET
+        yet is taken over at once (as a throttled one always is)."""
         results: list[list[FetchedBatch] | None] = [None] * len(blocks)
-        waits: list[tuple[int, Future[list[FetchedBatch]]]] = []
+        #: (index, future joined, whether it is a readahead not started yet)
+        waits: list[tuple[int, Future[list[FetchedBatch]], bool]] = []
         mine: list[tuple[int, BlockInfo, Future[list[FetchedBatch]]]] = []
         with self._lock:
             for i, blk in enumerate(blocks):
@@ -240,14 +259,16 @@ class BlockCache:
                     results[i] = entry.batches
                     continue
                 fut = self._inflight.get(bk)
-                if fut is not None and self._waiting.get(bk) is fut:
-                    # A readahead not yet past the limiter: fetch the block now, at our
-                    # priority, with a future of our own (nobody waits on the readahead's).
+                queued = fut is not None and self._waiting.get(bk) is fut
+                if queued and (self._throttled or take_queued):
+                    # A readahead not yet past the limiter (or queued too long): fetch the
+                    # block now, at our priority, with a future of our own (readers that
+                    # joined the readahead's give up on it after `_QUEUED_JOIN_S`).
                     del self._waiting[bk]
                     fut = None
                 if fut is not None:
                     self._c["joined"] += 1
-                    waits.append((i, fut))
+                    waits.append((i, fut, queued))
                     continue
                 fut = self._inflight[bk] = Future()
                 self._c["misses"] += 1
@@ -256,8 +277,19 @@ class BlockCache:
             self._fetch(key, [(blk, fut) for _, blk, fut in mine], priority, prefetched=False)
             for i, _, fut in mine:
                 results[i] = fut.result()
-        for i, fut in waits:
+        for i, fut, queued in waits:
             try:
+                if queued:
+                    try:
+                        results[i] = fut.result(_QUEUED_JOIN_S)
+                    except FutureTimeoutError:
+                        # Still queued behind other readaheads (each may take a store timeout
+                        # against a store that stopped answering): read it ourselves, or join
+                        # the readahead if it has sent its GET meanwhile.
+                        (results[i],) = self._get_blocks(
+                            key, [blocks[i]], priority, take_queued=True
+                        )
+                    continue
                 results[i] = fut.result()
             except StreamClosedError:
                 raise
@@ -267,7 +299,7 @@ class BlockCache:
                 raise
             except S3StreamError:
                 # The fetch we joined failed (a readahead, say): try once on our own account.
-                results[i] = self.get_blocks(key, [blocks[i]], priority)[0]
+                (results[i],) = self._get_blocks(key, [blocks[i]], priority, take_queued=True)
         return [r if r is not None else [] for r in results]
 
     def prefetch(self, key: str, blocks: Sequence[BlockInfo]) -> int:
@@ -283,8 +315,7 @@ class BlockCache:
                     continue
                 fut: Future[list[FetchedBatch]] = Future()
                 self._inflight[bk] = fut
-                if self._throttled:
-                    self._waiting[bk] = fut
+                self._waiting[bk] = fut
                 todo.append((blk, fut))
             self._c["readahead_blocks"] += len(todo)
         for run in self._runs(todo):
@@ -319,9 +350,10 @@ class BlockCache:
         """GET and decode `items` (whose futures this caller owns), completing every future;
         raises the first error after failing the futures it could not complete."""
         runs = self._runs(items)
-        # A throttled readahead's blocks may be taken over by demand reads until it passes the
-        # limiter (`get_blocks`); then demand reads join it.
-        may_lose = prefetched and self._throttled
+        # A readahead's blocks may be taken over by demand reads until it sends its GET (past
+        # the limiter, if throttled; else after `_QUEUED_JOIN_S` in the queue: `get_blocks`);
+        # then demand reads join it.
+        may_lose = prefetched
         for n, run in enumerate(runs):
             blocks = [b for b, _ in run]
             if may_lose and not self._still_waiting(key, run):

@@ -609,6 +609,14 @@ class ObjectWal(PipelinedWal):
                     ", ".join(p.key for p in past),
                 )
             self._check_not_closing()
+            if foreign and self._read_identity() != found:
+                # Another opener wrote an identity since this open read it (a newer opener
+                # of this node, perhaps): judged on the old one, this open would take the WAL
+                # from it.
+                raise UnavailableError(
+                    f"{self.describe()}: another opener gave this WAL an identity while this "
+                    "open read it; open it again"
+                )
             if foreign and found is not None and found.epoch > self._epoch:
                 # Perhaps this store's own node, opened meanwhile by a newer opener (whose
                 # identity this stale open, expecting none, cannot tell from another store's):
@@ -844,6 +852,14 @@ class ObjectWal(PipelinedWal):
                     "open sealed it; open it again"
                 )
             return mine
+        if self._read_identity() != found:
+            raise UnavailableError(
+                f"{self.describe()}: another opener gave this WAL an identity while this open "
+                "took it; open it again"
+            )
+        # (Not a conditional write: the store API has none for an overwrite. What can still
+        # slip between the read and the write is caught below, or by the other opener's own
+        # second look.)
         self._store.put(key, self._identity_blob(mine))
         if self._store.head(self.object_key(end + SESSION_GAP)) is not None:
             self._store.put(key, self._identity_blob(found))
