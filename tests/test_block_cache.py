@@ -311,14 +311,16 @@ def test_a_demand_read_does_not_wait_behind_readaheads_queued_on_a_hung_get() ->
     cache = BlockCache(store, capacity_bytes=1 << 20, readahead_workers=1)
     cache.prefetch(KEY, blocks[:1])  # the one worker is stuck in this GET
     time.sleep(0.05)
-    cache.prefetch(KEY, blocks[2:3])  # queued behind it
+    ahead = blocks[2:]
+    cache.prefetch(KEY, ahead)  # queued behind it, one run
     started = time.monotonic()
-    got = cache.get_blocks(KEY, blocks[2:3])
-    assert time.monotonic() - started < 2  # ~0.25 s and its own GET, not the 3 s ahead
-    assert got == BlockCache(inner, capacity_bytes=0).get_blocks(KEY, blocks[2:3])
-    assert cache.metrics.joined == 1 and cache.metrics.misses == 1
+    got = cache.get_blocks(KEY, ahead)
+    # ~0.25 s once (not per block) and one GET of its own, not the 3 s ahead.
+    assert time.monotonic() - started < 1.5
+    assert got == BlockCache(inner, capacity_bytes=0).get_blocks(KEY, ahead)
+    assert cache.metrics.joined == len(ahead) and cache.metrics.misses == len(ahead)
     cache.close()
-    assert store.metrics.gets == 2  # the hung readahead's and the demand read's; no third
+    assert store.metrics.gets == 2  # the hung readahead's and one merged demand GET
 
 
 def test_a_reader_joined_to_a_readahead_the_store_did_not_answer_is_told_at_once() -> None:
@@ -343,6 +345,38 @@ def test_a_reader_joined_to_a_readahead_the_store_did_not_answer_is_told_at_once
         cache.get_blocks(KEY, blocks)
     assert cache.metrics.joined == 1
     assert down.metrics.errors == 1  # one GET: the readahead's
+    cache.close()
+
+
+def test_a_reader_joined_to_a_run_never_sent_reads_it_itself() -> None:
+    """A read of two runs failed at the first GET (the store did not answer): a reader that
+    had joined the second run, which was never sent, was told the store did not answer
+    (`UnavailableError`) for a request nobody made. It reads its block itself now."""
+    inner = MemoryObjectStore()
+    inner.put(KEY, make_object({1: 10}))
+    blocks = read_index(inner, KEY).find(1, 0)
+    first, far = blocks[0], blocks[-1]
+    joined = threading.Event()
+
+    class FirstGetFails(MetricsObjectStore):
+        def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+            if start == first.position:
+                assert joined.wait(5)
+                raise s3stream.UnavailableError("no answer")
+            return super().get(key, start, end)
+
+    store = FirstGetFails(inner)
+    cache = BlockCache(store, capacity_bytes=1 << 20, merge_gap_bytes=0)
+    owner, owner_outcome = _in_thread(lambda: cache.get_blocks(KEY, [first, far]))
+    time.sleep(0.1)  # the owner's first GET is under way; the far run waits behind it
+    other, outcome = _in_thread(lambda: cache.get_blocks(KEY, [far]))
+    time.sleep(0.1)
+    assert cache.metrics.joined == 1
+    joined.set()
+    owner.join(10)
+    other.join(10)
+    assert isinstance(owner_outcome[0], s3stream.UnavailableError), owner_outcome
+    assert outcome == [BlockCache(inner, capacity_bytes=0).get_blocks(KEY, [far])], outcome
     cache.close()
 
 

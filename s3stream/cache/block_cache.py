@@ -49,6 +49,12 @@ log = logging.getLogger(__name__)
 
 
 _BlockKey = tuple[str, int]
+
+
+class _NotFetched(S3StreamError):
+    """Fails the futures of runs a read never sent, after an earlier run of it failed."""
+
+
 #: How long a demand read waits for a readahead of its block that has not sent its GET yet
 #: before it reads the block itself: usually the readahead goes within milliseconds; queued
 #: behind runs that each wait out a store timeout, it could make a fetch take several.
@@ -277,18 +283,21 @@ class BlockCache:
             self._fetch(key, [(blk, fut) for _, blk, fut in mine], priority, prefetched=False)
             for i, _, fut in mine:
                 results[i] = fut.result()
+        # Blocks whose readahead was still queued when the first wait for one ran out: read
+        # together (one merged GET where they are adjacent), or joined if sent meanwhile.
+        late: list[int] = []
         for i, fut, queued in waits:
             try:
-                if queued:
+                if queued and not fut.done():
+                    if late:
+                        late.append(i)
+                        continue
                     try:
                         results[i] = fut.result(_QUEUED_JOIN_S)
                     except FutureTimeoutError:
                         # Still queued behind other readaheads (each may take a store timeout
-                        # against a store that stopped answering): read it ourselves, or join
-                        # the readahead if it has sent its GET meanwhile.
-                        (results[i],) = self._get_blocks(
-                            key, [blocks[i]], priority, take_queued=True
-                        )
+                        # against a store that stopped answering).
+                        late.append(i)
                     continue
                 results[i] = fut.result()
             except StreamClosedError:
@@ -300,6 +309,10 @@ class BlockCache:
             except S3StreamError:
                 # The fetch we joined failed (a readahead, say): try once on our own account.
                 (results[i],) = self._get_blocks(key, [blocks[i]], priority, take_queued=True)
+        if late:
+            got = self._get_blocks(key, [blocks[i] for i in late], priority, take_queued=True)
+            for i, batches in zip(late, got, strict=True):
+                results[i] = batches
         return [r if r is not None else [] for r in results]
 
     def prefetch(self, key: str, blocks: Sequence[BlockInfo]) -> int:
@@ -366,8 +379,13 @@ class BlockCache:
                 data = self._reader.fetch(key, blocks, on_response=self._count_get)
                 decoded = decode_run(key, blocks, data)
             except BaseException as exc:
-                for later in runs[n:]:
-                    self._fail(key, later, exc)
+                self._fail(key, run, exc)
+                # The runs after it were never asked for: readers that joined them try on
+                # their own account (an `UnavailableError` of this run's GET would tell them
+                # the store did not answer a request nobody made).
+                unsent = _NotFetched(f"{key}: not fetched, an earlier GET of its read failed")
+                for later in runs[n + 1 :]:
+                    self._fail(key, later, exc if isinstance(exc, StreamClosedError) else unsent)
                 raise
             self._store_blocks(key, run, decoded, prefetched)
 
