@@ -884,12 +884,8 @@ class ObjectWal(PipelinedWal):
         its WAL) and delete the other store's trim markers, whose epochs (that store's) would
         fence this store's next open, before the identity says it is ours (a crash before
         that leaves it the other store's, to be taken again)."""
-        with self._cond:
-            theirs = list(self._marker_keys)
         with self._trim_lock:
-            self._trim_to(end, epoch=0)
-        # `_trim_to` deletes them too, but goes on if that fails.
-        self._store.delete_many(theirs)
+            self._trim_to(end, epoch=0, must_delete=True)
 
     def _foreign_error(self, found: int | None) -> InvalidArgumentError:
         whose = (
@@ -1299,9 +1295,12 @@ class ObjectWal(PipelinedWal):
                     return
             self._trim_to(position)
 
-    def _trim_to(self, position: int, *, epoch: int | None = None) -> None:
+    def _trim_to(
+        self, position: int, *, epoch: int | None = None, must_delete: bool = False
+    ) -> None:
         """Persist the trim point (a marker of this writer's epoch unless `epoch` is given),
-        then delete what it frees (holding `_trim_lock`)."""
+        then delete what it frees (holding `_trim_lock`). A failed delete is left to a later
+        trim unless `must_delete`: then it raises."""
         with self._cond:
             anchor = self._next
             for o in self._objects:
@@ -1333,6 +1332,8 @@ class ObjectWal(PipelinedWal):
             try:
                 self._store.delete_many(doomed)
             except S3StreamError as exc:
+                if must_delete:
+                    raise
                 # Harmless: recovery starts at the anchor; a later trim deletes them.
                 self._log.warning(
                     "%s: deleting trimmed WAL objects failed: %s", self.describe(), exc
