@@ -428,7 +428,7 @@ def test_readahead_grows_for_sequential_reads_and_stays_off_for_random_ones() ->
     rnd = random.Random(3)
     for _ in range(20):
         start = rnd.randrange(0, 390)
-        ra.after_read(state, 0, start, start + 3, 3000)
+        assert ra.after_read(state, 0, start, start + 3, 3000) is None
     cache.close()
     assert cache.metrics.readahead_blocks == 0
     # Sequential: readahead starts at the second fetch and grows.
@@ -437,7 +437,9 @@ def test_readahead_grows_for_sequential_reads_and_stays_off_for_random_ones() ->
     issued = []
     pos = 0
     while pos < 300:
-        ra.after_read(state, 0, pos, pos + 4, 4000)
+        planning = ra.after_read(state, 0, pos, pos + 4, 4000)
+        if planning is not None:
+            planning.result(timeout=10)
         issued.append(cache.metrics.readahead_blocks)
         pos += 4
     assert issued[0] == 0 and issued[1] > 0
@@ -446,6 +448,42 @@ def test_readahead_grows_for_sequential_reads_and_stays_off_for_random_ones() ->
     # Big windows are issued in big chunks: far fewer GETs than fetches.
     cache.close()
     assert cache.metrics.gets < len(issued) / 4
+
+
+def test_readahead_planning_does_not_hold_the_reader() -> None:
+    """Planning reads the indexes of the objects ahead: on the readahead threads, so a fetch
+    (served from the cache, say) never waits for a slow index it does not need."""
+    inner = MemoryObjectStore()
+    objects = []
+    for name, first in (("data/a", 0), ("data/b", 100)):
+        w = ObjectWriter(block_target_bytes=4096)
+        for i in range(first, first + 100):
+            w.add(0, i, 1, i, encode_batch(0, i, 1, 0, i, {}, bytes([i % 251]) * 1000))
+        data = w.finish()
+        inner.put(name, data)
+        objects.append((name, len(data), first, first + 100))
+    state = _state_with(objects)
+    slow = FaultRule(latency_s=(1.5, 1.5), key_prefix="data/b")
+    store = FaultyObjectStore(inner, rng=random.Random(0), clock=SystemClock(), rules=[slow])
+    cache = BlockCache(store, capacity_bytes=1 << 22)
+    ra = Readahead(cache, initial_bytes=64 * 1024, max_bytes=256 * 1024)
+    try:
+        cache.index("data/a")  # the reader's own object: read by its fetches
+        assert ra.after_read(state, 0, 90, 94, 4000) is None  # a new reader: no readahead yet
+        started = time.monotonic()
+        planning = ra.after_read(state, 0, 94, 98, 4000)  # sequential: plans into data/b
+        took = time.monotonic() - started
+        assert took < 0.5, f"the reader waited {took:.2f} s for readahead planning"
+        assert planning is not None
+        # The rest of data/a (its index cached) was issued at once.
+        assert cache.metrics.readahead_blocks > 0
+        before_b = cache.metrics.readahead_blocks
+        # A fetch meanwhile starts no second planning of the same reader.
+        assert ra.after_read(state, 0, 98, 99, 1000) is None
+        planning.result(timeout=10)
+        assert cache.metrics.readahead_blocks > before_b  # data/b's, after its index came
+    finally:
+        cache.close()
 
 
 @pytest.fixture

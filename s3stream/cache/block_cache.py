@@ -25,10 +25,11 @@ import itertools
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass
+from typing import ParamSpec
 
 from ..errors import InvalidArgumentError, S3StreamError, StreamClosedError, UnavailableError
 from ..format.block import BlockInfo
@@ -49,6 +50,7 @@ log = logging.getLogger(__name__)
 
 
 _BlockKey = tuple[str, int]
+_P = ParamSpec("_P")
 
 
 class _NotFetched(S3StreamError):
@@ -315,6 +317,19 @@ class BlockCache:
                 results[i] = batches
         return [r if r is not None else [] for r in results]
 
+    def in_background(
+        self, fn: Callable[_P, None], /, *args: _P.args, **kwargs: _P.kwargs
+    ) -> Future[None] | None:
+        """Run ``fn(*args, **kwargs)`` on a readahead thread (readahead work that may wait on the
+        store: planning it reads object indexes); None if the cache is closed."""
+        with self._lock:
+            if self._closed:
+                return None
+        try:
+            return self._pool.submit(fn, *args, **kwargs)
+        except RuntimeError:  # closed meanwhile
+            return None
+
     def prefetch(self, key: str, blocks: Sequence[BlockInfo]) -> int:
         """Fetch `blocks` of object `key` in the background unless cached or in flight;
         returns how many were scheduled."""
@@ -450,7 +465,7 @@ class BlockCache:
 
 
 class _Cursor:
-    __slots__ = ("ahead", "frontier", "window")
+    __slots__ = ("ahead", "frontier", "planning", "window")
 
     def __init__(self, window: int, ahead: int, frontier: int) -> None:
         #: Readahead window in bytes (0: not known to be sequential yet).
@@ -459,6 +474,8 @@ class _Cursor:
         self.ahead = ahead
         #: Offset up to which readahead has been issued.
         self.frontier = frontier
+        #: A planning of this reader's readahead is queued or running: no second one.
+        self.planning = False
 
 
 class Readahead:
@@ -494,11 +511,16 @@ class Readahead:
 
     def after_read(
         self, state: MetadataState, stream_id: int, start: int, next_offset: int, nbytes: int
-    ) -> None:
+    ) -> Future[None] | None:
         """Record a fetch of ``[start, next_offset)`` (`nbytes` payload bytes) and fetch ahead
-        if it continues a sequential reader. Never raises: readahead is best effort."""
+        if it continues a sequential reader. Never raises: readahead is best effort.
+
+        What the cached indexes show is issued in the caller's thread; if the planning must
+        read an index (of an object ahead), it goes on on the cache's readahead threads: a
+        fetch served from the cache does not wait a store timeout for an index it does not
+        need. Returns the future of that background planning (None if there is none)."""
         if not self.enabled or next_offset <= start:
-            return
+            return None
         with self._lock:
             cur = self._cursors.pop((stream_id, start), None)
             if cur is None:
@@ -516,27 +538,68 @@ class Readahead:
             self._cursors[(stream_id, next_offset)] = cur
             while len(self._cursors) > self._max_readers:
                 self._cursors.popitem(last=False)
-        if need <= 0:
-            return
+            if need <= 0 or cur.planning:
+                return None
+            cur.planning = True
+        # What the cached indexes show is issued at once (a sequential reader's next fetch
+        # then finds its blocks on their way); an index to read is read on a readahead
+        # thread, with the rest of the planning.
+        issued, end, stopped = self._issued(state, stream_id, frontier, need, read_indexes=False)
+        with self._lock:
+            cur.ahead += issued
+            cur.frontier = max(cur.frontier, end)
+            if not stopped:
+                cur.planning = False
+                return None
+        plan = self._cache.in_background(self._plan, cur, state, stream_id, end, need - issued)
+        if plan is None:  # the cache is closed
+            with self._lock:
+                cur.planning = False
+        return plan
+
+    def _plan(
+        self, cur: _Cursor, state: MetadataState, stream_id: int, frontier: int, need: int
+    ) -> None:
+        issued, end, _ = self._issued(state, stream_id, frontier, need, read_indexes=True)
+        # The reader may have read on meanwhile (its cursor is then keyed by its new
+        # position): it is the same cursor object either way.
+        with self._lock:
+            cur.planning = False
+            cur.ahead += issued
+            cur.frontier = max(cur.frontier, end)
+
+    def _issued(
+        self,
+        state: MetadataState,
+        stream_id: int,
+        frontier: int,
+        need: int,
+        *,
+        read_indexes: bool,
+    ) -> tuple[int, int, bool]:
+        """`_issue`, never raising (a failure is logged and ends the planning): bytes issued,
+        where they end, and whether it stopped at an index not cached (`read_indexes` off)."""
         try:
-            issued, end = self._issue(state, stream_id, frontier, need)
+            return self._issue(state, stream_id, frontier, need, read_indexes=read_indexes)
         except S3StreamError as exc:
             self._cache.logger.for_stream(stream_id).debug(
                 "readahead planning for stream %d failed: %s", stream_id, exc
             )
-            return
-        with self._lock:
-            if self._cursors.get((stream_id, next_offset)) is cur:
-                cur.ahead += issued
-                cur.frontier = max(cur.frontier, end)
+            return 0, frontier, False
 
     def _issue(
-        self, state: MetadataState, stream_id: int, frontier: int, need: int
-    ) -> tuple[int, int]:
+        self, state: MetadataState, stream_id: int, frontier: int, need: int, *, read_indexes: bool
+    ) -> tuple[int, int, bool]:
         issued = 0
         pos = frontier
         for obj in state.objects_for(stream_id, frontier):
-            idx = self._cache.index(obj.key, obj.size)
+            if read_indexes:
+                idx = self._cache.index(obj.key, obj.size)
+            else:
+                cached = self._cache.indexes.peek(obj.key)
+                if cached is None:
+                    return issued, pos, True
+                idx = cached
             take: list[BlockInfo] = []
             for blk in idx.find(stream_id, pos):
                 take.append(blk)
@@ -548,4 +611,4 @@ class Readahead:
                 self._cache.prefetch(obj.key, take)
             if issued >= need:
                 break
-        return issued, pos
+        return issued, pos, False

@@ -107,6 +107,15 @@ class ObjectIndexCache:
         fut.set_result(idx)
         return idx
 
+    def peek(self, key: str) -> ObjectIndex | None:
+        """The index of object `key` if it is cached (a hit), else None: never a read."""
+        with self._lock:
+            idx = self._entries.get(key)
+            if idx is not None:
+                self._entries.move_to_end(key)
+                self._hits += 1
+            return idx
+
     def _put(self, key: str, idx: ObjectIndex) -> None:
         """Add `idx` and evict from the cold end down to the bounds (the lock is held)."""
         old = self._entries.pop(key, None)
