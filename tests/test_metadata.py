@@ -684,12 +684,13 @@ def test_load_reads_checkpoint_then_only_later_entries_and_never_lists(
     assert reader.calls[:2] == [("get", "meta/checkpoint"), ("get", m.log.checkpoint_key(30))]
     # Entry 30 (the checkpoint's: still there, the rollback check), entries 31-35 one GET
     # each, then the missing 36; past the first two the log reads runs in parallel
-    # (MetadataLog.read_entries), so 37 and 38 were asked for with 35 and 36. Then one HEAD
-    # past the tip: 37 missing too, so 36 is the tip, not a hole.
-    entry_gets = reader.calls[2:-1]
+    # (MetadataLog.read_entries), so 37 and 38 were asked for with 35 and 36. Then HEADs
+    # past the tip (35 + 1 + 2**j): none exists, so 36 is the tip, not a hole.
+    entry_gets = reader.calls[2:-17]
     assert entry_gets[0] == ("get", m.log.entry_key(30))
     assert sorted(entry_gets[1:]) == [("get", m.log.entry_key(s)) for s in range(31, 39)]
-    assert reader.calls[-1] == ("head", m.log.entry_key(37))
+    heads = sorted(reader.calls[-17:], key=lambda call: call[1])
+    assert heads == [("head", m.log.entry_key(36 + (1 << j))) for j in range(17)]
     # A refresh with nothing new costs two GETs: the newest entry applied, which must still
     # be there with the bytes applied (else the log was rolled back), and the next, missing;
     # commits use no LIST either.
@@ -1697,7 +1698,6 @@ def test_a_checksummed_entry_with_a_string_that_is_not_utf8_is_damage() -> None:
 
     from s3stream.metadata.audit import audit_log
     from s3stream.metadata.codec import decode_entry, encode_entry
-    from s3stream.metadata.log import MetadataLog
 
     good = msgspec.msgpack.encode({"seq": 1, "ops": [], "writer": "WW", "ts_ms": 0})
     body = good.replace(b"\xa2WW", b"\xa2\xff\xfe")
@@ -1791,21 +1791,22 @@ def test_a_checkpoint_left_to_the_background_is_finished_before_close_returns(
         assert len(again.list_streams()) == 3
 
 
-def test_a_hole_at_the_tip_of_a_run_is_found_at_load() -> None:
-    """Entry 4 of 9 is gone (damage, a partial copy): the replay stops there, and nothing in
-    its run tells the hole from the tip. Loading read a short, older history without a word
-    (and a writer then filled the hole with an entry of its own); one HEAD past the tip
-    finds it."""
-    store = MemoryObjectStore()
-    m = manager(store)
-    for _ in range(9):
+@pytest.mark.parametrize("hole", [1, 2, 5])
+def test_a_hole_at_the_tip_of_a_run_is_found_at_load(backend: MetadataBackend, hole: int) -> None:
+    """Entries from 4 on are gone, `hole` of them (damage, or a partial copy, whose tools
+    copy keys in any order): the replay stops there, and nothing in its run tells the hole
+    from the tip. Loading read a short, older history without a word (and a writer then
+    filled the hole with entries of its own, under which the later ones were replayed); the
+    load looks past the tip and finds it (a hole of 2 or more went unseen: one HEAD at
+    tip + 2)."""
+    m = manager(backend, checkpoint_interval=1000)
+    for _ in range(14):
         m.create_stream({})
-    log = MetadataLog(store, "meta")
-    store.delete_many([log.entry_key(4)])
-    with pytest.raises(CorruptionError, match="missing while later entries exist"):
-        manager(store, "w2")
-    store.delete_many([log.entry_key(s) for s in range(5, 10)])
-    assert manager(store, "w3").seq == 3  # the tip, not a hole: loads
+    backend.delete_entries(list(range(4, 4 + hole)))
+    with pytest.raises(CorruptionError, match=r"00000000000000000004"):
+        manager(backend, writer="w3", checkpoint_interval=1000)
+    backend.delete_entries(list(range(4 + hole, 15)))
+    assert manager(backend, writer="w3").seq == 3  # the tip, not a hole: loads
 
 
 def test_a_node_keeps_the_wal_identity_its_last_stream_open_recorded(

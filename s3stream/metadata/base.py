@@ -9,7 +9,8 @@ builds, validates and replays entries, and asks its store for exactly this:
   seq, in any processes on any machines, exactly one wins. This one primitive is the whole of
   the fencing (docs/metadata.md, "Concurrency protocol"), so an implementation must provide it
   from its backend (a conditional create, a primary key), never from a lock in this process;
-- whether an entry it has applied still exists (the rollback check);
+- whether an entry it has applied still exists (the rollback check), and whether one exists
+  past the tip it loaded (a hole: damage);
 - read and write checkpoints and the pointer to the latest one;
 - list the seqs present, for audits only.
 
@@ -25,12 +26,17 @@ from collections.abc import Callable, Iterator
 from ..errors import ObjectNotFoundError
 from .model import Checkpoint, LogEntry
 
-__all__ = ["Compose", "ExternalMetadataLog", "MetadataLogStore"]
+__all__ = ["Compose", "ExternalMetadataLog", "MetadataLogStore", "tip_probes"]
 
 #: `MetadataLogStore.commit_serialized`'s callback: given the entries from seq `after` on (in
 #: order; entry `after` itself first unless `after` is 0), the seq and payload of the entry to
 #: create, or None to create nothing.
 Compose = Callable[[list[tuple[LogEntry, bytes]]], tuple[int, bytes] | None]
+
+
+def tip_probes(seq: int) -> list[int]:
+    """The entries `MetadataLogStore.has_entry_past` asks for by default, the nearest first."""
+    return [seq + 1 + (1 << j) for j in range(17)]
 
 
 class MetadataLogStore(ABC):
@@ -121,6 +127,16 @@ class MetadataLogStore(ABC):
     @abstractmethod
     def has_entry(self, seq: int) -> bool:
         """Whether entry `seq` exists (entries are never deleted: the rollback check)."""
+
+    def has_entry_past(self, seq: int) -> bool:
+        """Whether an entry after ``seq + 1`` exists: the load's check that entry
+        ``seq + 1``, found missing, is the log's tip and not a hole (damage, or a partial
+        copy of the store), which a writer would fill with an entry of its own. This default
+        asks `has_entry` at ``seq + 1 + 2**j`` for j = 0..16, the nearest first: a hole is
+        found whenever the log goes on past it at least as far as the hole is long (a power
+        of two then lies in that stretch). A backend that can see every later entry at once
+        says so exactly."""
+        return any(self.has_entry(p) for p in tip_probes(seq))
 
     @abstractmethod
     def check_writable(self) -> None:

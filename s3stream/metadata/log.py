@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import CorruptionError, InvalidArgumentError, ObjectNotFoundError
 from ..objectstore.base import ObjectStore, check_key
-from .base import MetadataLogStore
+from .base import MetadataLogStore, tip_probes
 from .codec import (
     decode_checkpoint,
     decode_entry,
@@ -179,6 +179,11 @@ class MetadataLog(MetadataLogStore):
     def has_entry(self, seq: int) -> bool:
         """Whether entry `seq` exists: one HEAD."""
         return self._store.head(self.entry_key(seq)) is not None
+
+    def has_entry_past(self, seq: int) -> bool:
+        # The default's HEADs at once: one round trip, not 17.
+        with ThreadPoolExecutor(_MAX_READ_AHEAD, "s3stream-metadata-read") as pool:
+            return any(pool.map(self.has_entry, tip_probes(seq)))
 
     def check_writable(self) -> None:
         """Raise `InvalidArgumentError` unless the store's conditional create can fence the

@@ -255,11 +255,12 @@ class MetadataManager:
         """(At load.) The replay stopped at the first entry missing; if a later one exists,
         that entry is a hole (entries are never deleted: damage, or a partial copy of the
         store), and a history read up to it would be short without a word, and a writer
-        would fill the hole with an entry of its own. One HEAD: later catch-ups read runs of
-        entries, which tell a hole from the tip themselves."""
+        would fill the hole with an entry of its own (`MetadataLogStore.has_entry_past`: one
+        round of HEADs in the object store). Later catch-ups read runs of entries, which tell
+        a hole from the tip themselves."""
         assert self._state is not None
         tip = self._state.seq
-        if not self._log.has_entry(tip + 2):
+        if not self._log.has_entry_past(tip):
             return
         self._catch_up()  # or writers added both meanwhile
         if self._state.seq == tip:

@@ -157,6 +157,9 @@ class PostgresMetadataLog(ExternalMetadataLog):
             "INSERT INTO {} (namespace, seq, payload) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING"
         ).format(entries)
         self._q_has = q("SELECT 1 FROM {} WHERE namespace = %s AND seq = %s").format(entries)
+        self._q_has_past = q("SELECT 1 FROM {} WHERE namespace = %s AND seq > %s LIMIT 1").format(
+            entries
+        )
         # A serialized commit's two messages, parameters bound on the client (psycopg's
         # ClientCursor) so that each goes as one simple query of several statements. The lock
         # and the read are two statements, not one: under READ COMMITTED a statement reads the
@@ -353,6 +356,9 @@ class PostgresMetadataLog(ExternalMetadataLog):
 
     def has_entry(self, seq: int) -> bool:
         return bool(self._read(self._q_has, (self.namespace, seq)))
+
+    def has_entry_past(self, seq: int) -> bool:
+        return bool(self._read(self._q_has_past, (self.namespace, seq + 1)))
 
     def listed_seqs(self, *, checkpoints: bool = False) -> set[int]:
         where = self._t_checkpoints if checkpoints else self._t_entries

@@ -493,6 +493,23 @@ class MetadataStoreTests:
         assert [e.seq for e, _ in log.read_entries(5)] == [5, 6]
         assert read(4) == []
 
+    def test_entry_has_entry_past_finds_a_hole_at_the_tip(self, backend: MetadataBackend) -> None:
+        # Entries 1..40 with `hole` of them missing after entry 5: the log goes on past the
+        # hole at least as far as the hole is long, so `has_entry_past(5)` must see it (a
+        # loading writer would otherwise take entry 5 for the tip and fill the hole).
+        log = backend.open_log()
+        for seq in range(1, 41):
+            log.create_entry(seq, entry_bytes(seq, "w"))
+        assert log.has_entry_past(5) and log.has_entry_past(38)
+        assert not log.has_entry_past(39) and not log.has_entry_past(40)
+        for hole in (1, 2, 3, 7, 16):
+            backend.delete_entries(list(range(6, 6 + hole)))
+            assert log.has_entry_past(5), f"a hole of {hole} after entry 5 went unseen"
+            for seq in range(6, 6 + hole):
+                backend.put_entry(seq, entry_bytes(seq, "w"))
+        backend.delete_entries(list(range(6, 41)))
+        assert not log.has_entry_past(5), "no entry after 6 exists"
+
     def test_entry_read_entries_stop_at_any_hole_or_damage(self, backend: MetadataBackend) -> None:
         # A backend may read ahead (in runs, in parallel): wherever the first missing or
         # damaged entry falls in a run, exactly the entries before it come back, in order (a
