@@ -560,13 +560,16 @@ class Readahead:
     def _plan(
         self, cur: _Cursor, state: MetadataState, stream_id: int, frontier: int, need: int
     ) -> None:
-        issued, end, _ = self._issued(state, stream_id, frontier, need, read_indexes=True)
-        # The reader may have read on meanwhile (its cursor is then keyed by its new
-        # position): it is the same cursor object either way.
-        with self._lock:
-            cur.planning = False
-            cur.ahead += issued
-            cur.frontier = max(cur.frontier, end)
+        issued, end = 0, frontier
+        try:
+            issued, end, _ = self._issued(state, stream_id, frontier, need, read_indexes=True)
+        finally:
+            # The reader may have read on meanwhile (its cursor is then keyed by its new
+            # position): it is the same cursor object either way.
+            with self._lock:
+                cur.planning = False
+                cur.ahead += issued
+                cur.frontier = max(cur.frontier, end)
 
     def _issued(
         self,
