@@ -82,10 +82,8 @@ class ObjectIndexCache:
         errors of the read (`ObjectNotFoundError`, `CorruptionError`, ...) pass through.
         """
         with self._lock:
-            idx = self._entries.get(key)
+            idx = self._hit_locked(key)
             if idx is not None:
-                self._entries.move_to_end(key)
-                self._hits += 1
                 return idx
             fut = self._inflight.get(key)
             mine = fut is None
@@ -110,11 +108,16 @@ class ObjectIndexCache:
     def peek(self, key: str) -> ObjectIndex | None:
         """The index of object `key` if it is cached (a hit), else None: never a read."""
         with self._lock:
-            idx = self._entries.get(key)
-            if idx is not None:
-                self._entries.move_to_end(key)
-                self._hits += 1
-            return idx
+            return self._hit_locked(key)
+
+    def _hit_locked(self, key: str) -> ObjectIndex | None:
+        """The cached index of `key`, counted as a hit and made the most recent (the lock is
+        held); None on a miss."""
+        idx = self._entries.get(key)
+        if idx is not None:
+            self._entries.move_to_end(key)
+            self._hits += 1
+        return idx
 
     def _put(self, key: str, idx: ObjectIndex) -> None:
         """Add `idx` and evict from the cold end down to the bounds (the lock is held)."""
