@@ -11,7 +11,9 @@ the retry layer instead, which then gives up at the earlier of the two. It is pe
 uploader, a checkpoint left to finish) keep only their own deadlines. Set where one
 thread's store calls serve one caller only: the release commit of `StreamClient.close` (a
 metadata commit group may hold requests of other callers with later deadlines, which the
-leader's deadline must not cut short).
+leader's deadline must not cut short). Read by the object stores' retry layer and by the
+PostgreSQL metadata log's session (its waits for the lock it serializes calls with, for a
+connection and for the server).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from contextvars import ContextVar
 
 from .clock import Clock
 
-__all__ = ["caller_deadline", "current_deadline"]
+__all__ = ["caller_deadline", "current_deadline", "time_left"]
 
 #: (the clock the deadline is on, the deadline), or None outside any bounded call.
 _DEADLINE: ContextVar[tuple[Clock, float] | None] = ContextVar(
@@ -51,3 +53,14 @@ def current_deadline(clock: Clock) -> float | None:
     if found is None or found[0] is not clock:
         return None
     return found[1]
+
+
+def time_left() -> float | None:
+    """Seconds left before the deadline `caller_deadline` set for this thread, measured on
+    that deadline's own clock (for waits on the real clock, such as a socket's, by code that
+    has no clock of the client's), or None outside any bounded call."""
+    found = _DEADLINE.get()
+    if found is None:
+        return None
+    clock, deadline = found
+    return deadline - clock.monotonic()

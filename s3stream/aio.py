@@ -93,10 +93,13 @@ class _Threads:
     promptly, `poll` for long polls, `submit_append` for appends that may wait for room,
     each on a pool of its own (threads start on demand)."""
 
-    def __init__(self, name: str, *, threads: int, poll_threads: int) -> None:
+    def __init__(self, name: str, *, threads: int, poll_threads: int, queue_limit_s: float) -> None:
         check_int("threads", threads, minimum=1)
         check_int("poll_threads", poll_threads, minimum=1)
         self._what = name
+        self._threads = threads
+        #: How long a call may wait for a thread of the call pool before it fails.
+        self._queue_limit_s = queue_limit_s
         self._calls = ThreadPoolExecutor(threads, f"s3stream-aio-{name}")
         self._polls = ThreadPoolExecutor(poll_threads, f"s3stream-aio-{name}-poll")
         self._append_pool = ThreadPoolExecutor(_APPEND_THREADS, f"s3stream-aio-{name}-append")
@@ -182,25 +185,43 @@ class _Threads:
             self._appends -= 1
 
     async def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
-        """``fn(*args, **kwargs)`` in a thread of the call pool."""
-        return await self._run(self._calls, functools.partial(fn, *args, **kwargs))
+        """``fn(*args, **kwargs)`` in a thread of the call pool; `UnavailableError` if no
+        thread takes it within the queue limit (nothing was done then)."""
+        return await self._run(
+            self._calls, functools.partial(fn, *args, **kwargs), queue_limit_s=self._queue_limit_s
+        )
 
     async def poll(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """``fn(*args, **kwargs)``, a long poll, in a thread of the poll pool."""
         return await self._run(self._polls, functools.partial(fn, *args, **kwargs))
 
-    async def _run(self, pool: ThreadPoolExecutor, job: Callable[[], T]) -> T:
+    async def _run(
+        self, pool: ThreadPoolExecutor, job: Callable[[], T], *, queue_limit_s: float | None = None
+    ) -> T:
         loop = asyncio.get_running_loop()
         ctx = contextvars.copy_context()  # as asyncio.to_thread: the caller's context vars
         try:
-            future = loop.run_in_executor(pool, ctx.run, job)
+            started = pool.submit(ctx.run, job)
         except RuntimeError:  # the pool is shut down: the handle was closed
             raise StreamClosedError(f"the {self._what} is closed") from None
+        future = asyncio.wrap_future(started, loop=loop)
         try:
+            if queue_limit_s is not None:
+                # Every thread may be busy with calls waiting on a store that stopped
+                # answering: each waiting its turn, the 16th of 16 fetches took four store
+                # timeouts. A call no thread took in time fails, nothing done.
+                done, _ = await asyncio.wait({future}, timeout=queue_limit_s)
+                if not done and started.cancel():
+                    raise UnavailableError(
+                        f"the {self._what}'s call got none of its {self._threads} threads "
+                        f"within {queue_limit_s:g} s: they were all busy (with calls waiting "
+                        "on a store that does not answer?); nothing was done"
+                    )
             return await future
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
+                future.cancel()  # a call still queued is dropped (one running goes on)
                 raise
             # Not this task's cancellation: `close` dropped the queued call.
             raise StreamClosedError(f"the {self._what} is closed") from None
@@ -676,7 +697,8 @@ class AsyncStreamClient:
     """A `StreamClient` for asyncio (from `s3stream.aio.open`, or wrapping a client): the same
     methods, awaited; streams are `AsyncStream`s. `async with` closes it.
 
-    Blocking calls run in `threads` threads of its own, long polls (tails) in up to
+    Blocking calls run in up to `threads` threads of its own (a call that gets none within
+    `call_timeout_ms` fails with `UnavailableError`, nothing done), long polls (tails) in up to
     `poll_threads` more, appends that wait for room in a few more (`AsyncStream.append`),
     all started on demand and stopped by `close`. A tail waiting at the
     end of its stream holds a poll thread for up to its `wait_s` at a time: beyond
@@ -684,14 +706,19 @@ class AsyncStreamClient:
     The wrapped client is this one's: `close` closes it.
     """
 
-    def __init__(self, client: StreamClient, *, threads: int = 4, poll_threads: int = 64) -> None:
+    def __init__(self, client: StreamClient, *, threads: int = 32, poll_threads: int = 64) -> None:
         if not isinstance(client, StreamClient):
             raise InvalidArgumentError(
                 f"client must be a StreamClient, not {type(client).__name__}"
             )
         self._client = client
-        self._threads = _Threads("client", threads=threads, poll_threads=poll_threads)
         self._call_timeout_s = client.settings.call_limit_s()
+        self._threads = _Threads(
+            "client",
+            threads=threads,
+            poll_threads=poll_threads,
+            queue_limit_s=self._call_timeout_s,
+        )
 
     @property
     def sync(self) -> StreamClient:
@@ -842,13 +869,18 @@ class AsyncStreamReader:
     closes it; `sync` is the reader itself (e.g. for `StreamReader.read_arrow`, whose
     `RecordBatchReader` reads as it is consumed: consume it in a thread)."""
 
-    def __init__(self, reader: StreamReader, *, threads: int = 4) -> None:
+    def __init__(self, reader: StreamReader, *, threads: int = 32) -> None:
         if not isinstance(reader, StreamReader):
             raise InvalidArgumentError(
                 f"reader must be a StreamReader, not {type(reader).__name__}"
             )
         self._reader = reader
-        self._threads = _Threads("reader", threads=threads, poll_threads=16)
+        self._threads = _Threads(
+            "reader",
+            threads=threads,
+            poll_threads=16,
+            queue_limit_s=reader.settings.call_limit_s(),
+        )
 
     @property
     def sync(self) -> StreamReader:

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -22,6 +23,7 @@ from s3stream.errors import (
     CorruptionError,
     InvalidArgumentError,
     S3StreamError,
+    StreamClosedError,
     UnavailableError,
 )
 from s3stream.metadata import MetadataManager, RegisterNode
@@ -262,6 +264,48 @@ def test_a_server_that_stops_answering_hits_the_call_deadline(postgres: Any) -> 
         assert m.create_stream({}).stream_id == m.seq - 1
     finally:
         log.close()
+
+
+def test_close_keeps_its_deadline_when_its_release_meets_a_frozen_server(
+    postgres: Any, tmp_path: Path
+) -> None:
+    """Everything is uploaded, so the release commit of `close(timeout_s=1)` is the call that
+    meets the frozen server: it waited the session's own deadline for the server (the
+    statement timeout and its margin: 11 s with 10 s), and behind threads refreshing the
+    metadata meanwhile (each waiting that long, in turn). Its deadline now bounds its waits
+    for the manager's and the session's locks, for a connection and for the server; the
+    calls left queued on a closed log get `StreamClosedError`."""
+    for readers in (0, 3):
+        url = postgres.url(namespace=_namespace(), statement_timeout="10s")
+        c = s3stream.open(
+            tmp_path / f"s{readers}",
+            wal="memory://",
+            metadata=url,
+            settings={"upload_interval_ms": 50},
+        )
+        c.create_stream().append(RecordBatch(b"x"))
+        c.flush()
+        errors: list[BaseException] = []
+
+        def read(c: s3stream.StreamClient = c, errors: list[BaseException] = errors) -> None:
+            try:
+                c.list_streams()
+            except S3StreamError as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=read) for _ in range(readers)]
+        with postgres.frozen():
+            for t in threads:
+                t.start()
+            time.sleep(0.3)  # the refresh is waiting on the server now
+            started = time.monotonic()
+            with pytest.raises(UnavailableError):
+                c.close(timeout_s=1)
+            took = time.monotonic() - started
+        for t in threads:
+            t.join(30)
+        assert took < 2.5, f"close(timeout_s=1) took {took:.1f} s with {readers} readers"
+        assert all(isinstance(e, UnavailableError | StreamClosedError) for e in errors), errors
 
 
 def test_close_keeps_its_deadline_while_a_commit_waits_on_a_frozen_server(

@@ -9,6 +9,8 @@ calls that wait on the pipeline (append, flush, close).
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -156,6 +158,90 @@ def test_compaction_with_retention_ends_within_its_deadline_on_a_frozen_server(
         assert outcome.startswith("UnavailableError"), outcome
     finally:
         compactor.close()
+
+
+def _concurrently(calls: list[Callable[[], Any]]) -> list[float]:
+    """Run `calls` at once, each in a thread; the seconds each took to end (returned or
+    raised `S3StreamError`)."""
+    took = [0.0] * len(calls)
+
+    def run(i: int) -> None:
+        started = time.monotonic()
+        with contextlib.suppress(S3StreamError):
+            calls[i]()
+        took[i] = time.monotonic() - started
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return took
+
+
+def test_concurrent_calls_of_one_client_do_not_queue_on_a_frozen_server(
+    server: SeaweedS3Server,
+) -> None:
+    """Six threads' `list_streams` (each refreshing the metadata first) ended in turn, one
+    store timeout after the other (2.2, 4.3, ... 13.1 s); they now share refreshes, and each
+    ends within one store timeout. A close in their midst keeps its own deadline: its release
+    commit waited for the lock the refreshes held (1 s took 6.2 s)."""
+    url = f"s3://{server.bucket}/queue-{uuid.uuid4().hex}"
+    opts = server.storage_options()
+    client = s3stream.open(
+        url, node_id="q", wal="memory://", storage_options=opts, settings=SETTINGS
+    )
+    client.create_stream().append(RecordBatch(b"x"))
+    client.flush()
+    try:
+        with server.frozen():
+            took = _concurrently([client.list_streams] * 6)
+            assert max(took) <= STORE_S + 2, [f"{t:.1f}" for t in took]
+            calls: list[Callable[[], Any]] = [client.list_streams] * 3
+            calls.append(lambda: (time.sleep(0.3), client.close(timeout_s=1)))
+            took = _concurrently(calls)
+            assert took[-1] <= 0.3 + 1 + 1.5, f"close(timeout_s=1) took {took[-1] - 0.3:.1f} s"
+    finally:
+        with contextlib.suppress(S3StreamError):  # reports how the close above ended
+            client.close()
+
+
+def test_aio_calls_do_not_queue_for_threads_on_a_frozen_server(server: SeaweedS3Server) -> None:
+    """16 fetches at once through the asyncio client: its four call threads took them in
+    rounds of four, one store timeout each (the last ended after 8.6 s); now each ends within
+    one store timeout, and a call no thread takes within `call_timeout_ms` fails."""
+    import asyncio
+
+    import s3stream.aio
+
+    url = f"s3://{server.bucket}/aio-{uuid.uuid4().hex}"
+    opts = server.storage_options()
+    with s3stream.open(url, node_id="w", wal="memory://", storage_options=opts) as writer:
+        stream = writer.create_stream()
+        for i in range(16):
+            stream.append(RecordBatch(f"batch {i}".encode()))
+        stream_id = stream.stream_id
+
+    async def fetches() -> list[float]:
+        client = await s3stream.aio.open(
+            url, node_id="r", wal="memory://", storage_options=opts, settings=SETTINGS
+        )
+        try:
+            s = await client.open_stream(stream_id)
+
+            async def one(offset: int) -> float:
+                started = time.monotonic()
+                with contextlib.suppress(S3StreamError):
+                    await s.fetch(offset, offset + 1)
+                return time.monotonic() - started
+
+            with server.frozen():
+                return list(await asyncio.gather(*(one(i) for i in range(16))))
+        finally:
+            await client.close(timeout_s=1)
+
+    took = asyncio.run(fetches())
+    assert max(took) <= STORE_S + 2, [f"{t:.1f}" for t in took]
 
 
 # -- SeaweedFS killed and restarted -----------------------------------------------------------

@@ -31,6 +31,7 @@ import random
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from .._bounded import within_deadline
@@ -126,6 +127,14 @@ class _Request:
     weight: int = 1
 
 
+def _interrupted(exc: BaseException) -> BaseException:
+    """What the callers sharing a refresh get when it ended with `exc`: the error itself,
+    but an `S3StreamError` for an interrupt (Ctrl-C) of the caller that ran it."""
+    if isinstance(exc, Exception):
+        return exc
+    return S3StreamError(f"the metadata refresh this call shared was interrupted ({exc!r})")
+
+
 class MetadataManager:
     """Reads, replays and commits a metadata log: the one kept in the object store `store`
     under `prefix` (the default), or `store` itself when it is a `MetadataLogStore` (then
@@ -187,6 +196,11 @@ class MetadataManager:
         # `stop_checkpoints` came: a closed client's store is written no more.
         self._checkpoint_cond = threading.Condition(threading.Lock())
         self._checkpoints_running = 0
+        # Shared refreshes (`refresh`): the one running, and the one its callers-to-be
+        # arriving meanwhile wait for (it starts when the running one ends).
+        self._refresh_cond = threading.Condition(threading.Lock())
+        self._refresh_running: Future[bool] | None = None
+        self._refresh_next: Future[bool] | None = None
         self._checkpoints_stopped = False
         # Contention, as seen by this writer (under `_lock`): until when to assume others
         # commit too, and moving averages of a create's and of a catch-up's duration.
@@ -273,9 +287,69 @@ class MetadataManager:
             )
 
     def refresh(self) -> bool:
-        """Apply entries written by other writers since the last look; True if there were any."""
-        with self._lock:
-            return self._catch_up()
+        """Apply entries written by other writers since the last look; True if there were any.
+
+        Concurrent calls share refreshes: a call gets the outcome of one that started after
+        it did (so it sees every entry written before it was made), which one of the callers
+        waiting for it runs. If the refresh running when it came failed with
+        `UnavailableError`, so does the one it waits for, without asking the store again:
+        against a store that stopped answering, N callers waited N store timeouts in turn."""
+        with self._refresh_cond:
+            before = self._refresh_running
+            mine: Future[bool]
+            if before is None:
+                mine = self._refresh_running = Future()
+                leads = True
+            elif self._refresh_next is None:
+                mine = self._refresh_next = Future()
+                leads = True
+            else:
+                mine = self._refresh_next
+                leads = False
+        if not leads:
+            return mine.result()
+        if before is not None:
+            try:
+                with self._refresh_cond:
+                    # The refresh running ends by the store's timeouts, and then hands over.
+                    while self._refresh_running is not mine:
+                        self._refresh_cond.wait()
+            except BaseException as exc:  # interrupted (Ctrl-C): the others must not wait
+                with self._refresh_cond:
+                    started = self._refresh_next is not mine
+                    if not started:
+                        self._refresh_next = None
+                if started:
+                    self._end_refresh(mine, exc)
+                else:
+                    mine.set_exception(_interrupted(exc))
+                raise
+            failed = before.exception()
+            if isinstance(failed, UnavailableError):
+                error = UnavailableError(
+                    f"refreshing the metadata failed while this refresh waited for another: "
+                    f"{failed}"
+                )
+                self._end_refresh(mine, error)
+                raise error from failed
+        try:
+            with self._lock:
+                changed = self._catch_up()
+        except BaseException as exc:
+            self._end_refresh(mine, exc)
+            raise
+        self._end_refresh(mine, changed)
+        return changed
+
+    def _end_refresh(self, done: Future[bool], outcome: bool | BaseException) -> None:
+        """Complete refresh `done` (running) with `outcome`; the next one starts."""
+        with self._refresh_cond:
+            self._refresh_running, self._refresh_next = self._refresh_next, None
+            self._refresh_cond.notify_all()
+        if isinstance(outcome, BaseException):
+            done.set_exception(_interrupted(outcome))
+        else:
+            done.set_result(outcome)
 
     def commit(
         self, build: Build, *, timeout_s: float | None = None
@@ -327,7 +401,7 @@ class MetadataManager:
                     self._leading = True
                 # A group takes at most _MAX_GROUP requests, in queue order: this one may be
                 # left for the next group, which this caller then leads (or waits for).
-                self._lead(request.deadline)
+                self._lead(request)
         except BaseException:
             # Interrupted (Ctrl-C) while queued: withdraw, so that no later group writes the
             # ops of a call its caller saw fail. Taken into a group already, it is decided
@@ -526,15 +600,34 @@ class MetadataManager:
 
     # -- internals -----------------------------------------------------------------------
 
-    def _lead(self, deadline: float) -> None:
-        """Commit the queued requests as one group (this caller's among them), complete them,
-        then hand the lead over (to a waiter whose request is still queued). `deadline`: the
-        leading caller's, which a checkpoint written after the group does not overrun."""
+    def _lead(self, request: _Request) -> None:
+        """Commit the queued requests as one group (the leading caller's `request` among
+        them), complete them, then hand the lead over (to a waiter whose request is still
+        queued). The leader's deadline bounds its wait for the lock, and a checkpoint written
+        after the group does not overrun it."""
+        deadline = request.deadline
         batch: list[_Request] = []
         written: MetadataState | None = None
         try:
-            with self._lock:
+            # A refresh or a take-over may hold the lock, waiting on a store that stopped
+            # answering: past its deadline, the leader's request fails alone (the others
+            # stay queued, for their own leaders).
+            if not self._lock.acquire(timeout=max(0.0, deadline - self._clock.monotonic())):
+                with self._queue_cond:
+                    with contextlib.suppress(ValueError):
+                        self._queue.remove(request)
+                    request.error = UnavailableError(
+                        f"metadata commit by {self._writer_id!r} did not start within its "
+                        "deadline: another call of this client (a refresh, or a take-over) "
+                        "was reading the metadata log all that time; is the metadata store "
+                        "answering?"
+                    )
+                    request.done = True
+                return
+            try:
                 written = self._commit_group_locked(batch)
+            finally:
+                self._lock.release()
         except BaseException as exc:
             # The store failed (or the log was found rolled back): every request of the
             # group gets the error, its entry may or may not have been written.

@@ -10,6 +10,8 @@ Deadlines, so that no call can hang:
 - and a deadline of the client's own on every wait for the server (`call_deadline_s`: the
   statement timeout plus a margin), for a server or network that stopped answering altogether,
   which no server-side timeout can end. The connection is then closed: its state is unknown.
+- A public call with a deadline of its own (`_call_deadline.caller_deadline`: a close's)
+  waits no longer than that for the session's lock, a connection and the server.
 
 Failures map to `UnavailableError` (retryable: connection refused, lost, timed out, the server
 shutting down or read-only), whose message names the host; a write may or may not have landed
@@ -21,6 +23,7 @@ opens its own, and leaves the parent's socket alone.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import threading
@@ -31,7 +34,14 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg import pq
 
-from ..errors import ContendedError, InvalidArgumentError, S3StreamError, UnavailableError
+from .._call_deadline import time_left
+from ..errors import (
+    ContendedError,
+    InvalidArgumentError,
+    S3StreamError,
+    StreamClosedError,
+    UnavailableError,
+)
 from .postgres_url import PostgresTarget
 
 __all__ = ["PostgresSession", "map_error"]
@@ -87,12 +97,24 @@ class PostgresSession:
     def _run_locked(
         self, call: Callable[[Connection], T], idempotent: bool | Callable[[], bool]
     ) -> T:
-        with self._lock:
+        # The public call this one serves may have a deadline of its own (a close's):
+        # waits for the lock, a connection and the server end by it too.
+        left = time_left()
+        if left is None:
+            self._lock.acquire()
+        elif not self._lock.acquire(timeout=max(0.0, left)):
+            raise UnavailableError(
+                f"the PostgreSQL metadata store at {self._target.host} "
+                f"({self._target.display}): another call of this client was still waiting "
+                "for the server when this call's deadline passed"
+            )
+        try:
             if self._closed:
-                raise S3StreamError(f"the metadata log at {self._target.display} was closed")
+                raise StreamClosedError(f"the metadata log at {self._target.display} was closed")
             reused = self._conn is not None and not self._conn.closed
             for attempt in range(2):
                 conn = self._connection()
+                waited = self._bound(conn)
                 try:
                     return call(conn)
                 except psycopg.Error as exc:
@@ -106,11 +128,31 @@ class PostgresSession:
                         again = idempotent() if callable(idempotent) else idempotent
                         if again:
                             continue  # a connection that died while idle: once more, afresh
-                    raise map_error(exc, self._target) from exc
+                    raise map_error(exc, self._target, waited_s=waited) from exc
                 except BaseException:
                     self._end_transaction(conn)
                     raise
+                finally:
+                    conn.deadline_s = self._target.call_deadline_s
             raise AssertionError("unreachable")  # pragma: no cover
+        finally:
+            self._lock.release()
+
+    def _bound(self, conn: _DeadlineConnection) -> float:
+        """Make `conn` wait for the server no longer than this call may (the session's
+        `call_deadline_s`, or less: what is left of the public call's deadline); returns
+        that wait. The caller restores the session's."""
+        limit = self._target.call_deadline_s
+        left = time_left()
+        if left is not None and left < limit:
+            if left <= 0:
+                raise UnavailableError(
+                    f"the PostgreSQL metadata store at {self._target.host} "
+                    f"({self._target.display}) was not asked: this call's deadline passed"
+                )
+            limit = left
+        conn.deadline_s = limit
+        return limit
 
     def close(self) -> None:
         """Close the connection, at once: a call under way (a thread waiting up to
@@ -134,9 +176,14 @@ class PostgresSession:
 
     def _connect(self) -> _DeadlineConnection:
         t = self._target
+        options: dict[str, Any] = {}
+        left = time_left()
+        if left is not None and left < t.connect_timeout_s:
+            # libpq's unit is whole seconds, and 2 at least (psycopg rounds a 1 up to it).
+            options["connect_timeout"] = max(2, math.ceil(left))
         try:
             conn = _DeadlineConnection.connect(
-                t.conninfo, autocommit=True, application_name="s3stream"
+                t.conninfo, autocommit=True, application_name="s3stream", **options
             )
         except psycopg.Error as exc:
             raise connect_error(exc, t) from exc
@@ -219,8 +266,11 @@ def _timed_out(exc: psycopg.Error) -> bool:
     return isinstance(exc, psycopg.OperationalError) and "timeout" in _first_line(exc).lower()
 
 
-def map_error(exc: psycopg.Error, target: PostgresTarget) -> S3StreamError:
-    """The s3stream error for a psycopg error met talking to `target`."""
+def map_error(
+    exc: psycopg.Error, target: PostgresTarget, *, waited_s: float | None = None
+) -> S3StreamError:
+    """The s3stream error for a psycopg error met talking to `target` (`waited_s`: how long
+    the call waited for the server at most, if not `call_deadline_s`)."""
     where = f"the PostgreSQL metadata store at {target.host} ({target.display})"
     text = _first_line(exc)
     if isinstance(exc, pg_errors.InsufficientPrivilege):
@@ -241,8 +291,9 @@ def map_error(exc: psycopg.Error, target: PostgresTarget) -> S3StreamError:
             f"({target.statement_timeout_ms} ms): {text}"
         )
     if _timed_out(exc):
+        waited = target.call_deadline_s if waited_s is None else waited_s
         return UnavailableError(
-            f"{where} did not answer within {target.call_deadline_s:g} s (connection closed; "
+            f"{where} did not answer within {waited:.3g} s (connection closed; "
             f"a write may or may not have landed): {text}"
         )
     if isinstance(exc, pg_errors.ReadOnlySqlTransaction):

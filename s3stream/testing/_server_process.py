@@ -282,16 +282,12 @@ class ServerProcess(ServerLifecycle):
     @contextlib.contextmanager
     def frozen(self) -> Iterator[None]:
         """Stop the server with SIGSTOP while inside (its sockets still accept connections,
-        nothing answers: the worst case for a client), SIGCONT on leaving."""
+        nothing answers: the worst case for a client), SIGCONT on leaving (`frozen_tree`)."""
         pid = self.pid
         if pid is None:
             raise self.unavailable("frozen() needs a started server")
-        os.kill(pid, signal.SIGSTOP)
-        try:
-            _wait_stopped(pid)
+        with frozen_tree(pid):
             yield
-        finally:
-            os.kill(pid, signal.SIGCONT)
 
     def _spawn(self) -> None:
         """Run the program on the picked ports, its output appended to the log."""
@@ -350,6 +346,49 @@ class ServerProcess(ServerLifecycle):
     def log_tail(self, lines: int = 40) -> str:
         """The last `lines` lines of the server's output."""
         return log_tail(self._log_path, lines)
+
+
+@contextlib.contextmanager
+def frozen_tree(pid: int) -> Iterator[None]:
+    """Stop process `pid` with SIGSTOP while inside, and then its descendants (PostgreSQL's
+    backends answer the connections they hold while the postmaster is stopped), once it can
+    fork no more; SIGCONT to each on leaving."""
+    stopped = [pid]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        _wait_stopped(pid)
+        for child in _descendants(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGSTOP)
+                stopped.append(child)
+                _wait_stopped(child)
+        yield
+    finally:
+        for p in reversed(stopped):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGCONT)
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below `pid` (children first), from /proc (none where there is none)."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                # The parent's pid is the second field after the parenthesised command name.
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        parents.setdefault(ppid, []).append(int(entry))
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        children = parents.get(todo.pop(), [])
+        found += children
+        todo += children
+    return found
 
 
 def _wait_stopped(pid: int, timeout_s: float = 5.0) -> None:

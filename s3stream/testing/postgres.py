@@ -26,9 +26,10 @@ import shutil
 import socket
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
-from ._server_process import ServerLifecycle, free_ports, stop_process, wait_until
+from ._server_process import ServerLifecycle, free_ports, frozen_tree, stop_process, wait_until
 
 __all__ = ["PostgresServer", "PostgresUnavailable", "find_postgres_bin"]
 
@@ -189,6 +190,16 @@ class PostgresServer(ServerLifecycle):
     def pid(self) -> int | None:
         """The postmaster's PID while running."""
         return self._pid
+
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """The postmaster and every server process stopped with SIGSTOP while inside: open
+        connections and new ones alike get no answer (the kernel still accepts them);
+        SIGCONT on leaving."""
+        if self._pid is None:
+            raise PostgresUnavailable("frozen() needs a started server")
+        with frozen_tree(self._pid):
+            yield
 
     def url(self, database: str = _DATABASE, **params: str) -> str:
         """``postgresql://s3stream@127.0.0.1:PORT/<database>`` with `params` as its query."""
