@@ -4,6 +4,7 @@ SIGKILL crash test, and the SeaweedFS acceptance run."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import random
@@ -36,6 +37,7 @@ from s3stream import (
     RecordBatch,
     RetentionPolicy,
     StreamClient,
+    UnavailableError,
 )
 from s3stream.cache.block_cache import BlockCache
 from s3stream.cli import main as cli_main
@@ -48,12 +50,15 @@ from s3stream.compaction import (
 from s3stream.compaction import executor as executor_module
 from s3stream.format.objects import read_blocks, read_index
 from s3stream.metadata import ObjectKind, check_state
+from s3stream.metadata.log import MetadataLog
 from s3stream.objectstore.base import ObjectStore
 from s3stream.objectstore.local import LocalObjectStore
 from s3stream.objectstore.memory import MemoryObjectStore
 from s3stream.settings import MIN_ORPHAN_GRACE_MS
 from s3stream.storage.packing import KeyFactory
 from s3stream.storage.reader import ObjectDataReader
+from s3stream.testing import disk_faults
+from s3stream.testing.faults import FaultRule, FaultyObjectStore
 from s3stream.wal.memory import MemoryWal
 
 KiB = 1024
@@ -572,6 +577,78 @@ def test_replacing_an_object_without_copying_it_fails_loudly(
 
 # ---------------------------------------------------------------------------------------------
 # Orphans, throttling, background, CLI
+
+
+def _unreferenced(client: StreamClient, store: ObjectStore) -> set[str]:
+    """Data objects in `store` that the client's metadata does not know."""
+    client.metadata.refresh()
+    return data_keys(store) - set(client.metadata.state.objects)
+
+
+def test_outputs_of_a_commit_that_failed_on_a_full_disk_are_deleted(tmp_path: Path) -> None:
+    """The compaction's outputs are stored, then its commit fails: the metadata log's disk is
+    full (the create of the entry failed before it linked anything). The outputs stayed for
+    the session's life (on a full disk, the room a later upload needed); once the log is past
+    the seq that commit tried, a pass deletes them."""
+    store = LocalObjectStore(tmp_path / "data")
+    with disk_faults.tmpfs(tmp_path / "meta", "size=2m") as meta_disk:
+        log = MetadataLog(LocalObjectStore(meta_disk / "store"), "meta")
+        client = StreamClient(store, MemoryWal(), node_id="n1", metadata=log, settings=settings())
+        streams = [client.create_stream() for _ in range(4)]
+        model = fill(client, streams, 8, lambda i: 300)
+        filler = disk_faults.fill_filesystem(meta_disk)
+        with pytest.raises(UnavailableError):
+            client.compact()
+        assert _unreferenced(client, store), "the failed commit's outputs should be stored"
+        filler.unlink()
+        fill(client, streams, 1, lambda i: 300, model)  # the log moves past that seq
+        client.compact()
+        assert _unreferenced(client, store) == set()
+        check_all(client, model)
+        client.close()
+
+
+def test_the_purge_runs_before_the_tasks_that_need_room(tmp_path: Path) -> None:
+    """Objects marked deleted and due for the purge, a full disk, and work to compact: each
+    pass failed at its first output PUT, and the purge, after the tasks, never ran, so the
+    disk stayed full. The purge now runs first."""
+    clock = ManualClock()
+    with disk_faults.tmpfs(tmp_path / "disk", "size=4m") as disk:
+        store = LocalObjectStore(disk / "store")
+        client = client_on(store, clock, deletion_delay_ms=60_000)
+        streams = [client.create_stream() for _ in range(4)]
+        model = fill(client, streams, 8, lambda i: 300)
+        client.compact()  # marks the 8 objects deleted, purged a minute later
+        marked = {k for k, o in client.metadata.state.objects.items() if not o.live}
+        assert marked
+        fill(client, streams, 8, lambda i: 300, model)  # more to compact
+        filler = disk_faults.fill_filesystem(disk)
+        clock.advance(61)
+        with contextlib.suppress(UnavailableError):
+            client.compact()  # the tasks may or may not find room now
+        assert not marked & data_keys(store), "the purge did not run"
+        filler.unlink()
+        check_all(client, model)
+        client.close()
+
+
+def test_outputs_of_a_put_whose_reply_was_lost_are_deleted() -> None:
+    """An output PUT lands but its reply is lost (the task fails): its key was listed only
+    after the PUT returned, so the task's clean-up missed it and it stayed for the session's
+    life."""
+    inner = MemoryObjectStore()
+    lost = FaultRule(ambiguous_rate=1.0, operations=frozenset({"put"}), key_prefix="data/")
+    store = FaultyObjectStore(inner, rng=random.Random(1), clock=SystemClock(), rules=[lost])
+    fast = dataclasses.replace(settings(), store_timeout_ms=1000)
+    with store.healthy(), StreamClient(store, MemoryWal(), node_id="n1", settings=fast) as client:
+        streams = [client.create_stream() for _ in range(4)]
+        model = fill(client, streams, 8, lambda i: 300)
+    with StreamClient(store, MemoryWal(), node_id="n1", settings=fast) as client:
+        with pytest.raises(UnavailableError):
+            client.compact()
+        with store.healthy():
+            assert _unreferenced(client, inner) == set()
+            check_all(client, model)
 
 
 def test_orphans_are_deleted_after_the_grace_period_only() -> None:

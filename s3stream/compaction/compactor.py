@@ -197,6 +197,28 @@ class Compactor:
             self._add_totals(report)
             return report
 
+    def _free_room(self, report: CompactionReport) -> None:
+        """Before the tasks, whose outputs need room: delete the outputs of earlier tasks
+        now known never to be committed, and purge (on a full disk each pass failed at its
+        first PUT, and what would have freed room never ran)."""
+        if self._stop.is_set():
+            raise _Stopped
+        report.orphans_deleted += self._executor.settle(self._meta.state)
+        self._purge(report)
+
+    def _purge(self, report: CompactionReport) -> None:
+        """Delete the objects marked deleted longer ago than the deletion delay."""
+        purged = purge_deleted(
+            self._meta,
+            self._store,
+            now_ms=self._clock.now_ms(),
+            delay_ms=self._settings.deletion_delay_ms,
+            limiter=self._limiter,
+        )
+        for key in purged:
+            self._cache.forget(key)
+        report.objects_purged += len(purged)
+
     def _add_totals(self, report: CompactionReport) -> None:
         with self._totals_lock:
             t = self._totals
@@ -227,6 +249,7 @@ class Compactor:
         index_of = guard_index(self._index_of, unreadable)
         try:
             report.streams_trimmed = self._apply_retention(index_of)
+            self._free_room(report)
             state = self._meta.state
             tasks = plan_stream_set_compaction(
                 state, self._settings, index_of, self._clock.now_ms()
@@ -244,20 +267,11 @@ class Compactor:
             return report
         self._report_unreadable(unreadable, report)
 
-        purged = purge_deleted(
-            self._meta,
-            self._store,
-            now_ms=self._clock.now_ms(),
-            delay_ms=self._settings.deletion_delay_ms,
-            limiter=self._limiter,
-        )
-        for key in purged:
-            self._cache.forget(key)
-        report.objects_purged = len(purged)
+        self._purge(report)  # what this pass replaced, if the deletion delay is 0
 
         if self._sweep_due(sweep_orphans):
             self._last_sweep = self._clock.monotonic()
-            report.orphans_deleted = len(self._sweeper.sweep())
+            report.orphans_deleted += len(self._sweeper.sweep())
 
         live = _live(self._meta.state)
         report.objects_after, report.bytes_after = len(live), sum(o.size for o in live)

@@ -107,6 +107,11 @@ class _Halted(Exception):
     """`CompactionExecutor.halt` was called: the task stops before its next request."""
 
 
+#: Failed tasks whose outputs `CompactionExecutor.settle` keeps track of, the latest: older
+#: ones are left to the orphan sweep (which deletes them once this session has ended).
+_MAX_UNRESOLVED = 256
+
+
 class CompactionExecutor:
     """Runs `CompactionTask`s against one store and metadata log (see module docstring)."""
 
@@ -145,6 +150,9 @@ class CompactionExecutor:
         self._max_object = max_object_bytes
         #: Set by `halt`: the task in progress ends before its next GET, PUT or commit.
         self._halted = threading.Event()
+        #: Outputs of tasks that failed with their fate unknown, for `settle`: (the log's
+        #: seq when the commit failed, or None if none was made; their keys).
+        self._unresolved: list[tuple[int | None, tuple[str, ...]]] = []
 
     def _new_own_limiter(self, clock: Clock) -> PriorityRateLimiter | None:
         if not self._own_rate:
@@ -199,8 +207,9 @@ class CompactionExecutor:
                 for meta, data in self._write(task, out, blocks, state, copied, moved):
                     # The bytes were paid for while copying them (see _write).
                     self._throttle(0)
-                    self._store.put(meta.key, data)
+                    # Listed first: a PUT that failed may have landed, or land later.
                     keys.append(meta.key)
+                    self._store.put(meta.key, data)
                     metas.append(meta)
                     written += len(data)
             del blocks  # the read buffers: the outputs are in the store now
@@ -210,7 +219,10 @@ class CompactionExecutor:
             self._delete(keys)
             return TaskResult(task, False, (), read_bytes, 0, gets)
         except BaseException:
-            self._delete(keys)
+            # A PUT that timed out against a store that stopped answering may land after
+            # this delete: deleted again on a later pass.
+            if not self._delete(keys):
+                self._unresolved.append((None, tuple(keys)))
             raise
         new_objects = tuple(metas)
         replaced_keys = tuple(o.key for o in task.replaced)
@@ -242,9 +254,38 @@ class CompactionExecutor:
                 f"compaction refused by the metadata invariants (a compaction bug; nothing "
                 f"was changed): {exc}"
             ) from exc
-        # Any other error leaves the outputs alone: the commit may have landed, and if it
-        # did not, they are orphans for the sweeper.
+        except BaseException:
+            # The commit may have landed: the outputs stay until `settle` can tell (left to
+            # the orphan sweep, they stayed for the session's life: on a full disk, the
+            # space a later upload needed).
+            self._unresolved.append((self._meta.state.seq, tuple(keys)))
+            raise
         return TaskResult(task, True, new_objects, read_bytes, written, gets)
+
+    def settle(self, state: MetadataState) -> int:
+        """Delete the outputs of failed tasks that `state` (fresh) shows were never
+        committed; returns how many were deleted. A failed commit was attempted at most at
+        the seq after the one its manager knew when it failed: once the log is past that
+        seq, outputs it does not reference can never be. Outputs of a task that failed
+        before its commit are deleted again in any case (a PUT may land after the task's
+        own delete)."""
+        if not self._unresolved:
+            return 0
+        deleted = 0
+        left: list[tuple[int | None, tuple[str, ...]]] = []
+        for seq, keys in self._unresolved:
+            if seq is not None:
+                if state.seq <= seq:
+                    left.append((seq, keys))  # the commit may still land
+                    continue
+                if any(k in state.objects for k in keys):
+                    continue  # it landed: the objects are the log's now
+            if self._delete(list(keys)):
+                deleted += len(keys)
+            else:
+                left.append((seq, keys))
+        self._unresolved = left[-_MAX_UNRESOLVED:]
+        return deleted
 
     # ------------------------------------------------------------------ read
 
@@ -487,14 +528,17 @@ class CompactionExecutor:
                         location=obj.key,
                     )
 
-    def _delete(self, keys: list[str]) -> None:
+    def _delete(self, keys: list[str]) -> bool:
+        """Delete outputs of this executor's (never committed); False if that failed."""
         if not keys:
-            return
+            return True
         try:
             self._store.delete_many(keys)
         except S3StreamError as exc:
             # Harmless: unreferenced objects are orphans the sweeper removes later.
             self._log.warning("could not delete aborted compaction outputs %s: %s", keys, exc)
+            return False
+        return True
 
 
 def _join(spans: list[tuple[int, int]], overlap_message: str) -> list[tuple[int, int]]:
