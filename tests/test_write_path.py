@@ -10,6 +10,7 @@ acknowledged data never reports success.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import hashlib
 import json
@@ -153,6 +154,65 @@ def test_full_disk_then_freed_appends_resume(tmp_path: Path) -> None:
         client.close()
         with s3stream.open(store_dir, wal=wal) as again:
             assert read_back(again, sid) == acked
+
+
+def _punch_hole(path: Path, offset: int, length: int) -> None:
+    """Free the blocks of ``[offset, offset + length)`` of `path` (its size stays): a sparse
+    region, as a sparse copy of a file or a file system that allocates on write leaves."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fallocate = libc.fallocate
+    fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
+    fd = os.open(path, os.O_RDWR)
+    try:
+        # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
+        if fallocate(fd, 0x02 | 0x01, offset, length) != 0:
+            code = ctypes.get_errno()
+            pytest.skip(f"cannot punch a hole here: {os.strerror(code)}")
+    finally:
+        os.close(fd)
+
+
+def test_appends_that_failed_on_a_full_disk_never_come_back(tmp_path: Path) -> None:
+    """The WAL's ring has a hole and the disk is full: a group of appends fails part way, its
+    first frames whole on the disk. Its callers were told it failed; yet after a crash (or a
+    close that could not reset the WAL: its store was on the full disk too), recovery
+    replayed those frames as stream data, and a caller retrying got duplicates. A failed
+    commit now ends recovery at the durable records first."""
+    from s3stream.wal.framing import DATA_START
+
+    with disk_faults.tmpfs(tmp_path / "disk", "size=8m") as disk:
+        wal_path = disk / "n.wal"
+        wal = f"file://{wal_path}?capacity=2MiB"
+        store = disk / "store"
+        settings = {
+            "upload_interval_ms": 60_000,
+            "backpressure_timeout_ms": 1000,
+            "store_timeout_ms": 1000,
+        }
+        client = s3stream.open(store, wal=wal, settings=settings)
+        stream = client.create_stream()
+        acked = [f"ok {i}".encode() for i in range(3)]
+        for payload in acked:
+            stream.append(RecordBatch(payload))
+        _punch_hole(wal_path, DATA_START + 128 * KiB, 2 * 1024 * KiB - 128 * KiB)
+        filler = disk_faults.fill_filesystem(disk)
+        futures = [
+            (stream.append_async(RecordBatch(bytes([i]) * 32 * KiB)), bytes([i]) * 32 * KiB)
+            for i in range(8)
+        ]
+        failed = 0
+        for future, payload in futures:
+            try:
+                future.result(timeout=30)
+                acked.append(payload)
+            except S3StreamError:
+                failed += 1
+        assert failed, "the hole should have failed a group"
+        client.abandon()  # a crash, the store still full: no upload, no WAL reset
+        filler.unlink()
+        with s3stream.open(store, wal=wal) as again:
+            got = read_back(again, stream.stream_id)
+        assert got == acked, f"{len(got) - len(acked)} failed appends came back"
 
 
 class NoSpaceStore(ForwardingObjectStore):

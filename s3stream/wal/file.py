@@ -1024,17 +1024,19 @@ class FileWal(PipelinedWal):
                 self._verify_owner()
                 self._commit(records, start_target)
         except OSError as exc:
-            self._fail(group, self._write_error(records, exc))
+            self._fail(group, self._write_error(records, exc, sealed=self._seal_failure()))
             return
         except (FencedError, CorruptionError) as exc:  # taken over, or the file deleted
             self._fail(group, exc)
             return
         except Exception as exc:  # a bug must not leave futures hanging forever
+            self._seal_failure()
             self._fail(group, S3StreamError(f"WAL {self._path}: writer failed: {exc!r}"))
             return
         except BaseException as exc:
             # Ctrl-C in a caller driving the commit (`drive`): whether the group reached the
             # disk is unknown, so it is not acknowledged; nobody waits for it forever either.
+            self._seal_failure()
             self._fail(
                 group,
                 UnavailableError(f"WAL {self._path}: a commit was interrupted ({exc!r})"),
@@ -1085,12 +1087,44 @@ class FileWal(PipelinedWal):
             self._write_header(self._header.next(start=start_target, tail=tail))
         os.fdatasync(self._wfd)
 
-    def _write_error(self, group: list[Pending], exc: OSError) -> UnavailableError:
+    def _seal_failure(self) -> bool:
+        """After a commit failed (committer role held): make recovery end where the durable
+        records end, with a header whose tail is exact, as a clean shutdown's. Whole frames
+        of the failed group may be on the disk (the writes before a full disk's ENOSPC, or
+        all of them before a failed sync), and a dirty header's scan replayed them after a
+        close or a crash: appends whose callers were told they failed. The header's slots
+        are written in place, so this works on a full disk too, mostly. False if it failed
+        (or the WAL is no longer this writer's)."""
+        with self._cond:
+            sealed = self._header.next(
+                start=self._durable_start, tail=self._durable_tail, clean=True
+            )
+        try:
+            with self._exclusive():
+                self._verify_owner()
+                self._persist_header(sealed)
+        except (OSError, FencedError, CorruptionError) as exc:
+            self._log.warning(
+                "WAL %s: after a failed write, its header could not end recovery at the "
+                "durable records either: %s",
+                self._path,
+                exc,
+            )
+            return False
+        return True
+
+    def _write_error(self, group: list[Pending], exc: OSError, *, sealed: bool) -> UnavailableError:
         where = group[0].position if group else self._durable_tail
+        may_land = (
+            ""
+            if sealed
+            else " (they may still be recovered after a restart: the WAL's header could not be "
+            "updated either)"
+        )
         return UnavailableError(
             f"WAL {self._path}: write failed at position {where}: {_reason(exc)}; nothing from "
-            "there on is acknowledged, and appends fail until reset() resumes the WAL once "
-            "the cause is gone"
+            f"there on is acknowledged{may_land}, and appends fail until reset() resumes the WAL "
+            "once the cause is gone"
         )
 
     def _resume(self, failure: S3StreamError) -> str:
