@@ -869,7 +869,8 @@ class MetadataManager:
         elif not losses and self._log.serializes_commits:
             why = (
                 f"did not land within its deadline ({self._commit_timeout_s:g} s unless the "
-                "call gave one): other writers held the log's commit lock all that time"
+                "call gave one): waiting for the log's commit lock (other writers held it) or "
+                "for the metadata store took all that time"
             )
         else:
             why = (
