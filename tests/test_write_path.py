@@ -177,7 +177,8 @@ def test_appends_that_failed_on_a_full_disk_never_come_back(tmp_path: Path) -> N
     first frames whole on the disk. Its callers were told it failed; yet after a crash (or a
     close that could not reset the WAL: its store was on the full disk too), recovery
     replayed those frames as stream data, and a caller retrying got duplicates. A failed
-    commit now ends recovery at the durable records first."""
+    commit now ends recovery at the durable records first, and a session takes no frame of an
+    older one at or past the tail where it began."""
     from s3stream.wal.framing import DATA_START
 
     with disk_faults.tmpfs(tmp_path / "disk", "size=8m") as disk:
@@ -210,9 +211,15 @@ def test_appends_that_failed_on_a_full_disk_never_come_back(tmp_path: Path) -> N
         assert failed, "the hole should have failed a group"
         client.abandon()  # a crash, the store still full: no upload, no WAL reset
         filler.unlink()
-        with s3stream.open(store, wal=wal) as again:
-            got = read_back(again, stream.stream_id)
+        again = s3stream.open(store, wal=wal)
+        got = read_back(again, stream.stream_id)
         assert got == acked, f"{len(got) - len(acked)} failed appends came back"
+        # Another crash, before any append of the new session: the failed group's frames
+        # lie past the tail where that session began (they came back then too).
+        again.abandon()
+        with s3stream.open(store, wal=wal) as third:
+            got = read_back(third, stream.stream_id)
+        assert got == acked, f"{len(got) - len(acked)} failed appends came back at last"
 
 
 class NoSpaceStore(ForwardingObjectStore):

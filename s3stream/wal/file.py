@@ -834,6 +834,7 @@ class FileWal(PipelinedWal):
             max_session=session,
             max_length=self._max_record,
             chunk_bytes=self._settings.recovery_read_bytes,
+            current_from=header.tail if session == header.session else None,
         )
 
     def _become_ready(self, *, start: int, tail: int, positions: array[int]) -> None:

@@ -231,6 +231,7 @@ def check_file_wal(path: str | Path) -> FileWalCheck:
             max_session=header.session,
             max_length=header.capacity,
             chunk_bytes=_CHECK_READ_BYTES,
+            current_from=header.tail,
         )
         records = record_bytes = 0
         for _, data in scanner:

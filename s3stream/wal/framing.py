@@ -357,8 +357,12 @@ class FrameScanner:
 
     Iterating yields ``(position, record bytes)`` for each valid frame and stops at the first
     frame that is not valid: bad magic, header or body checksum, a position other than the
-    expected one, a session above `max_session` or below the previous frame's session, or a
-    frame that would cross `bound`. A valid group mark ends the scan too (`marked`). Afterwards
+    expected one, a session above `max_session` or below the previous frame's session, a
+    session below `max_session` at or past `current_from` (every session writes its frames
+    from the tail its first header names on, and a header's tail only grows: an older
+    session's frame there is a leftover, such as the frames of a group that failed, which a
+    session that then wrote nothing would otherwise take for its own), or a frame that would
+    cross `bound`. A valid group mark ends the scan too (`marked`). Afterwards
     `end` is where the valid prefix ends, `problem` says why the scan stopped there (None when
     it stopped exactly at `bound` or at a mark), and `overrun` is the valid header found at `end`
     whose frame would cross `bound`.
@@ -377,12 +381,14 @@ class FrameScanner:
         max_session: int,
         max_length: int,
         chunk_bytes: int,
+        current_from: int | None = None,
     ) -> None:
         self._read = read
         self._start = start
         self._bound = bound
         self._seed = seed
         self._max_session = max_session
+        self._current_from = bound if current_from is None else current_from
         self._max_length = max_length
         self._chunk = max(chunk_bytes, FRAME_ALIGN)
         #: Position just past the last valid frame seen so far.
@@ -414,6 +420,13 @@ class FrameScanner:
                 self.problem = (
                     f"frame of session {header.session} after session {last_session} "
                     f"(newest {self._max_session}): left over from an earlier session"
+                )
+                return
+            if header.session < self._max_session and pos >= self._current_from:
+                self.problem = (
+                    f"frame of session {header.session} at or past position "
+                    f"{self._current_from}, where session {self._max_session} began: left "
+                    "over from an earlier session"
                 )
                 return
             if header.is_mark:
