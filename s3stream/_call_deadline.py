@@ -24,7 +24,7 @@ from contextvars import ContextVar
 
 from .clock import Clock
 
-__all__ = ["caller_deadline", "current_deadline", "time_left"]
+__all__ = ["caller_deadline", "current_deadline", "the_deadline", "time_left"]
 
 #: (the clock the deadline is on, the deadline), or None outside any bounded call.
 _DEADLINE: ContextVar[tuple[Clock, float] | None] = ContextVar(
@@ -64,3 +64,9 @@ def time_left() -> float | None:
         return None
     clock, deadline = found
     return deadline - clock.monotonic()
+
+
+def the_deadline() -> tuple[Clock, float] | None:
+    """The deadline `caller_deadline` set for this thread with the clock it is on (for
+    `_bounded.within_deadline`), or None outside any bounded call."""
+    return _DEADLINE.get()

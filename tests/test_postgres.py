@@ -266,46 +266,51 @@ def test_a_server_that_stops_answering_hits_the_call_deadline(postgres: Any) -> 
         log.close()
 
 
+@pytest.mark.parametrize("meanwhile", ["nothing", "refreshes", "a trim", "a reconnect"])
 def test_close_keeps_its_deadline_when_its_release_meets_a_frozen_server(
-    postgres: Any, tmp_path: Path
+    postgres: Any, tmp_path: Path, meanwhile: str
 ) -> None:
-    """Everything is uploaded, so the release commit of `close(timeout_s=1)` is the call that
-    meets the frozen server: it waited the session's own deadline for the server (the
-    statement timeout and its margin: 11 s with 10 s), and behind threads refreshing the
-    metadata meanwhile (each waiting that long, in turn). Its deadline now bounds its waits
-    for the manager's and the session's locks, for a connection and for the server; the
-    calls left queued on a closed log get `StreamClosedError`."""
-    for readers in (0, 3):
-        url = postgres.url(namespace=_namespace(), statement_timeout="10s")
-        c = s3stream.open(
-            tmp_path / f"s{readers}",
-            wal="memory://",
-            metadata=url,
-            settings={"upload_interval_ms": 50},
-        )
-        c.create_stream().append(RecordBatch(b"x"))
-        c.flush()
-        errors: list[BaseException] = []
+    """Everything is uploaded, so the release commit of `close(timeout_s)` is the call that
+    meets the frozen server (postmaster and backends). It waited the session's own deadline
+    for the server (the statement timeout and its margin: 11 s for close(1) with 10 s);
+    behind threads refreshing meanwhile, each waiting that long in turn; queued behind
+    another commit of the client (a trim) leading its group on the frozen server (10.5 s);
+    and, its connection dropped by an earlier call, 2 s for a connect (libpq's least
+    connect_timeout) against close(0.5). Its deadline now bounds every one of those waits."""
+    statement = "1s" if meanwhile == "a reconnect" else "10s"
+    url = postgres.url(namespace=_namespace(), statement_timeout=statement)
+    settings = {"upload_interval_ms": 50}
+    c = s3stream.open(tmp_path / "s", wal="memory://", metadata=url, settings=settings)
+    s = c.create_stream()
+    s.append(RecordBatch(b"x"))
+    s.append(RecordBatch(b"y"))
+    c.flush()
+    errors: list[BaseException] = []
 
-        def read(c: s3stream.StreamClient = c, errors: list[BaseException] = errors) -> None:
-            try:
-                c.list_streams()
-            except S3StreamError as exc:
-                errors.append(exc)
+    def swallow(call: Any) -> None:
+        try:
+            call()
+        except S3StreamError as exc:
+            errors.append(exc)
 
-        threads = [threading.Thread(target=read) for _ in range(readers)]
-        with postgres.frozen():
-            for t in threads:
-                t.start()
-            time.sleep(0.3)  # the refresh is waiting on the server now
-            started = time.monotonic()
-            with pytest.raises(UnavailableError):
-                c.close(timeout_s=1)
-            took = time.monotonic() - started
+    calls = {"refreshes": [c.list_streams] * 3, "a trim": [lambda: s.trim(1)]}.get(meanwhile, [])
+    threads = [threading.Thread(target=swallow, args=(call,)) for call in calls]
+    limit = 0.5 if meanwhile == "a reconnect" else 1.0
+    with postgres.frozen():
+        if meanwhile == "a reconnect":
+            swallow(c.list_streams)  # times out: its connection is dropped
+            assert errors
         for t in threads:
-            t.join(30)
-        assert took < 2.5, f"close(timeout_s=1) took {took:.1f} s with {readers} readers"
-        assert all(isinstance(e, UnavailableError | StreamClosedError) for e in errors), errors
+            t.start()
+        time.sleep(0.3)  # the others are waiting on the server now
+        started = time.monotonic()
+        with pytest.raises(UnavailableError):
+            c.close(timeout_s=limit)
+        took = time.monotonic() - started
+    for t in threads:
+        t.join(30)
+    assert took < limit + 0.7, f"close(timeout_s={limit}) took {took:.1f} s, {meanwhile} meanwhile"
+    assert all(isinstance(e, UnavailableError | StreamClosedError) for e in errors), errors
 
 
 def test_close_keeps_its_deadline_while_a_commit_waits_on_a_frozen_server(

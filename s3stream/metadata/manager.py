@@ -31,7 +31,6 @@ import random
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from .._bounded import within_deadline
@@ -127,14 +126,6 @@ class _Request:
     weight: int = 1
 
 
-def _interrupted(exc: BaseException) -> BaseException:
-    """What the callers sharing a refresh get when it ended with `exc`: the error itself,
-    but an `S3StreamError` for an interrupt (Ctrl-C) of the caller that ran it."""
-    if isinstance(exc, Exception):
-        return exc
-    return S3StreamError(f"the metadata refresh this call shared was interrupted ({exc!r})")
-
-
 class MetadataManager:
     """Reads, replays and commits a metadata log: the one kept in the object store `store`
     under `prefix` (the default), or `store` itself when it is a `MetadataLogStore` (then
@@ -196,11 +187,11 @@ class MetadataManager:
         # `stop_checkpoints` came: a closed client's store is written no more.
         self._checkpoint_cond = threading.Condition(threading.Lock())
         self._checkpoints_running = 0
-        # Shared refreshes (`refresh`): the one running, and the one its callers-to-be
-        # arriving meanwhile wait for (it starts when the running one ends).
-        self._refresh_cond = threading.Condition(threading.Lock())
-        self._refresh_running: Future[bool] | None = None
-        self._refresh_next: Future[bool] | None = None
+        # Shared refreshes (`refresh`, under `_lock`): how many started and ended, and the
+        # last one that ended: (its number, its end's number, its outcome).
+        self._refreshes_started = 0
+        self._refreshes_finished = 0
+        self._last_refresh: tuple[int, int, bool | UnavailableError] | None = None
         self._checkpoints_stopped = False
         # Contention, as seen by this writer (under `_lock`): until when to assume others
         # commit too, and moving averages of a create's and of a catch-up's duration.
@@ -289,67 +280,40 @@ class MetadataManager:
     def refresh(self) -> bool:
         """Apply entries written by other writers since the last look; True if there were any.
 
-        Concurrent calls share refreshes: a call gets the outcome of one that started after
-        it did (so it sees every entry written before it was made), which one of the callers
-        waiting for it runs. If the refresh running when it came failed with
-        `UnavailableError`, so does the one it waits for, without asking the store again:
-        against a store that stopped answering, N callers waited N store timeouts in turn."""
-        with self._refresh_cond:
-            before = self._refresh_running
-            mine: Future[bool]
-            if before is None:
-                mine = self._refresh_running = Future()
-                leads = True
-            elif self._refresh_next is None:
-                mine = self._refresh_next = Future()
-                leads = True
-            else:
-                mine = self._refresh_next
-                leads = False
-        if not leads:
-            return mine.result()
-        if before is not None:
-            try:
-                with self._refresh_cond:
-                    # The refresh running ends by the store's timeouts, and then hands over.
-                    while self._refresh_running is not mine:
-                        self._refresh_cond.wait()
-            except BaseException as exc:  # interrupted (Ctrl-C): the others must not wait
-                with self._refresh_cond:
-                    started = self._refresh_next is not mine
-                    if not started:
-                        self._refresh_next = None
-                if started:
-                    self._end_refresh(mine, exc)
-                else:
-                    mine.set_exception(_interrupted(exc))
-                raise
-            failed = before.exception()
-            if isinstance(failed, UnavailableError):
-                error = UnavailableError(
-                    f"refreshing the metadata failed while this refresh waited for another: "
-                    f"{failed}"
+        Concurrent calls share refreshes: a call that finds, once it holds the lock, that a
+        refresh which started after it was called has ended takes that one's outcome (it saw
+        every entry written before the call); and if one that ended while it waited failed
+        with `UnavailableError`, it fails with that too, without asking the store again
+        (against a store that stopped answering, N callers waited N store timeouts in turn).
+        The bookkeeping is under the lock, so a caller interrupted (Ctrl-C) leaves nothing
+        the others wait on."""
+        started, finished = self._refreshes_started, self._refreshes_finished
+        with self._lock:
+            last = self._last_refresh
+            if last is not None:
+                number, ended, outcome = last
+                shared = number > started or (
+                    ended > finished and isinstance(outcome, UnavailableError)
                 )
-                self._end_refresh(mine, error)
-                raise error from failed
-        try:
-            with self._lock:
+                if shared:
+                    if isinstance(outcome, BaseException):
+                        raise UnavailableError(
+                            f"refreshing the metadata failed while this call waited: {outcome}"
+                        ) from outcome
+                    return outcome
+            self._refreshes_started = number = self._refreshes_started + 1
+            try:
                 changed = self._catch_up()
-        except BaseException as exc:
-            self._end_refresh(mine, exc)
-            raise
-        self._end_refresh(mine, changed)
-        return changed
+            except UnavailableError as exc:
+                self._end_refresh(number, exc)
+                raise
+            self._end_refresh(number, changed)
+            return changed
 
-    def _end_refresh(self, done: Future[bool], outcome: bool | BaseException) -> None:
-        """Complete refresh `done` (running) with `outcome`; the next one starts."""
-        with self._refresh_cond:
-            self._refresh_running, self._refresh_next = self._refresh_next, None
-            self._refresh_cond.notify_all()
-        if isinstance(outcome, BaseException):
-            done.set_exception(_interrupted(outcome))
-        else:
-            done.set_result(outcome)
+    def _end_refresh(self, number: int, outcome: bool | UnavailableError) -> None:
+        """Record how refresh `number` ended (the lock is held), for the callers waiting."""
+        self._refreshes_finished += 1
+        self._last_refresh = (number, self._refreshes_finished, outcome)
 
     def commit(
         self, build: Build, *, timeout_s: float | None = None
@@ -391,11 +355,14 @@ class MetadataManager:
         try:
             while True:
                 with self._queue_cond:
-                    # The leader completes every request it takes and hands over when done,
-                    # so this wait ends; its work is bounded by the requests' deadlines and
-                    # the store's timeouts.
+                    # The leader completes every request it takes and hands over when done;
+                    # this caller waits no longer than its deadline, though (the leader may
+                    # wait on a store that stopped answering, up to its own deadline).
                     while not request.done and self._leading:
-                        self._queue_cond.wait()
+                        left = request.deadline - self._clock.monotonic()
+                        if left <= 0:
+                            raise self._late(request)
+                        self._queue_cond.wait(left)
                     if request.done:
                         break
                     self._leading = True
@@ -862,6 +829,21 @@ class MetadataManager:
         bound = 2 * turn if losses == 0 else turn / losses
         if bound > 0:
             self._clock.sleep(self._rng.uniform(0, bound))
+
+    def _late(self, request: _Request) -> UnavailableError:
+        """The error of `request`, whose deadline passed while another caller led (the queue
+        lock is held): still queued, it is withdrawn (nothing of it is written); taken into
+        that caller's group, it may yet be."""
+        if request in self._queue:
+            self._queue.remove(request)
+            fate = "it was withdrawn, nothing written"
+        else:
+            fate = "it was in a group still being written, and may or may not land"
+        return UnavailableError(
+            f"metadata commit by {self._writer_id!r} did not land within its deadline: "
+            f"another commit of this client was under way all that time (is the metadata "
+            f"store answering?); {fate}"
+        )
 
     def _overloaded(self, losses: int) -> UnavailableError:
         if self._commit_attempts and losses >= self._commit_attempts:

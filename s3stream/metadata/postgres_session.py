@@ -34,7 +34,8 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg import pq
 
-from .._call_deadline import time_left
+from .._bounded import within_deadline
+from .._call_deadline import the_deadline, time_left
 from ..errors import (
     ContendedError,
     InvalidArgumentError,
@@ -146,10 +147,7 @@ class PostgresSession:
         left = time_left()
         if left is not None and left < limit:
             if left <= 0:
-                raise UnavailableError(
-                    f"the PostgreSQL metadata store at {self._target.host} "
-                    f"({self._target.display}) was not asked: this call's deadline passed"
-                )
+                raise self._not_asked()
             limit = left
         conn.deadline_s = limit
         return limit
@@ -170,9 +168,40 @@ class PostgresSession:
             self._inherited.append(self._conn)
             self._conn = None
         if self._conn is None or self._conn.closed:
-            self._conn = self._connect()
+            self._conn = self._connect_in_time()
             self._pid = os.getpid()
         return self._conn
+
+    def _connect_in_time(self) -> _DeadlineConnection:
+        """`_connect`, within the public call's deadline if it has one shorter than the
+        connect timeout (libpq's is whole seconds, 2 at least): then in a thread of its own
+        (`within_deadline`), a connection made too late closed there."""
+        bounded = the_deadline()
+        if bounded is None:
+            return self._connect()
+        clock, deadline = bounded
+        left = deadline - clock.monotonic()
+        if left >= self._target.connect_timeout_s:
+            return self._connect()
+        if left <= 0:
+            raise self._not_asked()
+        return within_deadline(
+            self._connect,
+            clock=clock,
+            deadline=deadline,
+            name="s3stream-postgres-connect",
+            timeout_error=lambda: UnavailableError(
+                f"cannot connect to the PostgreSQL metadata store at {self._target.host} "
+                f"({self._target.display}) within this call's deadline"
+            ),
+            abandoned=lambda conn: conn.close(),
+        )
+
+    def _not_asked(self) -> UnavailableError:
+        return UnavailableError(
+            f"the PostgreSQL metadata store at {self._target.host} ({self._target.display}) "
+            "was not asked: this call's deadline passed"
+        )
 
     def _connect(self) -> _DeadlineConnection:
         t = self._target
