@@ -918,7 +918,7 @@ class StreamClient(Closeable):
                     ),
                 )
             finally:
-                self._block_cache.close()
+                self._block_cache.close(left())
                 if not self._meta.stop_checkpoints(deadline):
                     log.warning(
                         "a metadata checkpoint was still being written at the close deadline; "

@@ -414,7 +414,9 @@ class StreamReader(Closeable):
                 return
             self._closed = True
             self._wake.notify_all()
-        self._cache.close()
+        # Readahead under way waits on the store: for a store timeout at most, not longer
+        # than a call may take.
+        self._cache.close(self._settings.call_limit_s())
         self._store.close()
         self._meta.log.close()
 

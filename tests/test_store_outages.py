@@ -132,6 +132,40 @@ def test_a_close_keeps_its_own_deadline_shorter_than_the_stores(
         ends_within(1.5 + 8 / 3 + 1.0, lambda: writer.close(timeout_s=1.5))
 
 
+def test_a_close_does_not_wait_for_readahead_on_a_frozen_server(server: SeaweedS3Server) -> None:
+    """A sequential reader's next fetch is served from the cache while the readahead planning
+    reads the next object's index on a readahead thread, against the frozen server: the
+    client's close joined that thread, a store timeout (13.2 s for close(1) with a 20 s
+    store timeout). It now waits for readahead within its own deadline only; what is in
+    flight of the release commit may add one try (a third of store_timeout_ms)."""
+    url = f"s3://{server.bucket}/readahead-{uuid.uuid4().hex}"
+    opts = server.storage_options()
+    with s3stream.open(
+        url, wal="memory://", storage_options=opts, settings={"upload_interval_ms": 60_000}
+    ) as writer:
+        stream = writer.create_stream()
+        for obj in range(3):
+            for i in range(8):
+                stream.append(RecordBatch(bytes([obj * 10 + i]) * 1000))
+            writer.flush()
+        sid = stream.stream_id
+    settings = {
+        "store_timeout_ms": 20_000,
+        "readahead_initial_bytes": 16 * 1024,
+        "readahead_max_bytes": 64 * 1024,
+    }
+    reader = s3stream.open(
+        url, wal="memory://", node_id="r", storage_options=opts, settings=settings
+    )
+    s = reader.open_stream(sid)
+    page = s.fetch(0, max_bytes=2000)
+    with server.frozen():
+        page = s.fetch(page.next_offset, max_bytes=2000)  # from the cache: plans ahead
+        assert page.batches
+        time.sleep(0.3)
+        ends_within(1 + 20 / 3 + 1.0, lambda: reader.close(timeout_s=1))
+
+
 def test_compaction_with_retention_ends_within_its_deadline_on_a_frozen_server(
     server: SeaweedS3Server, postgres: Any
 ) -> None:

@@ -21,6 +21,7 @@ fetch over at its own priority, so a throttled readahead never delays a foregrou
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import threading
@@ -158,6 +159,9 @@ class BlockCache:
             thread_name_prefix="s3stream-readahead",
         )
         self._closed = False
+        #: Readahead tasks running (started, not ended), under `_idle`: `close` waits for them.
+        self._idle = threading.Condition(threading.Lock())
+        self._active = 0
         self._c = dict.fromkeys(
             (
                 "hits",
@@ -189,11 +193,16 @@ class BlockCache:
                 cached_bytes=self._bytes,
             )
 
-    def close(self) -> None:
-        """Stop readahead (pending prefetches are dropped) and empty the cache."""
+    def close(self, timeout_s: float | None = None) -> None:
+        """Stop readahead (pending prefetches are dropped) and empty the cache. Readahead
+        under way (a GET, an index read for its planning) is waited for at most `timeout_s`
+        (None: until it ends): against a store that stopped answering it ends only by the
+        store's timeout, and a client's close has a deadline of its own."""
         with self._lock:
             self._closed = True
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._idle:
+            self._idle.wait_for(lambda: not self._active, timeout_s)
         with self._lock:
             self._entries.clear()
             self._bytes = 0
@@ -326,9 +335,21 @@ class BlockCache:
             if self._closed:
                 return None
         try:
-            return self._pool.submit(fn, *args, **kwargs)
+            return self._pool.submit(self._counted, functools.partial(fn, *args, **kwargs))
         except RuntimeError:  # closed meanwhile
             return None
+
+    def _counted(self, work: Callable[[], None]) -> None:
+        """Run readahead `work` counted in `_active` (what `close` waits for)."""
+        with self._idle:
+            self._active += 1
+        try:
+            work()
+        finally:
+            with self._idle:
+                self._active -= 1
+                if not self._active:
+                    self._idle.notify_all()
 
     def prefetch(self, key: str, blocks: Sequence[BlockInfo]) -> int:
         """Fetch `blocks` of object `key` in the background unless cached or in flight;
@@ -351,7 +372,7 @@ class BlockCache:
             with self._lock:
                 self._queued[n] = (key, run)
             try:
-                self._pool.submit(self._prefetch_run, n, key, run)
+                self._pool.submit(self._counted, functools.partial(self._prefetch_run, n, key, run))
             except RuntimeError:
                 # Closed meanwhile: nobody may wait forever on these futures.
                 with self._lock:

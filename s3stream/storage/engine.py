@@ -498,7 +498,7 @@ class Storage:
             except BaseException as exc:
                 error = error or exc
             if self._owns_block_cache:
-                self._block_cache.close()
+                self._block_cache.close(max(0.0, deadline - self._clock.monotonic()))
         if error is not None:
             raise error
         with status.cond:
