@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 import random
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -484,6 +486,45 @@ def test_readahead_planning_does_not_hold_the_reader() -> None:
         assert cache.metrics.readahead_blocks > before_b  # data/b's, after its index came
     finally:
         cache.close()
+
+
+_EXIT_CHILD = """
+import random, time
+from s3stream.cache.block_cache import BlockCache
+from s3stream.clock import SystemClock
+from s3stream.format.batch import encode_batch
+from s3stream.format.objects import ObjectWriter, read_index
+from s3stream.objectstore.memory import MemoryObjectStore
+from s3stream.testing.faults import FaultRule, FaultyObjectStore
+
+inner = MemoryObjectStore()
+w = ObjectWriter(block_target_bytes=4096)
+for i in range(50):
+    w.add(0, i, 1, i, encode_batch(0, i, 1, 0, i, {}, b"x" * 1000))
+inner.put("data/a", w.finish())
+blocks = read_index(inner, "data/a").blocks
+slow = FaultRule(latency_s=(8.0, 8.0), operations=frozenset({"get"}))
+store = FaultyObjectStore(inner, rng=random.Random(0), clock=SystemClock(), rules=[slow])
+cache = BlockCache(store, capacity_bytes=1 << 22)
+cache.prefetch("data/a", blocks[:3])
+time.sleep(0.3)  # the readahead's GET is under way
+started = time.monotonic()
+cache.close(0.2)
+assert time.monotonic() - started < 1, "close overran its timeout"
+"""
+
+
+def test_readahead_left_behind_by_a_close_does_not_hold_up_the_exit() -> None:
+    """A close that stopped waiting for a readahead GET (a store that stopped answering) kept
+    its deadline, and the process then did not end until the GET did: the readahead threads
+    were a ThreadPoolExecutor's, which the interpreter joins at exit (8.5 s here)."""
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", _EXIT_CHILD], capture_output=True, text=True, timeout=60
+    )
+    took = time.monotonic() - started
+    assert done.returncode == 0, done.stderr
+    assert took < 5, f"the process took {took:.1f} s to end after the close"
 
 
 @pytest.fixture

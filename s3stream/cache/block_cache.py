@@ -27,11 +27,12 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass
 from typing import ParamSpec
 
+from .._daemon_pool import DaemonPool
 from ..errors import InvalidArgumentError, S3StreamError, StreamClosedError, UnavailableError
 from ..format.block import BlockInfo
 from ..format.block_reader import BlockReader, decode_run
@@ -154,9 +155,10 @@ class BlockCache:
         self._queued: dict[int, tuple[str, _Owned]] = {}
         self._next_run = itertools.count()
         self._bytes = 0
-        self._pool = ThreadPoolExecutor(
-            max_workers=check_int("readahead_workers", readahead_workers, minimum=1),
-            thread_name_prefix="s3stream-readahead",
+        # Daemon threads: readahead a close stopped waiting for (a GET on a store that
+        # stopped answering) must not hold up the process's exit either.
+        self._pool = DaemonPool(
+            check_int("readahead_workers", readahead_workers, minimum=1), "s3stream-readahead"
         )
         self._closed = False
         #: Readahead tasks running (started, not ended), under `_idle`: `close` waits for them.
@@ -200,7 +202,7 @@ class BlockCache:
         store's timeout, and a client's close has a deadline of its own."""
         with self._lock:
             self._closed = True
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown()
         with self._idle:
             self._idle.wait_for(lambda: not self._active, timeout_s)
         with self._lock:
