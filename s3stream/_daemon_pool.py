@@ -16,6 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, ParamSpec, TypeVar
 
+from ._futures import run_into
 from .validation import check_int, check_text
 
 __all__ = ["DaemonPool"]
@@ -77,15 +78,8 @@ class DaemonPool:
             job = self._queue.get()
             if job is None:
                 return
-            future, call = job
-            if future.set_running_or_notify_cancel():
-                try:
-                    result = call()
-                except BaseException as exc:
-                    future.set_exception(exc)
-                else:
-                    future.set_result(result)
-            del job, future, call  # nothing of a finished call stays referenced while idle
+            run_into(*job)
+            del job  # nothing of a finished call stays referenced while idle
             with self._lock:
                 if self._shut:
                     return

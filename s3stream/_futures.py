@@ -1,4 +1,4 @@
-"""Cheap already-completed futures for the append hot path.
+"""Futures: cheap already-completed ones for the append hot path, and running a call into one.
 
 `concurrent.futures.Future()` builds a `threading.Condition` per instance, which costs more
 than the rest of an in-memory append. A future that is complete at birth never blocks anyone,
@@ -9,10 +9,11 @@ names, which have been stable since Python 3.2; `tests/test_futures.py` pins the
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TypeVar
 
-__all__ = ["CompletedFutures"]
+__all__ = ["CompletedFutures", "run_into"]
 
 T = TypeVar("T")
 
@@ -33,3 +34,16 @@ class CompletedFutures:
         f._waiters = []
         f._done_callbacks = []  # type: ignore[attr-defined]
         return f
+
+
+def run_into(future: Future[T], call: Callable[[], T]) -> None:
+    """Run `call` for `future` (as a pool's thread does), unless it was cancelled first: its
+    result or error completes the future."""
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        result = call()
+    except BaseException as exc:
+        future.set_exception(exc)
+    else:
+        future.set_result(result)

@@ -44,6 +44,7 @@ from types import TracebackType
 from typing import Any, Generic, ParamSpec, Protocol, Self, TypeVar
 
 from . import opening
+from ._futures import run_into
 from .client import StreamClient, WalFactory
 from .compaction import CompactionReport, Progress
 from .errors import BackpressureError, InvalidArgumentError, StreamClosedError, UnavailableError
@@ -155,14 +156,7 @@ class _Threads:
             lane = self._lanes[stream_id]
             item = lane.popleft() if lane else None
         if item is not None:
-            future, job = item
-            if future.set_running_or_notify_cancel():  # else cancelled while queued
-                try:
-                    result = job()
-                except BaseException as exc:
-                    future.set_exception(exc)
-                else:
-                    future.set_result(result)
+            run_into(*item)  # (nothing, if cancelled while queued)
         with self._appends_lock:
             more = bool(lane)
             if not more:
