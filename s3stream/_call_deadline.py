@@ -59,7 +59,7 @@ def time_left() -> float | None:
     """Seconds left before the deadline `caller_deadline` set for this thread, measured on
     that deadline's own clock (for waits on the real clock, such as a socket's, by code that
     has no clock of the client's), or None outside any bounded call."""
-    found = _DEADLINE.get()
+    found = the_deadline()
     if found is None:
         return None
     clock, deadline = found

@@ -337,12 +337,16 @@ class BlockCache:
             if self._closed:
                 return None
         try:
-            return self._pool.submit(self._counted, functools.partial(fn, *args, **kwargs))
+            return self._submit(functools.partial(fn, *args, **kwargs))
         except RuntimeError:  # closed meanwhile
             return None
 
+    def _submit(self, work: Callable[[], None]) -> Future[None]:
+        """Run readahead `work` on the pool, counted while it runs (`close` waits for it);
+        `RuntimeError` once the pool is shut down."""
+        return self._pool.submit(self._counted, work)
+
     def _counted(self, work: Callable[[], None]) -> None:
-        """Run readahead `work` counted in `_active` (what `close` waits for)."""
         with self._idle:
             self._active += 1
         try:
@@ -374,7 +378,7 @@ class BlockCache:
             with self._lock:
                 self._queued[n] = (key, run)
             try:
-                self._pool.submit(self._counted, functools.partial(self._prefetch_run, n, key, run))
+                self._submit(functools.partial(self._prefetch_run, n, key, run))
             except RuntimeError:
                 # Closed meanwhile: nobody may wait forever on these futures.
                 with self._lock:
@@ -500,6 +504,12 @@ class _Cursor:
         #: A planning of this reader's readahead is queued or running: no second one.
         self.planning = False
 
+    def issued(self, nbytes: int, end: int) -> None:
+        """Readahead of `nbytes` more, up to offset `end`, was issued (`Readahead._lock`
+        held)."""
+        self.ahead += nbytes
+        self.frontier = max(self.frontier, end)
+
 
 class Readahead:
     """Detects sequential readers per stream and fetches ahead of them into a `BlockCache`.
@@ -569,8 +579,7 @@ class Readahead:
         # thread, with the rest of the planning.
         issued, end, stopped = self._issued(state, stream_id, frontier, need, read_indexes=False)
         with self._lock:
-            cur.ahead += issued
-            cur.frontier = max(cur.frontier, end)
+            cur.issued(issued, end)
             if not stopped:
                 cur.planning = False
                 return None
@@ -591,8 +600,7 @@ class Readahead:
             # position): it is the same cursor object either way.
             with self._lock:
                 cur.planning = False
-                cur.ahead += issued
-                cur.frontier = max(cur.frontier, end)
+                cur.issued(issued, end)
 
     def _issued(
         self,

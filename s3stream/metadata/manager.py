@@ -187,12 +187,11 @@ class MetadataManager:
         # `stop_checkpoints` came: a closed client's store is written no more.
         self._checkpoint_cond = threading.Condition(threading.Lock())
         self._checkpoints_running = 0
-        # Shared refreshes (`refresh`, under `_lock`): how many started and ended, and the
-        # last one that ended: (its number, its end's number, its outcome).
-        self._refreshes_started = 0
-        self._refreshes_finished = 0
-        self._last_refresh: tuple[int, int, bool | UnavailableError] | None = None
         self._checkpoints_stopped = False
+        # Shared refreshes (`refresh`, under `_lock`): how many started, and the last one
+        # that ended: (its number, how many had ended with it, its outcome).
+        self._refreshes_started = 0
+        self._last_refresh: tuple[int, int, bool | UnavailableError] | None = None
         # Contention, as seen by this writer (under `_lock`): until when to assume others
         # commit too, and moving averages of a create's and of a catch-up's duration.
         self._contended_until = float("-inf")
@@ -287,7 +286,8 @@ class MetadataManager:
         (against a store that stopped answering, N callers waited N store timeouts in turn).
         The bookkeeping is under the lock, so a caller interrupted (Ctrl-C) leaves nothing
         the others wait on."""
-        started, finished = self._refreshes_started, self._refreshes_finished
+        started, seen = self._refreshes_started, self._last_refresh
+        finished = 0 if seen is None else seen[1]
         with self._lock:
             last = self._last_refresh
             if last is not None:
@@ -312,8 +312,8 @@ class MetadataManager:
 
     def _end_refresh(self, number: int, outcome: bool | UnavailableError) -> None:
         """Record how refresh `number` ended (the lock is held), for the callers waiting."""
-        self._refreshes_finished += 1
-        self._last_refresh = (number, self._refreshes_finished, outcome)
+        ended = 1 if self._last_refresh is None else self._last_refresh[1] + 1
+        self._last_refresh = (number, ended, outcome)
 
     def commit(
         self, build: Build, *, timeout_s: float | None = None
@@ -361,7 +361,7 @@ class MetadataManager:
                     while not request.done and self._leading:
                         left = request.deadline - self._clock.monotonic()
                         if left <= 0:
-                            raise self._late(request)
+                            raise self._late(request, "another commit of this client was under way")
                         self._queue_cond.wait(left)
                     if request.done:
                         break
@@ -581,13 +581,10 @@ class MetadataManager:
             # stay queued, for their own leaders).
             if not self._lock.acquire(timeout=max(0.0, deadline - self._clock.monotonic())):
                 with self._queue_cond:
-                    with contextlib.suppress(ValueError):
-                        self._queue.remove(request)
-                    request.error = UnavailableError(
-                        f"metadata commit by {self._writer_id!r} did not start within its "
-                        "deadline: another call of this client (a refresh, or a take-over) "
-                        "was reading the metadata log all that time; is the metadata store "
-                        "answering?"
+                    request.error = self._late(
+                        request,
+                        "another call of this client (a refresh, or a take-over) was "
+                        "reading the metadata log",
                     )
                     request.done = True
                 return
@@ -830,19 +827,18 @@ class MetadataManager:
         if bound > 0:
             self._clock.sleep(self._rng.uniform(0, bound))
 
-    def _late(self, request: _Request) -> UnavailableError:
-        """The error of `request`, whose deadline passed while another caller led (the queue
-        lock is held): still queued, it is withdrawn (nothing of it is written); taken into
-        that caller's group, it may yet be."""
+    def _late(self, request: _Request, why: str) -> UnavailableError:
+        """The error of `request`, whose deadline passed while `why` (the queue lock is
+        held): still queued, it is withdrawn (nothing of it is written); taken into another
+        caller's group, it may yet be."""
         if request in self._queue:
             self._queue.remove(request)
             fate = "it was withdrawn, nothing written"
         else:
             fate = "it was in a group still being written, and may or may not land"
         return UnavailableError(
-            f"metadata commit by {self._writer_id!r} did not land within its deadline: "
-            f"another commit of this client was under way all that time (is the metadata "
-            f"store answering?); {fate}"
+            f"metadata commit by {self._writer_id!r} did not land within its deadline: {why} "
+            f"all that time (is the metadata store answering?); {fate}"
         )
 
     def _overloaded(self, losses: int) -> UnavailableError:
