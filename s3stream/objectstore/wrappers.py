@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
+from .._bounded import within_deadline
 from .._call_deadline import current_deadline
 from ..clock import Clock
 from ..errors import ContendedError, InvalidArgumentError, ObjectNotFoundError, UnavailableError
@@ -209,10 +210,32 @@ class RetryingObjectStore(ObjectStore):
             )
         while True:
             try:
-                return fn()
+                return self._try(op, key, fn)
             except UnavailableError as exc:
                 failures += 1
                 self._wait_or_give_up(op, key, exc, failures, started)
+
+    def _try(self, op: str, key: str | None, fn: Callable[[], T]) -> T:
+        """One try of `fn`, waited for until the deadline of the public call it serves
+        (`caller_deadline`) if one try could outlast it."""
+        caller = current_deadline(self._clock)
+        if caller is None or self._clock.monotonic() + self._attempt_timeout_s <= caller:
+            return fn()
+        # The client's socket timeout bounds a try, not the caller's deadline: a close(1)
+        # whose release commit was in flight against a store that stopped answering took
+        # 4.3 s with a 20 s store timeout. The try goes on in its thread; its outcome is
+        # unknown to the caller, as a try that timed out at the socket is.
+        target = f" {key!r}" if key else ""
+        return within_deadline(
+            fn,
+            clock=self._clock,
+            deadline=caller,
+            name=f"s3stream-store-{op}",
+            timeout_error=lambda: UnavailableError(
+                f"{op}{target} on {self._inner.describe()}: no answer by the deadline of the "
+                "call it was made for (the request may still take effect)"
+            ),
+        )
 
     def _wait_or_give_up(
         self, op: str, key: str | None, exc: UnavailableError, failures: int, started: float
