@@ -118,6 +118,16 @@ def test_url_parameters_and_defaults() -> None:
         assert "pw" not in str(err.value)
 
 
+def test_the_url_factory_takes_no_option_it_would_ignore() -> None:
+    """`from_url(url, timeout_ms=...)` was accepted and the timeout ignored (the factory took
+    any keyword): the deadlines come from `settings` or the URL, and anything else is an
+    error before anything is opened."""
+    from s3stream.metadata import postgres
+
+    with pytest.raises(TypeError, match="timeout_ms"):
+        postgres.from_url("postgresql://h/db", timeout_ms=5)  # type: ignore[call-arg]
+
+
 def test_libpq_url_forms_reach_libpq_intact() -> None:
     """A value with a space reaches libpq as %20 (urlencode's '+' reached the server as
     "+search_path"), a multi-host URL is taken (its netloc has a port per host), a

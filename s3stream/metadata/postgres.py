@@ -478,7 +478,7 @@ class PostgresMetadataLog(ExternalMetadataLog):
 
 
 def from_url(
-    url: str, *, namespace: str = "meta", settings: ClientSettings | None = None, **_: Any
+    url: str, *, namespace: str = "meta", settings: ClientSettings | None = None
 ) -> PostgresMetadataLog:
     """The registry's factory: the log `url` names, its deadlines from `settings`
     (``store_timeout_ms``) unless the URL gives them."""
