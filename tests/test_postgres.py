@@ -723,6 +723,32 @@ def test_a_commit_on_a_connection_the_server_ended_while_idle_reconnects(
         assert [i.stream_id for i in reader.list_streams()] == [s.stream_id, other.stream_id]
 
 
+def test_an_optimistic_create_on_a_connection_the_server_ended_while_idle_reruns(
+    postgres: Any, url: str
+) -> None:
+    """With ``serialize_commits=False`` a commit is one INSERT of the next entry: after the
+    server ended the idle connections it failed at once while the server answered, where
+    reads and serialized commits reconnect. It now runs again on a new connection, and a
+    rerun that finds the entry takes it as its own only if it holds its bytes."""
+    log = PostgresMetadataLog(url, serialize_commits=False)
+    assert log.create_entry(1, b"first")
+
+    def end_idle() -> None:
+        with psycopg.connect(postgres.url(), autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = 's3stream' AND pid <> pg_backend_pid()"
+            )
+        time.sleep(0.2)
+
+    end_idle()
+    assert log.create_entry(2, b"second") is True
+    end_idle()
+    assert log.create_entry(2, b"not mine") is False  # taken: the rerun compares bytes
+    assert log.has_entry(2) and not log.has_entry(3)
+    log.close()
+
+
 def test_acknowledged_appends_survive_a_crash_of_a_server_without_synchronous_commit(
     tmp_path: Path,
 ) -> None:

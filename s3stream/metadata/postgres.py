@@ -269,10 +269,25 @@ class PostgresMetadataLog(ExternalMetadataLog):
     def create_entry(self, seq: int, payload: bytes) -> bool:
         self.check_writable()
 
-        def insert(conn: Connection) -> bool:
-            return conn.execute(self._q_create, (self.namespace, seq, payload)).rowcount == 1
+        tries = 0
 
-        return self._main.run(insert)
+        def insert(conn: Connection) -> bool:
+            nonlocal tries
+            tries += 1
+            if conn.execute(self._q_create, (self.namespace, seq, payload)).rowcount == 1:
+                return True
+            if tries == 1:
+                return False
+            # The first try died with a connection the server had ended while idle, and may
+            # have landed: the entry is ours if it holds our bytes (a writer's entries carry
+            # its identity and epoch, so a competitor's never do), as for an object store's
+            # ambiguous create.
+            row = conn.execute(self._q_entry, (self.namespace, seq)).fetchone()
+            return row is not None and bytes(row[0]) == payload
+
+        # Rerun on a new connection once (not an error while the server answers), as reads and
+        # serialized commits are.
+        return self._main.run(insert, idempotent=True)
 
     @property
     def serializes_commits(self) -> bool:
