@@ -673,6 +673,17 @@ def test_a_commit_waiting_for_the_lock_keeps_its_own_deadline(postgres: Any, url
     log.close()
 
 
+def _end_idle_connections(postgres: Any) -> None:
+    """What a server restart, a failover or a proxy's idle timeout does to the log's idle
+    connections: the server ends them."""
+    with psycopg.connect(postgres.url(), autocommit=True) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name = 's3stream' AND pid <> pg_backend_pid()"
+        )
+    time.sleep(0.2)
+
+
 def test_a_read_on_a_connection_the_server_ended_while_idle_reconnects(
     postgres: Any, url: str
 ) -> None:
@@ -682,12 +693,7 @@ def test_a_read_on_a_connection_the_server_ended_while_idle_reconnects(
     m = MetadataManager(log, clock=ManualClock(), writer_id="w")
     m.load()
     m.create_stream({})
-    with psycopg.connect(postgres.url(), autocommit=True) as admin:
-        admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE application_name = 's3stream' AND pid <> pg_backend_pid()"
-        )
-    time.sleep(0.2)
+    _end_idle_connections(postgres)
     assert m.refresh() is False
     m.create_stream({})
     assert m.seq == 2
@@ -702,21 +708,13 @@ def test_a_commit_on_a_connection_the_server_ended_while_idle_reconnects(
     on a new one, within its deadline. It failed at once ("terminating connection due to
     administrator command"), and a close then left the client's streams open."""
 
-    def end_idle() -> None:
-        with psycopg.connect(postgres.url(), autocommit=True) as admin:
-            admin.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE application_name = 's3stream' AND pid <> pg_backend_pid()"
-            )
-        time.sleep(0.2)
-
     client = s3stream.open(tmp_path / "s", wal="memory://", metadata=url)
     s = client.create_stream()
     s.append(RecordBatch(b"x"))
     client.flush()
-    end_idle()
+    _end_idle_connections(postgres)
     other = client.create_stream()
-    end_idle()
+    _end_idle_connections(postgres)
     client.close(timeout_s=10)
     with s3stream.open_reader(tmp_path / "s", metadata=url) as reader:
         assert [i.state.name for i in reader.list_streams()] == ["CLOSED", "CLOSED"]
@@ -733,17 +731,9 @@ def test_an_optimistic_create_on_a_connection_the_server_ended_while_idle_reruns
     log = PostgresMetadataLog(url, serialize_commits=False)
     assert log.create_entry(1, b"first")
 
-    def end_idle() -> None:
-        with psycopg.connect(postgres.url(), autocommit=True) as admin:
-            admin.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE application_name = 's3stream' AND pid <> pg_backend_pid()"
-            )
-        time.sleep(0.2)
-
-    end_idle()
+    _end_idle_connections(postgres)
     assert log.create_entry(2, b"second") is True
-    end_idle()
+    _end_idle_connections(postgres)
     assert log.create_entry(2, b"not mine") is False  # taken: the rerun compares bytes
     assert log.has_entry(2) and not log.has_entry(3)
     log.close()
