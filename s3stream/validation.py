@@ -160,9 +160,12 @@ def check_number(
 def check_positive(name: str, value: object) -> float:
     """A finite number > 0 (an int or a float, not a bool) as a float: a timeout or an
     interval that must not be zero."""
-    number = check_number(name, value)
-    if number <= 0:
-        raise InvalidArgumentError(f"{name} must be a number > 0, got {_show(value)}")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidArgumentError(f"{name} must be a number, got {_show(value)}")
+    number = float(value)
+    if not (math.isfinite(number) and number > 0):
+        # One message for 0, -1 and NaN alike (it said ">= 0" for -1, then refused 0).
+        raise InvalidArgumentError(f"{name} must be a finite number > 0, got {_show(value)}")
     return number
 
 

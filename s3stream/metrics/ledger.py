@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from ..clock import Clock
 from ..errors import InvalidArgumentError
-from ..validation import check_number
+from ..validation import check_positive
 from . import catalog
 from .cost import S3_STANDARD_US_EAST_1, CostReport, PriceTable, price
 from .registry import MetricsRegistry
@@ -50,7 +50,7 @@ class CostLedger:
         self._clock = clock
         self._prices = prices
         self._stored_bytes = stored_bytes
-        self._window_s = _check_window(window_s)
+        self._window_s = check_positive("window_s", window_s)
         self._lock = threading.Lock()
         self._snapshots: deque[tuple[float, _Counts]] = deque(maxlen=_MAX_SNAPSHOTS)
         self._snapshots.append((clock.monotonic(), self._counts()))
@@ -69,7 +69,7 @@ class CostLedger:
         """Dollars per month at the current rate: the request rate over the last `window_s`
         seconds (default: the ledger's window) x the seconds of a month x the price of each
         request, plus the stored bytes x the GB-month price."""
-        window = self._window_s if window_s is None else _check_window(window_s)
+        window = self._window_s if window_s is None else check_positive("window_s", window_s)
         stored = self._stored_bytes() if self._stored_bytes is not None else 0
         with self._lock:
             # Counted and timed together: a count read before another call's snapshot, which
@@ -90,10 +90,3 @@ class CostLedger:
         if family is None:
             return {}
         return {(p.labels[0], p.labels[1]): int(p.value) for p in family.points}
-
-
-def _check_window(window_s: object) -> float:
-    window = check_number("window_s", window_s)
-    if window <= 0:
-        raise InvalidArgumentError(f"window_s must be a number > 0, got {window_s!r}")
-    return window
