@@ -269,6 +269,11 @@ class StreamClient(Closeable):
             self._meta.load()
             open_streams = has_open_streams(self._meta.state, node_id)
             expect_uid = expected_wal_uid(self._meta.state, node_id, open_streams)
+            # What the WAL factory would refuse anyway must fail before the registration,
+            # which fences a live process of this node.
+            check_node = getattr(wal, "check_node", None)
+            if callable(check_node):
+                check_node(node_id, must_exist=open_streams)
             self._node_epoch = self._meta.register_node(node_id)
         except BaseException:
             if isinstance(wal, WriteAheadLog):

@@ -540,7 +540,11 @@ def _build_client(
         )
     elif split_scheme(wal if wal is not None else url)[0] == "memory":
         # Through the factory: a node with streams open must not open on an empty WAL.
-        wal_arg = url_wal_factory("memory://", clock=clock, accept_wal_loss=accept_wal_loss)
+        wal_arg = url_wal_factory(
+            wal if isinstance(wal, str) else "memory://",
+            clock=clock,
+            accept_wal_loss=accept_wal_loss,
+        )
     else:
         target: str | Callable[[str], str]
         if wal is None:

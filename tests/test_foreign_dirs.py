@@ -259,6 +259,17 @@ def test_take_over_of_a_missing_wal_of_open_streams_is_still_damage(tmp_path: Pa
     assert not gone.exists()
 
 
+def test_a_memory_wal_url_with_options_is_refused_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    """``wal="memory://?bogus=1"`` (or with a path) was accepted and its options ignored: the
+    open passed a plain ``memory://`` on. Refused now, before the store is made."""
+    for wal in ("memory://?bogus=1", "memory://x/y?capacity_bytes=notasize", "memory://x"):
+        with pytest.raises(InvalidArgumentError, match="takes no path or options"):
+            s3stream.open(tmp_path / "s", wal=wal)
+        assert not (tmp_path / "s").exists()
+
+
 # -- 5. demo --batch-bytes ------------------------------------------------------------------------
 
 

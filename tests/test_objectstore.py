@@ -1028,6 +1028,9 @@ def test_registry_builtin_schemes(tmp_path: Path) -> None:
     assert isinstance(first, MemoryObjectStore) and isinstance(second, MemoryObjectStore)
     first.put("k", b"v")
     assert second.head("k") is None  # memory:// never shares state
+    for options in ("memory://?fsync=false", "memory://x?bogus=1", "memory://x#f"):
+        with pytest.raises(InvalidArgumentError, match="no query or fragment"):
+            open_object_store(options)  # were ignored
     s3 = open_object_store("s3://bucket/some/prefix", {"endpoint_url": "http://127.0.0.1:1"})
     assert isinstance(s3, S3ObjectStore) and s3.prefix == "some/prefix/"
     fs = open_object_store(f"fsspec+memory://s3stream-reg-{uuid.uuid4().hex}")

@@ -1394,6 +1394,30 @@ def test_an_in_memory_wal_is_refused_for_a_node_with_streams_open(tmp_path: Path
         assert later.stream_info(stream.stream_id).end_offset == 3
 
 
+def test_a_refused_open_of_a_live_node_does_not_fence_it(tmp_path: Path) -> None:
+    """`s3stream compact --node-id w1` beside w1's live writer (an open on a memory WAL, or
+    on a file WAL that is missing, of a node with streams open): the open was refused, but
+    only after it had registered the node again, which fenced the live writer (its next
+    upload failed with FencedError, its appends stayed uncommitted until a take-over). The
+    refusal now comes before anything is written to the log."""
+    store = tmp_path / "store"
+    live = s3stream.open(store, node_id="w1", settings={"upload_interval_ms": "1h"})
+    stream = live.create_stream()
+    stream.append(RecordBatch(b"before"))
+    log = sorted((store / "meta" / "log").iterdir())
+    with pytest.raises(CorruptionError, match="in-memory WAL holds none of them"):
+        s3stream.open(store, node_id="w1", wal="memory://")
+    missing = (tmp_path / "elsewhere.wal").as_uri()
+    with pytest.raises(CorruptionError, match="missing"):
+        s3stream.open(store, node_id="w1", wal=missing)
+    assert sorted((store / "meta" / "log").iterdir()) == log  # nothing committed
+    stream.append(RecordBatch(b"after"))
+    live.flush()  # not fenced
+    live.close()
+    with s3stream.open(store, node_id="w2", wal="memory://") as reader:
+        assert read_back(reader, stream.stream_id) == [b"before", b"after"]
+
+
 def test_an_unseen_commit_whose_objects_were_compacted_away_is_still_recognised() -> None:
     """As `test_an_upload_whose_commit_landed_unseen_is_not_committed_again`, but another node
     compacts the landed objects away before the retry: the retry no longer finds its object

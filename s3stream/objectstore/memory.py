@@ -26,7 +26,12 @@ class MemoryObjectStore(ObjectStore):
 
     @classmethod
     def from_url(cls, url: str = "memory://", **storage_options: Any) -> MemoryObjectStore:
-        """A fresh, empty store for a ``memory://`` URL (anything after the scheme is ignored)."""
+        """A fresh, empty store for a ``memory://`` URL (a name after the scheme is only a
+        name; a query or a fragment is refused: options would be silently ignored)."""
+        if "?" in url or "#" in url:
+            raise InvalidArgumentError(
+                f"a memory:// store URL takes no query or fragment (no options), got {url!r}"
+            )
         if storage_options:
             names = ", ".join(sorted(storage_options))
             raise InvalidArgumentError(f"memory:// takes no storage_options, got: {names}")

@@ -205,9 +205,64 @@ def url_wal_factory(
     damage, `CorruptionError`, unless `accept_wal_loss`. `s3_client`: the client of an
     ``s3://`` WAL whose URL names none (`S3_WAL_CLIENTS`).
     """
-    unused = [held] if held is not None else []
+    return _UrlWalFactory(
+        url,
+        clock=clock,
+        file_settings=file_settings,
+        object_settings=object_settings,
+        storage_options=storage_options,
+        held=held,
+        accept_wal_loss=accept_wal_loss,
+        s3_client=s3_client,
+    )
 
-    def factory(
+
+class _UrlWalFactory:
+    """`url_wal_factory`'s factory, with `check_node` beside it."""
+
+    def __init__(
+        self,
+        url: str | Callable[[str], str],
+        *,
+        clock: Clock,
+        file_settings: FileWalSettings | None,
+        object_settings: ObjectWalSettings | None,
+        storage_options: Mapping[str, Any] | None,
+        held: WalHolderLock | None,
+        accept_wal_loss: bool,
+        s3_client: str | None,
+    ) -> None:
+        self._url = url
+        self._clock = clock
+        self._file_settings = file_settings
+        self._object_settings = object_settings
+        self._storage_options = storage_options
+        self._unused = [held] if held is not None else []
+        self._accept_wal_loss = accept_wal_loss
+        self._s3_client = s3_client
+
+    def _target(self, node_id: str) -> str:
+        return self._url if isinstance(self._url, str) else self._url(node_id)
+
+    def check_node(self, node_id: str, *, must_exist: bool) -> None:
+        """Refuse now what opening `node_id`'s WAL would refuse without opening anything (a
+        node with streams open on a memory WAL, or on a file WAL that is missing or empty):
+        the client calls this before it registers the node, which fences a live process of
+        that node (`s3stream compact --node-id N` beside N's writer fenced it, and then
+        failed on the memory WAL)."""
+        if not must_exist:
+            return
+        target = self._target(node_id)
+        scheme, _ = split_scheme(target)
+        if scheme == "memory" and _registry.resolve(scheme) is open_memory_wal:
+            open_memory_wal(
+                target, node_id=node_id, must_exist=True, accept_wal_loss=self._accept_wal_loss
+            )
+        elif scheme == "file" and _registry.resolve(scheme) is open_file_wal:
+            _check_wal_present(Path(_file_target(target)[0]), node_id, self._accept_wal_loss)
+
+    def __call__(
+        self,
         node_id: str,
         node_epoch: int,
         on_full: Callable[[], None],
@@ -216,29 +271,29 @@ def url_wal_factory(
         must_exist: bool = False,
         expect_uid: int | None = None,
     ) -> WriteAheadLog:
-        target = url if isinstance(url, str) else url(node_id)
-        extra: dict[str, Any] = {"must_exist": must_exist, "accept_wal_loss": accept_wal_loss}
+        extra: dict[str, Any] = {
+            "must_exist": must_exist,
+            "accept_wal_loss": self._accept_wal_loss,
+        }
         if expect_uid is not None:
             extra["expect_uid"] = expect_uid
-        if s3_client is not None:
-            extra["s3_client"] = s3_client
+        if self._s3_client is not None:
+            extra["s3_client"] = self._s3_client
         if take_over:
             extra["take_over"] = True
-        elif unused and unused[0].node_id == node_id:
-            extra["lock"] = unused.pop()
+        elif self._unused and self._unused[0].node_id == node_id:
+            extra["lock"] = self._unused.pop()
         return open_wal(
-            target,
+            self._target(node_id),
             node_id=node_id,
             node_epoch=node_epoch,
             on_full=on_full,
-            clock=clock,
-            file_settings=file_settings,
-            object_settings=object_settings,
-            storage_options=storage_options,
+            clock=self._clock,
+            file_settings=self._file_settings,
+            object_settings=self._object_settings,
+            storage_options=self._storage_options,
             **extra,
         )
-
-    return factory
 
 
 def register_wal(
@@ -263,9 +318,7 @@ def open_memory_wal(
     With `must_exist` (the node still has streams open: its own WAL may hold acknowledged
     appends) `CorruptionError`, unless `accept_wal_loss`: the client would release those
     streams at its close, and their appends in the node's real WAL would be lost."""
-    _, rest = split_scheme(url)
-    if rest.strip("/"):
-        raise InvalidArgumentError(f"a memory WAL URL takes no path or options, got {url!r}")
+    _check_memory_url(url)
     if must_exist:
         check_open_node_wal(
             node_id,
@@ -275,6 +328,11 @@ def open_memory_wal(
             accept_loss=accept_wal_loss,
         )
     return MemoryWal()
+
+
+def _check_memory_url(url: str) -> None:
+    if split_scheme(url)[1].strip("/"):
+        raise InvalidArgumentError(f"a memory WAL URL takes no path or options, got {url!r}")
 
 
 def _check_wal_present(path: Path, node_id: str, accept_loss: bool) -> None:
@@ -367,7 +425,11 @@ def _checked_target(url: str, base: FileWalSettings | None) -> tuple[Path, str |
     scheme, _ = split_scheme(url)
     if scheme.startswith(OBJECT_PREFIX):
         return None  # the object store's URL is checked when that store is opened
-    if _registry.resolve(scheme) is not open_file_wal:
+    resolved = _registry.resolve(scheme)
+    if resolved is open_memory_wal:
+        _check_memory_url(url)
+        return None
+    if resolved is not open_file_wal:
         return None
     raw_path, query = _file_target(url)
     settings = settings_from_query(FileWalSettings, query, base=base, url=url)
