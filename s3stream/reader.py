@@ -582,11 +582,12 @@ def foreign_entries(root: Path, metadata_prefix: str = "meta") -> list[str]:
 
 def _first_file(top: Path, ours: Callable[[str], bool]) -> str | None:
     """The path (relative to `top`'s parent) of a file below the directory `top` (or the
-    directory a symlink `top` leads to) whose name is not `ours`, or None (also when `top`
-    is no directory)."""
+    directory a symlink `top` leads to) whose name is not `ours`, or None (also when there is
+    no `top`); `top` itself when it is there but no directory (a user's file named ``data``:
+    the store took the directory for its own, and its uploads then failed for ever)."""
     try:
         if not top.is_dir():
-            return None
+            return top.name if os.path.lexists(top) else None
     except OSError:  # a name too long to exist (a long metadata prefix), a loop
         return None
     for dirpath, _, filenames in os.walk(top):

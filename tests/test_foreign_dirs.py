@@ -259,6 +259,22 @@ def test_take_over_of_a_missing_wal_of_open_streams_is_still_damage(tmp_path: Pa
     assert not gone.exists()
 
 
+def test_a_users_file_named_like_a_store_folder_is_foreign(tmp_path: Path) -> None:
+    """A directory holding a user's *file* named ``data`` was taken for a store: the open
+    wrote meta/ and a WAL beside it, acknowledged appends, and every upload then failed (a
+    file where the objects' folder must be); with a file ``meta`` the open was refused only
+    after it had made the WAL's lock file. Such a file makes the directory somebody else's."""
+    for name in ("data", "meta", "wal"):
+        root = tmp_path / name
+        root.mkdir()
+        (root / name).write_text("the user's\n")
+        with pytest.raises(InvalidArgumentError, match="holds other files and no s3stream"):
+            s3stream.open(root)
+        assert tree(root) == {name}
+        one_line(run("demo", str(root), "--reuse", "--batches", "1"), 2, "no s3stream store")
+        assert tree(root) == {name}
+
+
 def test_a_memory_wal_url_with_options_is_refused_before_anything_is_written(
     tmp_path: Path,
 ) -> None:
