@@ -1018,6 +1018,17 @@ def test_fsspec_bad_url() -> None:
 # ==============================================================================================
 
 
+def test_object_options_given_as_text_are_refused(tmp_path: Path) -> None:
+    """``-o client=obstore`` (the WAL URL's ``?client=`` given to the store) or ``-o
+    clock=x`` failed on first use with an AttributeError; ``rng=5`` was taken."""
+    opts = {"endpoint_url": "http://127.0.0.1:1"}
+    for name, value in (("client", "obstore"), ("client", 5), ("clock", "x"), ("rng", 5)):
+        with pytest.raises(InvalidArgumentError, match=f"{name} must be a"):
+            open_object_store("s3://bucket/p", {**opts, name: value})
+    with pytest.raises(InvalidArgumentError, match="clock must be a Clock"):
+        open_object_store(f"fsspec+file://{tmp_path}", {"clock": "x"})
+
+
 def test_registry_builtin_schemes(tmp_path: Path) -> None:
     local = open_object_store(str(tmp_path / "plain"))
     assert isinstance(local, LocalObjectStore)

@@ -43,7 +43,7 @@ from typing import Any, TypeVar
 from .._bounded import within_deadline
 from ..clock import Clock, SystemClock
 from ..errors import InvalidArgumentError, ObjectNotFoundError, S3StreamError, UnavailableError
-from ..validation import check_positive
+from ..validation import check_instance, check_positive
 from ._common import as_bytes, check_prefix, check_suffix_length
 from .base import ObjectInfo, ObjectStore, ObjectStoreCapabilities, check_key, check_range
 
@@ -79,6 +79,7 @@ class FsspecObjectStore(ObjectStore):
             raise InvalidArgumentError(f"url must be a non-empty str, got {url!r}")
         if not isinstance(single_writer, bool):
             raise InvalidArgumentError(f"single_writer must be a bool, got {single_writer!r}")
+        check_instance("clock", clock, Clock, allow_none=True)
         try:
             from fsspec.core import url_to_fs
 

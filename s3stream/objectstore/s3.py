@@ -51,7 +51,7 @@ from ..errors import (
     S3StreamError,
     UnavailableError,
 )
-from ..validation import check_int
+from ..validation import check_instance, check_int
 from ._common import (
     as_bytes,
     check_endpoint,
@@ -221,6 +221,15 @@ class S3ObjectStore(RemoteObjectStore["S3Client"]):
         self._addressing_style = addressing_style or ("path" if endpoint_url else "auto")
         self._max_pool_connections = max_pool_connections
         self._max_attempts = max_attempts
+        # Objects, not settings: given as text (`-o client=obstore`, a mix-up with the WAL
+        # URL's `?client=`) they failed later with an AttributeError.
+        check_instance("clock", clock, Clock, allow_none=True)
+        check_instance("rng", rng, random.Random, allow_none=True)
+        if client is not None and not callable(getattr(client, "put_object", None)):
+            raise InvalidArgumentError(
+                f"client must be a boto3 S3 client, not {type(client).__name__} (the S3 WAL's "
+                "client is chosen with its URL's ?client=)"
+            )
         self._clock = clock if clock is not None else SystemClock()
         # Jitter only spreads retries; a fixed default seed keeps runs reproducible.
         self._rng = rng if rng is not None else random.Random(0)
