@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import io
 import json
+import math
 import os
 import re
 import signal
@@ -799,7 +800,8 @@ def _verify_wals(client: StreamReader, args: argparse.Namespace) -> int:
     from .wal.holder import live_holder
 
     url = str(args.url)
-    paths = list(dict.fromkeys(Path(w).expanduser().resolve() for w in args.wal))
+    # realpath, not Path.resolve: that raises RuntimeError on a symlink loop (Python 3.11).
+    paths = list(dict.fromkeys(Path(os.path.realpath(os.path.expanduser(w))) for w in args.wal))
     for path in paths:
         # Named on the command line: a mistake there is the user's to fix (exit 2), said
         # with the path, not the OS's "Is a directory" of a read.
@@ -1032,8 +1034,9 @@ def _store_timeout(value: str) -> int:
     except ValueError:
         number = _setting_value(lambda text: parse_duration_ms(text, name="duration"), value, 1)
     else:
-        if not seconds > 0 or seconds == float("inf"):
-            raise argparse.ArgumentTypeError(f"must be > 0, got {value!r}") from None
+        # (1e308 s passed a check for inf, then overflowed in round(): a traceback.)
+        if not seconds > 0 or not math.isfinite(seconds * 1000):
+            raise argparse.ArgumentTypeError(f"must be > 0 and finite, got {value!r}") from None
         number = max(1, round(seconds * 1000))
     return number
 

@@ -84,7 +84,8 @@ def default_wal_path(url: str, node_id: str) -> Path | None:
     scheme, rest = split_scheme(url)
     if scheme != "file":
         return None
-    return Path(rest).resolve() / OBJECT_WAL_DIR / f"{node_id}.wal"
+    # realpath, not Path.resolve: that raises RuntimeError on a symlink loop (Python 3.11).
+    return Path(os.path.realpath(rest)) / OBJECT_WAL_DIR / f"{node_id}.wal"
 
 
 def default_wal_url(
@@ -464,6 +465,13 @@ def _check_before_writing(
             raise InvalidArgumentError(f"a store directory cannot hold a NUL byte, got {url!r}")
         # Resolved as the kernel will resolve it for the store's writes: "link/../victim" is
         # beside the link's target, not beside the link ("new/../mine", with no "new", is mine).
+        if os.path.islink(os.path.expanduser(given)) and not os.path.exists(
+            os.path.expanduser(given)
+        ):
+            raise InvalidArgumentError(
+                f"{given!r} is a symbolic link that leads nowhere (its target is missing, or "
+                "the links form a loop): point it at a directory, or open the directory itself"
+            )
         root = Path(os.path.realpath(os.path.expanduser(given)))
         _refuse_undecoded_twin(url, root)
         if root.exists() and not root.is_dir():

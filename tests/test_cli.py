@@ -731,6 +731,9 @@ def test_numeric_options_take_the_units_of_the_settings(store: Store, tmp_path: 
     assert inspected.returncode == 0, inspected.stderr
     assert ambiguous.returncode == 2 and "8MiB" in ambiguous.stderr, ambiguous.stderr
     assert fraction.returncode == 2 and "1.5s" in fraction.stderr, fraction.stderr
+    # A number of seconds too large for milliseconds was an OverflowError traceback.
+    huge = run("inspect", str(store.root), "--store-timeout", "1e308")
+    assert huge.returncode == 2 and "must be > 0 and finite" in huge.stderr, huge.stderr
 
 
 def test_a_prefix_or_memory_url_without_a_store_is_refused(
