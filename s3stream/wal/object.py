@@ -124,6 +124,8 @@ _IDENTITY = struct.Struct("<4sHxxQQI")
 _IDENTITY_MAGIC = b"S3WI"
 _IDENTITY_NAME = "identity"
 _RECOVERY_READ_AHEAD = 8
+#: Walks of `ObjectWal.check` at most, when a writer at work trims objects it was reading.
+_CHECK_PASSES = 5
 #: Adaptive hedging: the delay is `_HEDGE_FACTOR` times the p90 of the last `_HEDGE_WINDOW`
 #: PUT latencies of objects of the same size class, and `_HEDGE_INITIAL_S` until
 #: `_HEDGE_MIN_SAMPLES` were measured. Classes split at `_HEDGE_CLASS_BYTES`: latency grows
@@ -300,6 +302,9 @@ class ObjectWalCheck:
     damage: str | None
     #: The prefix's identity (`ObjectWal.identity`); None if it has none, or it is damaged.
     identity: int | None = None
+    #: The damage is an object that was listed and then gone when read (a writer at work
+    #: trims, which `check` tells apart by the trim marker moving).
+    vanished: bool = False
 
     @property
     def ok(self) -> bool:
@@ -677,11 +682,23 @@ class ObjectWal(PipelinedWal):
         """Walk the chain as recovery reads it, without writing anything (no seal, no trim):
         for ``s3stream verify``. Damage is reported in the result, not raised; an epoch check
         is not made (a checker is no writer). One pass: a writer at work may extend the chain
-        meanwhile, which then shows as a torn tail."""
+        meanwhile, which then shows as a torn tail; an object it trims away while it is read
+        makes the walk start again (up to `_CHECK_PASSES` times), not damage."""
         self._check_open()
-        listing = self._list()
+        for _ in range(_CHECK_PASSES - 1):
+            listing = self._list()
+            result = self._check_pass(listing)
+            if not result.vanished or self._list().trim <= listing.trim:
+                return result
+            # The writer trimmed (its marker moved) while the walk read: the object was
+            # deleted after the marker, as a trim does; walk the chain as it is now.
+        return self._check_pass(self._list())
+
+    def _check_pass(self, listing: _Listing) -> ObjectWalCheck:
+        """One walk of `check` over the chain `listing` shows."""
         records = record_bytes = 0
         damage: str | None = None
+        vanished = False
         identity: int | None = None
         identity_damage: str | None = None
         try:
@@ -705,6 +722,7 @@ class ObjectWal(PipelinedWal):
                                 record_bytes += len(rec)
                 except ObjectNotFoundError:
                     damage = f"WAL object {step.key!r} vanished while it was read"
+                    vanished = True
                     break
                 except CorruptionError as exc:
                     damage = str(exc)
@@ -725,6 +743,7 @@ class ObjectWal(PipelinedWal):
             torn_tail=len(past) if proof is None else 0,
             damage=identity_damage or damage,
             identity=identity,
+            vanished=vanished and identity_damage is None,
         )
 
     def _past_end(self, listing: _Listing, end: int, pool: ThreadPoolExecutor) -> list[_PastEnd]:
