@@ -1394,6 +1394,24 @@ def test_an_in_memory_wal_is_refused_for_a_node_with_streams_open(tmp_path: Path
         assert later.stream_info(stream.stream_id).end_offset == 3
 
 
+def test_a_small_wal_filled_by_appends_in_flight_is_uploaded_at_once(tmp_path: Path) -> None:
+    """300 `append_async` of 1 KiB into a 256 KiB file WAL: the WAL filled before any append
+    was acknowledged, so the upload it asked for found nothing to take, and the uploader
+    slept until the upload interval (30 s): the append waiting for room failed with
+    `WalFullError` after ``full_wait_ms``, every time. An acknowledgement now wakes an
+    uploader asked to upload."""
+    settings = {"file_wal.capacity_bytes": "256KiB", "file_wal.full_wait_ms": "5s"}
+    with s3stream.open(tmp_path / "s", settings=settings) as client:
+        stream = client.create_stream()
+        started = time.monotonic()
+        futures = [stream.append_async(RecordBatch(b"%04d" % i * 256)) for i in range(300)]
+        assert [f.result(10).base_offset for f in futures] == list(range(300))
+        assert time.monotonic() - started < 4
+    with s3stream.open(tmp_path / "s", wal="memory://", node_id="r") as reader:
+        got = read_back(reader, stream.stream_id)
+        assert got == [b"%04d" % i * 256 for i in range(300)]
+
+
 def test_a_refused_open_of_a_live_node_does_not_fence_it(tmp_path: Path) -> None:
     """`s3stream compact --node-id w1` beside w1's live writer (an open on a memory WAL, or
     on a file WAL that is missing, of a node with streams open): the open was refused, but

@@ -740,8 +740,14 @@ class Appender:
         if w.tailers:
             w.wake_tailers()
         self._record_append(self._mono() - started, len(batch.payload), count)
-        if untaken >= self._upload_threshold and not self._status.upload_woken:
-            self._status.wake_uploader()
+        status = self._status
+        if (untaken >= self._upload_threshold or status.upload_requested) and not (
+            status.upload_woken
+        ):
+            # An upload asked for (the WAL full, a flush) while nothing was acknowledged yet
+            # found nothing to take, and the uploader slept until the upload interval: a
+            # small WAL with appends in flight then refused appends for full_wait_ms.
+            status.wake_uploader()
         return AppendResult(w.stream_id, base, count)
 
     def _on_durable(
