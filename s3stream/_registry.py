@@ -147,6 +147,16 @@ class SchemeRegistry(Generic[T]):
         self._load_entry_points()
         return sorted(self._targets)
 
+    def target_name(self, scheme: str) -> str | None:
+        """``"module:attr"`` of what `scheme` is registered to (resolved or not), None if
+        nothing is: tells a built-in factory from a user's without importing it."""
+        self._load_entry_points()
+        with self._lock:
+            target = self._targets.get(scheme)
+        if target is None or isinstance(target, str):
+            return target
+        return f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', '?')}"
+
     def resolve(self, scheme: str) -> Callable[..., T]:
         """The factory for `scheme`, importing it on first use."""
         self._load_entry_points()

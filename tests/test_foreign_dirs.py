@@ -275,6 +275,20 @@ def test_a_users_file_named_like_a_store_folder_is_foreign(tmp_path: Path) -> No
         assert tree(root) == {name}
 
 
+def test_an_object_wal_url_typo_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """A typo in an S3 WAL URL's query, or its ``client=``, was refused only after the open
+    had made the store directory and registered the node (a file WAL's was refused first)."""
+    for wal, why in (
+        ("s3://bucket/wal?bogus=1", "unknown object WAL setting 'bogus'"),
+        ("s3://bucket/wal?client=nope", "client must be one of"),
+        ("s3://bucket/wal?wal_batch_interval_ms=abc", "wal_batch_interval_ms"),
+        (f"object+file://{tmp_path}/w?bogus=1", "unknown object WAL setting 'bogus'"),
+    ):
+        with pytest.raises(InvalidArgumentError, match=why):
+            s3stream.open(tmp_path / "s", wal=wal)
+        assert not (tmp_path / "s").exists() and not (tmp_path / "w").exists()
+
+
 def test_a_memory_wal_url_with_options_is_refused_before_anything_is_written(
     tmp_path: Path,
 ) -> None:

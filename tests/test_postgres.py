@@ -118,6 +118,23 @@ def test_url_parameters_and_defaults() -> None:
         assert "pw" not in str(err.value)
 
 
+def test_a_metadata_url_libpq_would_refuse_is_refused_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    """A typo in the URL's query (``?foo=bar``, ``?schema=Bad-Name``) was found when the log
+    connected, after the store's directories and the WAL's lock file were made."""
+    for url, why in (
+        ("postgresql://u:secret@h/db?foo=bar", 'invalid URI query parameter: "foo"'),
+        ("postgresql://h/db?schema=Bad-Name", "schema"),
+    ):
+        with pytest.raises(InvalidArgumentError, match=why) as err:
+            s3stream.open(tmp_path / "s", metadata=url)
+        assert "secret" not in str(err.value)
+        assert not (tmp_path / "s").exists()
+        with pytest.raises(InvalidArgumentError, match=why):
+            check_metadata_url(url)
+
+
 def test_the_url_factory_takes_no_option_it_would_ignore() -> None:
     """`from_url(url, timeout_ms=...)` was accepted and the timeout ignored (the factory took
     any keyword): the deadlines come from `settings` or the URL, and anything else is an

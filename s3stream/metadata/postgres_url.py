@@ -11,7 +11,8 @@ rest goes to libpq:
   default: ``ClientSettings.store_timeout_ms``).
 
 libpq's own ``connect_timeout`` (whole seconds) defaults to the statement timeout, at most
-10 s and at least 2 s (libpq's minimum). Pure parsing: nothing here imports psycopg.
+10 s and at least 2 s (libpq's minimum). Pure parsing: nothing here connects, and psycopg is
+imported only by `check_postgres_url`, to let libpq judge the parameter names.
 """
 
 from __future__ import annotations
@@ -33,7 +34,13 @@ from ..errors import InvalidArgumentError
 from ..settings_parse import parse_duration_ms, parse_int
 from ..validation import check_text
 
-__all__ = ["DEFAULT_SCHEMA", "SCHEMES", "PostgresTarget", "parse_postgres_url"]
+__all__ = [
+    "DEFAULT_SCHEMA",
+    "SCHEMES",
+    "PostgresTarget",
+    "check_postgres_url",
+    "parse_postgres_url",
+]
 
 #: URL schemes of the PostgreSQL log (libpq accepts both).
 SCHEMES = ("postgresql", "postgres")
@@ -178,3 +185,23 @@ def _safe(url: str) -> str:
         return url
     user = userinfo.partition(":")[0]
     return urlunsplit((parts.scheme, f"{user}@{hostinfo}", parts.path, parts.query, parts.fragment))
+
+
+def check_postgres_url(url: str) -> None:
+    """Refuse a URL the PostgreSQL log would refuse only when it connects: s3stream's own
+    parameters (`parse_postgres_url`) and, when psycopg is installed, libpq's parameter names
+    (libpq parses the URL without connecting). An open checks this before it writes
+    anything: a typo in the query was found after the store's directories and the WAL's
+    lock file were made."""
+    target = parse_postgres_url(url, namespace="meta", timeout_ms=1000)
+    try:
+        import psycopg
+        from psycopg.conninfo import conninfo_to_dict
+    except ImportError:
+        return  # the factory says what is missing
+    try:
+        conninfo_to_dict(target.conninfo)
+    except psycopg.Error as exc:
+        raise InvalidArgumentError(
+            f"not a usable PostgreSQL URL ({target.display}): {str(exc).strip()}"
+        ) from None

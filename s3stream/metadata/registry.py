@@ -23,6 +23,8 @@ from ..settings import ClientSettings
 from ..validation import check_text
 from .base import MetadataLogStore
 from .log import MetadataLog
+from .postgres_url import SCHEMES as POSTGRES_SCHEMES
+from .postgres_url import check_postgres_url
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -34,12 +36,14 @@ __all__ = [
 #: Entry-point group through which installed packages add metadata-store schemes.
 ENTRY_POINT_GROUP = "s3stream.metadata_stores"
 
+_POSTGRES_FACTORY = "s3stream.metadata.postgres:from_url"
+
 _registry: SchemeRegistry[MetadataLogStore] = SchemeRegistry(
     "metadata store",
     ENTRY_POINT_GROUP,
     {
-        "postgresql": "s3stream.metadata.postgres:from_url",
-        "postgres": "s3stream.metadata.postgres:from_url",
+        "postgresql": _POSTGRES_FACTORY,
+        "postgres": _POSTGRES_FACTORY,
     },
 )
 
@@ -62,6 +66,10 @@ def check_metadata_url(url: object) -> str | None:
             f"no metadata store for URL scheme {scheme!r} (known: "
             f"{', '.join(_registry.schemes())}; none: the log stays in the object store)"
         )
+    if scheme in POSTGRES_SCHEMES and _registry.target_name(scheme) == _POSTGRES_FACTORY:
+        # The whole URL, not only its scheme: a typo in its query was found when the log
+        # was opened, after the store's directories and the WAL's lock file were made.
+        check_postgres_url(url)
     return url
 
 

@@ -119,18 +119,25 @@ def open_s3_wal(
     single fields of ``object_settings``, as there."""
     from .object import open_object_wal
 
-    store_url, _, query = url.partition("?")
-    pairs = parse_qsl(query, keep_blank_values=True)
-    clients = [value for name, value in pairs if name == "client"]
-    if len(clients) > 1:
-        raise InvalidArgumentError(f"the WAL URL {url!r} names its client more than once")
-    client = clients[0] if clients else s3_client
-    rest = urlencode([(name, value) for name, value in pairs if name != "client"])
+    store_url, named, rest = _split_s3_wal_url(url)
+    client = named if named is not None else s3_client
     return open_object_wal(
         f"{store_url}?{rest}" if rest else store_url,
         open_store=lambda store_url: open_s3_wal_store(store_url, storage_options, client),
         **options,
     )
+
+
+def _split_s3_wal_url(url: str) -> tuple[str, str | None, str]:
+    """An S3 WAL URL's store URL, the client its query names (None: none) and the rest of
+    its query (the WAL's settings)."""
+    store_url, _, query = url.partition("?")
+    pairs = parse_qsl(query, keep_blank_values=True)
+    clients = [value for name, value in pairs if name == "client"]
+    if len(clients) > 1:
+        raise InvalidArgumentError(f"the WAL URL {url!r} names its client more than once")
+    rest = urlencode([(name, value) for name, value in pairs if name != "client"])
+    return store_url, clients[0] if clients else None, rest
 
 
 def open_wal(
@@ -424,8 +431,17 @@ def _checked_target(url: str, base: FileWalSettings | None) -> tuple[Path, str |
     regular file, else None), or None for other kinds of WAL."""
     scheme, _ = split_scheme(url)
     if scheme.startswith(OBJECT_PREFIX):
-        return None  # the object store's URL is checked when that store is opened
+        # The object store's URL is checked when that store is opened; the WAL's settings
+        # in the query now (a typo there was refused after the node was registered).
+        settings_from_query(ObjectWalSettings, url.partition("?")[2], url=url)
+        return None
     resolved = _registry.resolve(scheme)
+    if resolved is open_s3_wal:
+        _, client, rest = _split_s3_wal_url(url)
+        if client is not None:
+            check_choice("client", client, S3_WAL_CLIENTS)
+        settings_from_query(ObjectWalSettings, rest, url=url)
+        return None
     if resolved is open_memory_wal:
         _check_memory_url(url)
         return None
