@@ -41,6 +41,7 @@ from .errors import (
     UnavailableError,
 )
 from .metadata import ObjectMeta
+from .objectstore.registry import storage_option_from_text
 from .opening import resolve_settings
 from .reader import (
     StreamReader,
@@ -72,32 +73,6 @@ ENV_OPTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("endpoint_url", ("S3STREAM_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")),
     ("region_name", ("S3STREAM_REGION", "AWS_REGION", "AWS_DEFAULT_REGION")),
 )
-#: ``-o`` options whose values stay text even when they look like a number or a boolean.
-_TEXT_OPTIONS = frozenset(
-    {
-        "endpoint_url", "endpoint", "region_name", "region", "profile_name", "profile",
-        "aws_access_key_id", "aws_secret_access_key", "aws_session_token", "key", "secret",
-        "token", "addressing_style",
-    }
-)  # fmt: skip
-_INT = re.compile(r"[+-]?[0-9]+")
-_FLOAT = re.compile(r"[+-]?([0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)([eE][+-]?[0-9]+)?")
-_TRUE, _FALSE = frozenset({"true", "yes", "on"}), frozenset({"false", "no", "off"})
-
-
-def _option_value(key: str, text: str) -> Any:
-    """A ``-o`` value as the store's option wants it: a bool, an int, a float or text."""
-    if key in _TEXT_OPTIONS:
-        return text
-    if text.lower() in _TRUE:
-        return True
-    if text.lower() in _FALSE:
-        return False
-    if _INT.fullmatch(text):
-        return int(text)
-    if _FLOAT.fullmatch(text):
-        return float(text)
-    return text
 
 
 def _storage_options(args: argparse.Namespace, url: str) -> dict[str, Any]:
@@ -113,7 +88,7 @@ def _storage_options(args: argparse.Namespace, url: str) -> dict[str, Any]:
         key = key.strip()
         if not sep or not key:
             raise InvalidArgumentError(f"-o needs KEY=VALUE, got {item!r}")
-        options[key] = _option_value(key, value)
+        options[key] = storage_option_from_text(key, value)
     return options
 
 

@@ -244,6 +244,27 @@ def test_bad_options_name_the_option(options: dict[str, str], match: str) -> Non
         parse_options({"path": "/tmp/x", **options}, streaming=False)
 
 
+def test_storage_options_given_one_by_one_are_typed_as_the_clis() -> None:
+    """Spark hands every option over as text: ``storage.read_timeout_s=2.5`` failed with
+    "read_timeout_s must be a number, got '2.5'" (the same in ``storageOptions`` worked)."""
+    opts = parse_options(
+        {
+            "path": "s3://b/p",
+            "storage.read_timeout_s": "2.5",
+            "storage.max_attempts": "3",
+            "storage.endpoint_url": "http://127.0.0.1:1",
+            "storage.region_name": "1",
+        },
+        streaming=False,
+    )
+    assert opts.storage_options == {
+        "read_timeout_s": 2.5,
+        "max_attempts": 3,
+        "endpoint_url": "http://127.0.0.1:1",
+        "region_name": "1",
+    }
+
+
 @pytest.fixture(scope="module")
 def local_ds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dataset]:
     ds = write_dataset(str(tmp_path_factory.mktemp("spark-local")))

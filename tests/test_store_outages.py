@@ -386,3 +386,49 @@ def test_a_crashed_writer_survives_a_server_restart(
         successor.take_over("w")
         got = successor.read(stream.stream_id, 0, max_bytes=1 << 30).batches
         assert [b.payload for b in got] == acked
+
+
+def test_a_spark_read_of_a_frozen_store_ends_after_one_store_deadline(
+    server: SeaweedS3Server,
+) -> None:
+    """A Spark task's GETs (one at a time, `fetchConcurrency=1`) against a store that stopped
+    answering: when the first GET gave up, the thread it freed had already taken the next
+    queued one, and the pool's shutdown waited out that GET's deadline too (40.8 s for a
+    20.5 s one). Once one GET fails with an outage, the rest fail at once."""
+    import json
+    import random
+
+    from s3stream.clock import SystemClock
+    from s3stream.objectstore.s3 import S3ObjectStore
+    from s3stream.objectstore.stack import store_stack
+    from s3stream.spark.fetch import fetch_slices
+    from s3stream.spark.options import parse_options
+    from s3stream.spark.source import S3StreamBatchReader
+
+    prefix = f"spark-frozen-{uuid.uuid4().hex}"
+    url = f"s3://{server.bucket}/{prefix}"
+    opts = server.storage_options()
+    with s3stream.open(url, wal="memory://", storage_options=opts) as writer:
+        stream = writer.create_stream()
+        for i in range(4):  # four objects: four GETs in one task
+            stream.append(RecordBatch(b"v%d" % i))
+            writer.flush()
+    options = {"path": url, "storageOptions": json.dumps(opts), "fetchConcurrency": "1"}
+    parts = S3StreamBatchReader(parse_options(options, streaming=False)).partitions()
+    slices = [s for p in parts for s in p.plan.slices]
+    store = store_stack(
+        S3ObjectStore(server.bucket, prefix, **opts),
+        clock=SystemClock(),
+        rng=random.Random(0),
+        timeout_s=STORE_S,
+    )
+    try:
+        with server.frozen():
+            started = time.monotonic()
+            with pytest.raises(S3StreamError):
+                list(fetch_slices(store, slices, concurrency=1, fail_on_data_loss=True))
+            took = time.monotonic() - started
+        # One GET's deadline (2.4 s measured), not two (4.5 s).
+        assert took < 1.3 * STORE_S, f"{took:.1f} s for a {STORE_S} s store deadline"
+    finally:
+        store.close()

@@ -15,6 +15,7 @@ The registry is the one piece of process-wide state here, like fsspec's, by desi
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -22,7 +23,13 @@ from .._registry import SchemeRegistry, split_scheme
 from ..errors import InvalidArgumentError
 from .base import ObjectStore
 
-__all__ = ["ENTRY_POINT_GROUP", "FSSPEC_PREFIX", "open_object_store", "register_object_store"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "FSSPEC_PREFIX",
+    "open_object_store",
+    "register_object_store",
+    "storage_option_from_text",
+]
 
 #: Entry-point group through which installed packages add object-store schemes.
 ENTRY_POINT_GROUP = "s3stream.object_stores"
@@ -105,3 +112,33 @@ def _require_fsspec_protocol(scheme: str) -> None:
             f"no object store for URL scheme {scheme!r} (built in: {builtin}; "
             "fsspec does not know it either)"
         )
+
+
+#: Storage options whose values stay text even when they look like a number or a boolean.
+_TEXT_OPTIONS = frozenset(
+    {
+        "endpoint_url", "endpoint", "region_name", "region", "profile_name", "profile",
+        "aws_access_key_id", "aws_secret_access_key", "aws_session_token", "key", "secret",
+        "token", "addressing_style",
+    }
+)  # fmt: skip
+_INT = re.compile(r"[+-]?[0-9]+")
+_FLOAT = re.compile(r"[+-]?([0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)([eE][+-]?[0-9]+)?")
+_TRUE, _FALSE = frozenset({"true", "yes", "on"}), frozenset({"false", "no", "off"})
+
+
+def storage_option_from_text(key: str, text: str) -> Any:
+    """A storage option given as text (the CLI's ``-o``, Spark's ``storage.<name>``) as the
+    store's option wants it: a bool, an int, a float or text (credentials, names, regions,
+    URLs and ``addressing_style`` stay text)."""
+    if key in _TEXT_OPTIONS:
+        return text
+    if text.lower() in _TRUE:
+        return True
+    if text.lower() in _FALSE:
+        return False
+    if _INT.fullmatch(text):
+        return int(text)
+    if _FLOAT.fullmatch(text):
+        return float(text)
+    return text

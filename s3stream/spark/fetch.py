@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
+from .._futures import StopAtOutage
 from ..errors import ObjectNotFoundError, OffsetOutOfRangeError
 from ..format.block import BlockInfo
 from ..format.block_reader import BlockReader, decode_run
@@ -76,20 +77,21 @@ def fetch_slices(
     if not runs:
         return
     pool = ThreadPoolExecutor(max(1, min(concurrency, len(runs))), "s3stream-fetch")
+    guard = StopAtOutage()
     try:
         # Threads only GET (the GIL is free while they wait); decoding stays on the consuming
         # thread, since Python work spread over threads costs more in GIL hand-overs.
         pending: deque[tuple[_Run, Future[bytes]]] = deque()
         todo = iter(runs)
         for run in todo:
-            pending.append((run, pool.submit(reader.fetch, run.key, run.blocks)))
+            pending.append((run, pool.submit(guard.call, reader.fetch, run.key, run.blocks)))
             if len(pending) >= concurrency:
                 break
         while pending:
             run, fut = pending.popleft()
             nxt = next(todo, None)
             if nxt is not None:
-                pending.append((nxt, pool.submit(reader.fetch, nxt.key, nxt.blocks)))
+                pending.append((nxt, pool.submit(guard.call, reader.fetch, nxt.key, nxt.blocks)))
             s = slices[run.slice_index]
             try:
                 batches = _decode(run, fut.result())

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import InvalidArgumentError
 from ..metadata.registry import check_metadata_url
+from ..objectstore.registry import storage_option_from_text
 from ..settings_parse import parse_bool, parse_int, parse_size
 from ..units import MiB
 from ..validation import check_int
@@ -311,7 +312,9 @@ def _storage_options(opts: Mapping[str, str]) -> dict[str, Any]:
         if key.startswith(_STORAGE_PREFIX):
             if len(key) == len(_STORAGE_PREFIX):
                 raise _bad(key, value, "names no storage option (storage.<name>=<value>)")
-            out[key[len(_STORAGE_PREFIX) :]] = value
+            # Spark hands every option over as text ("2.5"): typed as the CLI's -o values.
+            name = key[len(_STORAGE_PREFIX) :]
+            out[name] = storage_option_from_text(name, value) if isinstance(value, str) else value
     return out
 
 

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from .._futures import StopAtOutage
 from ..arrow import stream_labels
 from ..cache.index_cache import ObjectIndexCache
 from ..errors import CorruptionError, InvalidArgumentError, StreamNotFoundError
@@ -294,9 +295,10 @@ class IndexReader:
             for key, size in todo:
                 self.get(key, size)
             return
+        guard = StopAtOutage()
         with ThreadPoolExecutor(min(self._threads, len(todo))) as pool:
             # Consumed for the errors: the first failed read raises here.
-            for _ in pool.map(lambda ks: self._cache.get(*ks), todo):
+            for _ in pool.map(lambda ks: guard.call(self._cache.get, *ks), todo):
                 pass
 
 
