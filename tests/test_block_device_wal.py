@@ -10,6 +10,7 @@ import hashlib
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ import pytest
 
 import s3stream
 from s3stream import InvalidArgumentError, NodeInUseError, RecordBatch
+from s3stream.wal.holder import live_holder
 
 ROOT = Path(__file__).resolve().parents[1]
 DEVICE_BYTES = 24 << 20
@@ -138,3 +140,31 @@ def test_a_device_in_use_or_holding_another_stores_records_is_refused(
         s3stream.open(str(b), wal=str(device))
     got = read_all(a, device)
     assert got[0] == b"held" and all(got[i] == payload(i) for i in range(1, len(got)))
+
+
+def test_another_node_of_the_same_device_is_in_use_too(device: Path, tmp_path: Path) -> None:
+    """A second device node of the WAL's device (``mknod`` with the same numbers, what a
+    container's ``--device`` gives): the holder's lock was on the first node's inode, so an
+    open through the second got past it, fenced the live writer, and a commit of the old
+    writer in flight could then overwrite a record the new one had acknowledged. The holder
+    claims the device itself now (``O_EXCL``). `live_holder` sees a device's holder, so a
+    verify beside it scans again instead of calling its frames damage."""
+    alias = tmp_path / "alias"
+    rdev = device.stat().st_rdev
+    os.mknod(alias, 0o600 | stat.S_IFBLK, rdev)
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert live_holder(device) is None
+    with s3stream.open(str(a), node_id="n1", wal=str(device)) as client:
+        stream = client.create_stream()
+        stream.append(RecordBatch(b"held"))
+        assert live_holder(device) == (None, None)
+        with pytest.raises(NodeInUseError, match="another node of the same device"):
+            s3stream.open(str(a), node_id="n1", wal=str(alias))
+        with pytest.raises(NodeInUseError):
+            s3stream.open(str(b), wal=str(alias))
+        stream.append(RecordBatch(b"after"))  # not fenced
+        client.flush()
+    assert live_holder(device) is None
+    with s3stream.open(str(a), node_id="n1", wal=str(alias)) as again:  # free: it opens
+        got = again.open_stream(stream.stream_id).fetch(0).batches
+        assert [bytes(b.payload) for b in got] == [b"held", b"after"]

@@ -62,10 +62,13 @@ def lock_path_for(wal_path: str | Path) -> Path:
     return p.with_name(p.name + LOCK_SUFFIX)
 
 
+_FLOCK_FORMAT = "hhqqi4x"
+
+
 def _ofd_lock(kind: int) -> bytes:
     # struct flock on Linux: l_type, l_whence (shorts), l_start, l_len (off_t), l_pid (0 for
     # OFD locks), padded to 32 bytes. One byte at offset 0 is the whole lock.
-    return struct.pack("hhqqi4x", kind, os.SEEK_SET, 0, 1, 0)
+    return struct.pack(_FLOCK_FORMAT, kind, os.SEEK_SET, 0, 1, 0)
 
 
 def _busy(exc: OSError) -> bool:
@@ -95,6 +98,8 @@ class WalHolderLock:
         self._device = device
         self._fd = fd
         self._held = held
+        #: A device opened with O_EXCL (`_open_device_exclusive`); files need no such claim.
+        self._exclusive = not device
         self._guard = threading.Lock()
         #: The lock file this lock created (None: found it there, or a device's lock).
         self._made: Path | None = None
@@ -168,11 +173,21 @@ class WalHolderLock:
 
     @classmethod
     def _acquire_device(cls, path: Path, node_id: str, *, take_over: bool) -> WalHolderLock:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-        except OSError as exc:
-            raise os_error("cannot open WAL", path, exc) from exc
+        # O_EXCL claims the block device itself, whatever node it is opened through (the
+        # OFD lock below is on the node's inode: a second node of the same device, made by
+        # mknod or a container's --device, got past it and fenced a live writer), and a
+        # device that is mounted is refused the same way. A take-over opens it anyway.
+        fd = _open_device_exclusive(path)
+        exclusive = fd >= 0
+        if not exclusive:
+            if not take_over:
+                raise _device_in_use(path, node_id)
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            except OSError as exc:
+                raise os_error("cannot open WAL", path, exc) from exc
         lock = cls(path, node_id, device=True, fd=fd, held=False)
+        lock._exclusive = exclusive
         try:
             got = lock._try_device()
         except BaseException:
@@ -181,17 +196,18 @@ class WalHolderLock:
         if got or take_over:
             return lock
         os.close(fd)
-        raise NodeInUseError(
-            f"WAL {path} (a block device) is in use by another process or another FileWal of "
-            "this process (a device records no pid: `fuser -v` names it); every process "
-            "sharing a store needs its own node_id, or take the node over explicitly "
-            "(StreamClient.take_over)",
-            node_id=node_id,
-            pid=None,
-        )
+        raise _device_in_use(path, node_id)
 
     def _try_device(self) -> bool:
-        """Try the device's OFD lock once, without waiting; whether it is held now."""
+        """Try the device's OFD lock once, without waiting; whether it is held now. A lock
+        that opened the device without ``O_EXCL`` (a take-over from a live holder) claims
+        it so first, once the holder has let go."""
+        if not self._exclusive:
+            fd = _open_device_exclusive(self._wal_path)
+            if fd < 0:
+                return False
+            os.close(self._fd)
+            self._fd, self._exclusive = fd, True
         if not hasattr(fcntl, "F_OFD_SETLK"):
             # Not Linux: no lock that tells instances apart; fencing still protects the data.
             self._log.warning("WAL %s: no OFD locks on this platform; not locked", self._wal_path)
@@ -344,6 +360,30 @@ def _may_be_holder_text(fd: int) -> bool:
     return pid.isdigit() if newline else (not pid or pid.isdigit())
 
 
+def _open_device_exclusive(path: Path) -> int:
+    """The block device at `path` opened read-write with ``O_EXCL`` (Linux: nobody else may
+    open it so, through any of its nodes, nor mount it, until this descriptor closes); -1 if
+    it is so held already (``EBUSY``)."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_EXCL)
+    except OSError as exc:
+        if exc.errno == errno.EBUSY:
+            return -1
+        raise os_error("cannot open WAL", path, exc) from exc
+
+
+def _device_in_use(path: Path, node_id: str) -> NodeInUseError:
+    return NodeInUseError(
+        f"WAL {path} (a block device) is in use by another process or another FileWal of "
+        "this process, through this node or another node of the same device, or it is "
+        "mounted (a device records no pid: `fuser -v` names it); every process sharing a "
+        "store needs its own node_id, or take the node over explicitly "
+        "(StreamClient.take_over)",
+        node_id=node_id,
+        pid=None,
+    )
+
+
 def _write_holder(fd: int, node_id: str) -> None:
     # Text, one field a line: "pid\nnode id\n" (for the error of the next opener, and people).
     data = f"{os.getpid()}\n{node_id}\n".encode()
@@ -353,9 +393,14 @@ def _write_holder(fd: int, node_id: str) -> None:
 
 def live_holder(wal_path: str | Path) -> tuple[int | None, str | None] | None:
     """(pid, node id) of the live process holding the file WAL at `wal_path`, or None if
-    none does (or it is a device, or has no lock file). Read-only: for tools that write
-    nothing (`s3stream verify`), so it creates no lock file and writes no pid; a shared
-    ``flock`` that the holder's exclusive one refuses is the test."""
+    none does (or it has no lock file). Read-only: for tools that write nothing (`s3stream
+    verify`), so it creates no lock file and writes no pid; a shared ``flock`` that the
+    holder's exclusive one refuses is the test. A block device records no pid: (None, None)
+    when a holder's OFD lock is on it (through this node; `F_OFD_GETLK`, which takes
+    nothing), as a verify beside a live writer must scan again rather than call the frames
+    it is writing damage."""
+    if _is_device(wal_path):
+        return (None, None) if _device_lock_held(wal_path) else None
     lock_path = lock_path_for(wal_path)
     try:
         fd = os.open(lock_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -371,6 +416,32 @@ def live_holder(wal_path: str | Path) -> tuple[int | None, str | None] | None:
         return None  # the descriptor's close lets the shared lock go
     finally:
         os.close(fd)
+
+
+def _is_device(path: str | Path) -> bool:
+    try:
+        return stat.S_ISBLK(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _device_lock_held(path: str | Path) -> bool:
+    """Whether another open file description holds the OFD lock a holder takes on the block
+    device at `path` (`_try_device`); False where OFD locks do not exist."""
+    if not hasattr(fcntl, "F_OFD_GETLK"):
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        probe = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _ofd_lock(fcntl.F_WRLCK))
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    kind: int = struct.unpack(_FLOCK_FORMAT, probe)[0]
+    return kind != fcntl.F_UNLCK
 
 
 def _read_holder(fd: int) -> tuple[int | None, str | None]:
