@@ -82,21 +82,29 @@ class ObjectStoreCapabilities:
         return self.atomic_create or self.single_writer
 
 
+#: The longest key (UTF-8 bytes) S3, GCS and Azure Blob Storage all take.
+MAX_KEY_BYTES = 1024
+
+
 def check_key(key: str) -> str:
     """Validate a key: a non-empty str encodable as UTF-8 (services store names as UTF-8: a
     lone surrogate would be stored as another key), no leading ``/``, no empty or dot
     segments, and no ``\\`` (Azure Blob Storage reads it as ``/``, so the key would alias
     another one, or leave its store's prefix with ``..\\``). One rule for every store, so
-    that keys move between stores."""
+    that keys move between stores. At most `MAX_KEY_BYTES` UTF-8 bytes and no NUL: S3, GCS
+    and Azure refuse both, but only once a request was sent (an HTTP 400, or a PUT that
+    failed as if the store were down)."""
     if not isinstance(key, str) or not key:
         raise InvalidArgumentError(f"object key must be a non-empty str, got {key!r}")
+    if "\0" in key:
+        raise InvalidArgumentError(f"invalid object key {key!r}: it holds a NUL character")
     if key.startswith("/") or any(part in ("", ".", "..") for part in key.split("/")):
         raise InvalidArgumentError(f"invalid object key {key!r}")
     if "\\" in key:
         raise InvalidArgumentError(
             f"invalid object key {key!r}: '\\' is not allowed (Azure reads it as '/')"
         )
-    check_text("object key", key)  # UTF-8
+    check_text("object key", key, max_bytes=MAX_KEY_BYTES)  # UTF-8
     return key
 
 

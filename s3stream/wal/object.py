@@ -395,10 +395,9 @@ class ObjectWal(PipelinedWal):
         self._dir = f"{prefix.strip('/')}/{node_id}" if prefix.strip("/") else node_id
         try:
             check_key(self.object_key(0))
-        except InvalidArgumentError:
+        except InvalidArgumentError as exc:
             raise InvalidArgumentError(
-                f"WAL prefix {prefix!r} makes invalid object keys ({self._dir}/...): no empty, "
-                "'.' or '..' segments"
+                f"WAL prefix {prefix!r} makes invalid object keys: {exc}"
             ) from None
         self._seed = _node_seed(node_id)
         self._settings = settings
