@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -16,11 +17,13 @@ import pytest
 import s3stream
 from s3stream import (
     ClientSettings,
+    FencedError,
     InvalidArgumentError,
     OffsetMismatchError,
     OffsetOutOfRangeError,
     Record,
     RecordBatch,
+    S3StreamError,
 )
 
 WRITER = Path(__file__).with_name("tail_writer_child.py")
@@ -115,6 +118,42 @@ def test_tail_ends_cleanly_on_close_and_raises_on_trim(tmp_path: Path) -> None:
         t.start()
         time.sleep(0.3)
     assert ended.wait(10)
+
+
+def test_a_tail_of_a_handle_whose_node_was_taken_over_raises(tmp_path: Path) -> None:
+    """Another node took this one over and appended to its stream: this client's append
+    raised `FencedError` (it knows), but its tail waited for ever and `fetch(wait_s=...)`
+    returned nothing while the stream grew under the new owner. Both raise now."""
+    url = str(tmp_path / "s")
+    a = s3stream.open(url, node_id="a")
+    stream = a.create_stream()
+    stream.append(RecordBatch(b"a0"))
+    a.flush()
+    seen: list[bytes] = []
+    ended: list[BaseException] = []
+
+    def tail() -> None:
+        try:
+            for b in stream.tail(0, wait_s=0.2):
+                seen.append(bytes(b.payload))
+        except BaseException as exc:
+            ended.append(exc)
+
+    thread = threading.Thread(target=tail, daemon=True)
+    thread.start()
+    with s3stream.open(url, node_id="b") as b:
+        b.take_over("a")
+        taken = b.open_stream(stream.stream_id)
+        taken.append(RecordBatch(b"b0"))
+        with pytest.raises(FencedError):
+            stream.append(RecordBatch(b"late"), timeout_s=5)
+        thread.join(10)
+        assert not thread.is_alive(), "the tail still waits"
+        assert seen == [b"a0"] and isinstance(ended[0], FencedError), (seen, ended)
+        with pytest.raises(FencedError):
+            stream.fetch(1, wait_s=0.5)
+    with contextlib.suppress(S3StreamError):
+        a.close(timeout_s=5)
 
 
 def test_tail_records_yields_offsets_and_records(tmp_path: Path) -> None:

@@ -228,6 +228,7 @@ class Appender:
         #: asleep. A payload of `APART_MIN_BYTES` or more is the tail, never copied behind
         #: its record's head (`WriteAheadLog.append_parts`).
         self._wal_append_driven: Callable[[bytes, bytes], Future[WalPosition]] = wal.append_parts
+        status.on_node_lost(self._fail_writers)
         #: Wakes the WAL's writer for a driven append that will not be driven after all.
         self._wal_wake: Callable[[], None] = _nothing
         if isinstance(wal, PipelinedWal):
@@ -298,6 +299,17 @@ class Appender:
         if w is not None:
             w.wake_tailers()
         return Released(confirmed, dropped)
+
+    def _fail_writers(self, err: S3StreamError) -> None:
+        """The client failed for good (its node was taken over): every stream handle fails
+        with `err` and its tails end. A tail of a handle whose node was taken over waited
+        for ever, and its fetches returned nothing while the stream grew under its new
+        owner. Not under the append lock, which an append waiting for room may hold: each
+        writer's error is one attribute, set once."""
+        for w in list(self._writers.values()):
+            if w.error is None:
+                w.error = err
+            w.wake_tailers()
 
     def confirm_offset(self, stream_id: int) -> int | None:
         """The acknowledged end of a stream this client appends to (None: not appending)."""

@@ -9,6 +9,7 @@ client failing or closing) wakes exactly the waiters it concerns, with no pollin
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from ..errors import FencedError, S3StreamError, StreamClosedError
 from ..metrics.logs import ContextLogger
@@ -22,6 +23,7 @@ class PipelineStatus:
     def __init__(self, log: ContextLogger) -> None:
         self.cond = threading.Condition(threading.Lock())
         self.log = log
+        self._node_lost: list[Callable[[S3StreamError], None]] = []
         #: Fatal: the client takes no more appends (fenced, corrupted, a background bug).
         self.failed: S3StreamError | None = None
         #: `failed` came from the WAL alone (the node still owns its streams): what was
@@ -105,13 +107,23 @@ class PipelineStatus:
         """Stop the client for good: a failed WAL write leaves a hole in offsets, so nothing
         after it may be acknowledged. `in_wal`: the WAL failed (uploads may go on); a later
         failure of the node itself (fenced) takes its place."""
+        node_lost = False
         with self.cond:
             if self.failed is None or (self.failed_in_wal and not in_wal):
                 if self.failed is None:
                     self.log.error("the client takes no more appends: %s", err)
                 self.failed = err
                 self.failed_in_wal = in_wal
+                node_lost = not in_wal
             self.cond.notify_all()
+        if node_lost:
+            for listener in list(self._node_lost):
+                listener(err)
+
+    def on_node_lost(self, listener: Callable[[S3StreamError], None]) -> None:
+        """Call `listener(err)` when the client fails for good other than by its WAL alone
+        (fenced, a bug): its streams' handles must fail and their tails end, not wait."""
+        self._node_lost.append(listener)
 
     def on_wal_error(self, err: S3StreamError) -> None:
         """A WAL append failed: nothing after it may be acknowledged (the WAL fails every
