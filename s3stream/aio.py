@@ -54,6 +54,7 @@ from .reader import ObjectSummary, StreamReader
 from .reader import open_reader as _open_reader
 from .records import Record, batch_records, records_batch
 from .settings import ClientSettings
+from .storage.appender import not_acknowledged
 from .stream import Stream
 from .types import AppendResult, BatchKind, FetchedBatch, FetchResult, RecordBatch, StreamInfo
 from .validation import check_instance, check_int, check_timeout
@@ -471,7 +472,9 @@ class AsyncStream:
         future = self._stream.append_async(
             batch, expected_offset=expected_offset, producer_id=producer_id, sequence=sequence
         )
-        return await self._durable(future, deadline, limit)
+        return await self._durable(
+            future, deadline, limit, conditional=expected_offset is not None, idempotent=idempotent
+        )
 
     def _would_wait(
         self, batch: RecordBatch, idempotent: bool, expected_offset: int | None
@@ -536,9 +539,11 @@ class AsyncStream:
                 raise self._no_thread_in_time(limit) from None
             if job.done():
                 return job.result()  # finished just now: its own outcome
-            raise UnavailableError(
-                f"append to stream {self.stream_id} was not acknowledged within {limit} s; "
-                "it may still become durable (a retry can then duplicate it)"
+            raise not_acknowledged(
+                self.stream_id,
+                f"{limit} s",
+                conditional=expected_offset is not None,
+                idempotent=producer_id is not None or sequence is not None,
             ) from None
 
     def _no_thread_in_time(self, limit: float) -> BackpressureError:
@@ -548,7 +553,13 @@ class AsyncStream:
         )
 
     async def _durable(
-        self, future: Future[AppendResult], deadline: float, limit: float
+        self,
+        future: Future[AppendResult],
+        deadline: float,
+        limit: float,
+        *,
+        conditional: bool,
+        idempotent: bool,
     ) -> AppendResult:
         if future.done():
             return future.result()  # the WAL acknowledged in the call (a memory WAL)
@@ -563,9 +574,8 @@ class AsyncStream:
                 inner.add_done_callback(_settled)
                 return await asyncio.shield(inner)
         except TimeoutError as exc:
-            raise UnavailableError(
-                f"append to stream {self.stream_id} was not acknowledged within {limit} s; "
-                "it may still become durable (a retry can then duplicate it)"
+            raise not_acknowledged(
+                self.stream_id, f"{limit} s", conditional=conditional, idempotent=idempotent
             ) from exc
 
     # -- reads

@@ -44,6 +44,23 @@ from .status import PipelineStatus
 __all__ = ["Appender", "WriterState", "deadline_text"]
 
 
+def not_acknowledged(
+    stream_id: int, within: str, *, conditional: bool, idempotent: bool
+) -> UnavailableError:
+    """The error of an append not acknowledged by its deadline (it may still become durable),
+    with what a retry of that kind of append does."""
+    if idempotent:
+        retry = "a retry with the same producer_id and sequence returns its outcome, never a copy"
+    elif conditional:
+        retry = "a retry with the same expected_offset lands once or raises OffsetMismatchError"
+    else:
+        retry = "a retry can then duplicate it"
+    return UnavailableError(
+        f"append to stream {stream_id} was not acknowledged within {within}; it may still "
+        f"become durable ({retry})"
+    )
+
+
 @dataclass(slots=True)
 class WriterState:
     """Per-stream append state of the owning client."""
@@ -455,10 +472,11 @@ class Appender:
             )
         except TimeoutError as exc:
             self._ins.append_failed(exc)
-            raise UnavailableError(
-                f"append to stream {w.stream_id} was not acknowledged within "
-                f"{deadline_text(timeout_s, self._settings)}; it may still become durable "
-                "(a retry can then duplicate it)"
+            raise not_acknowledged(
+                w.stream_id,
+                deadline_text(timeout_s, self._settings),
+                conditional=expected is not None,
+                idempotent=ident is not None,
             ) from exc
 
     def _append(

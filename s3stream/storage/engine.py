@@ -257,7 +257,7 @@ class Storage:
         stream's producers, for a conditional one an append in flight holding its offset):
         `Appender.would_wait`."""
         return (
-            (idempotent and w.producers is None)
+            (idempotent and w.producers is None and self._has_committed(w))
             or (expected_offset is not None and w.unsettled(expected_offset))
             or self._appender.would_wait(batch, stamped=idempotent)
         )
@@ -273,6 +273,11 @@ class Storage:
         so a retry finds it built (or waits for the same rebuild)."""
         if w.producers is not None:
             return w.producers
+        if not self._has_committed(w):
+            # Nothing to read: made here, at once. A new stream's first idempotent append
+            # counted as one that waits, and sent the asyncio client's appends of the stream
+            # through its one-at-a-time lane (false BackpressureError at their deadlines).
+            return self._rebuild_producers(w)
         timeout = self._settings.call_limit_s(timeout_s)
         return within_deadline(
             lambda: self._rebuild_producers(w),
@@ -285,6 +290,12 @@ class Storage:
                 "written: retry (the load goes on meanwhile)"
             ),
         )
+
+    def _has_committed(self, w: WriterState) -> bool:
+        """Whether the stream has committed batches (its producers are rebuilt from them;
+        recovery and take-over commit every acknowledged append before a stream opens)."""
+        meta = self._meta.state.streams.get(w.stream_id)
+        return meta is None or meta.end_offset > 0
 
     def _rebuild_producers(self, w: WriterState) -> ProducerTable:
         """`load_producers`' work: one rebuild per stream at a time (a caller that comes
