@@ -1412,6 +1412,39 @@ def test_a_small_wal_filled_by_appends_in_flight_is_uploaded_at_once(tmp_path: P
         assert got == [b"%04d" % i * 256 for i in range(300)]
 
 
+def test_a_wal_that_cannot_be_repaired_leaves_acknowledged_data_readable() -> None:
+    """Only a take-over fails the stream handles (their reads included): a WAL whose repair
+    failed for good made reads through every handle raise too, once handles were failed on
+    the client's failure (review of the take-over mend)."""
+    import random
+
+    from s3stream.testing.faults import FaultyWal
+
+    class ResetFails(FaultyWal):
+        def reset(self) -> None:
+            if self.failing:
+                raise CorruptionError("injected: the WAL medium is gone for good")
+            super().reset()
+
+    wal = ResetFails(MemoryWal(), rng=random.Random(1))
+    client = s3stream.open("memory://", wal=wal, node_id="n1")
+    stream = client.create_stream()
+    stream.append(RecordBatch(b"acked-0"))
+    client.flush()
+    stream.append(RecordBatch(b"acked-1"))
+    wal.failing = True
+    with pytest.raises(S3StreamError):
+        stream.append(RecordBatch(b"x"), timeout_s=2)
+    deadline = time.monotonic() + 10
+    while client._storage._status.failed is None:  # the uploader's repair gives up
+        assert time.monotonic() < deadline, "the repair never failed"
+        time.sleep(0.05)
+    got = stream.fetch(0).batches
+    assert [bytes(b.payload) for b in got] == [b"acked-0", b"acked-1"]
+    with contextlib.suppress(S3StreamError):
+        client.close(timeout_s=5)
+
+
 def test_a_refused_open_of_a_live_node_does_not_fence_it(tmp_path: Path) -> None:
     """`s3stream compact --node-id w1` beside w1's live writer (an open on a memory WAL, or
     on a file WAL that is missing, of a node with streams open): the open was refused, but

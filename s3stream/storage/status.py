@@ -114,15 +114,17 @@ class PipelineStatus:
                     self.log.error("the client takes no more appends: %s", err)
                 self.failed = err
                 self.failed_in_wal = in_wal
-                node_lost = not in_wal
+                # Taken over: the streams are another node's now. Any other failure (a WAL
+                # that could not be repaired, a bug) leaves what was acknowledged readable.
+                node_lost = isinstance(err, FencedError)
             self.cond.notify_all()
         if node_lost:
             for listener in list(self._node_lost):
                 listener(err)
 
     def on_node_lost(self, listener: Callable[[S3StreamError], None]) -> None:
-        """Call `listener(err)` when the client fails for good other than by its WAL alone
-        (fenced, a bug): its streams' handles must fail and their tails end, not wait."""
+        """Call `listener(err)` when the client fails for good because its node was taken
+        over (`FencedError`): its streams' handles must fail and their tails end, not wait."""
         self._node_lost.append(listener)
 
     def on_wal_error(self, err: S3StreamError) -> None:
