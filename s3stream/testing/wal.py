@@ -768,6 +768,12 @@ class WalTests:
             finally:
                 stop.set()
             trimming.result()
+        if not trims and highest:
+            # The trimmer never ran while the appends did (a loaded machine): trim once now,
+            # or the test checks no trim at all and a WAL that resurrects trimmed records
+            # passes it.
+            wal.trim(highest[0])
+            trims.append(highest[0])
         trim_point = trims[-1] if trims else -1
         expected = [r for r in acked if r.position > trim_point]
         wal, got = self._crash_and_recover(medium, wal)
