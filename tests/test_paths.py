@@ -468,6 +468,28 @@ def test_new_folders_through_link_dotdot_are_made_where_the_kernel_puts_them(
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["link"]
 
 
+def test_a_store_whose_keys_pass_1024_bytes_stays_usable(tmp_path: Path) -> None:
+    """A local store under a long metadata prefix (data keys of 1,047 bytes, each segment
+    under 255): a key-length limit added to every key check made its acknowledged appends
+    fail every upload, and a store written before read as corrupt (review of the limit)."""
+    from s3stream.client import StreamClient
+    from s3stream.objectstore.local import LocalObjectStore
+    from s3stream.wal.memory import MemoryWal
+
+    prefix = "/".join(["p" * 200] * 4) + "/" + "q" * 145
+    root = tmp_path / "s"
+    client = StreamClient(
+        LocalObjectStore(root), MemoryWal(), node_id="n" * 64, metadata_prefix=prefix
+    )
+    stream = client.create_stream({})
+    stream.append(s3stream.RecordBatch(b"long keys"))
+    client.close()
+    assert max(len(str(p.relative_to(root)).encode()) for p in root.rglob("*")) > 1024
+    with s3stream.open_reader(root, metadata_prefix=prefix) as reader:
+        got = reader.read(stream.stream_id, 0).batches
+        assert [bytes(b.payload) for b in got] == [b"long keys"]
+
+
 def test_a_symlink_loop_or_a_dangling_link_as_a_store_is_refused(tmp_path: Path) -> None:
     """A store path that is a symlink loop raised RuntimeError from pathlib (a traceback from
     the API, `s3stream demo` and `verify --wal`); a dangling link said it "exists and is not

@@ -91,9 +91,10 @@ def check_key(key: str) -> str:
     lone surrogate would be stored as another key), no leading ``/``, no empty or dot
     segments, and no ``\\`` (Azure Blob Storage reads it as ``/``, so the key would alias
     another one, or leave its store's prefix with ``..\\``). One rule for every store, so
-    that keys move between stores. At most `MAX_KEY_BYTES` UTF-8 bytes and no NUL: S3, GCS
-    and Azure refuse both, but only once a request was sent (an HTTP 400, or a PUT that
-    failed as if the store were down)."""
+    that keys move between stores. No NUL: S3, GCS and Azure refuse it, but only once a
+    request was sent (an HTTP 400). Their length limit (`MAX_KEY_BYTES`) is not checked here:
+    keys an earlier version wrote under a long prefix must stay readable; what makes new keys
+    checks it (`ObjectWal`)."""
     if not isinstance(key, str) or not key:
         raise InvalidArgumentError(f"object key must be a non-empty str, got {key!r}")
     if "\0" in key:
@@ -104,7 +105,7 @@ def check_key(key: str) -> str:
         raise InvalidArgumentError(
             f"invalid object key {key!r}: '\\' is not allowed (Azure reads it as '/')"
         )
-    check_text("object key", key, max_bytes=MAX_KEY_BYTES)  # UTF-8
+    check_text("object key", key)  # UTF-8
     return key
 
 

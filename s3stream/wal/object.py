@@ -66,7 +66,7 @@ from ..errors import (
     UnavailableError,
 )
 from ..metrics.logs import ContextLogger
-from ..objectstore.base import ObjectStore, check_key
+from ..objectstore.base import MAX_KEY_BYTES, ObjectStore, check_key
 from ..objectstore.wrappers import RetryingObjectStore
 from ..settings import MAX_OBJECT_WAL_UNFLUSHED_BYTES, ObjectWalSettings
 from ..validation import check_bool, check_int, check_node_id
@@ -395,6 +395,10 @@ class ObjectWal(PipelinedWal):
         self._dir = f"{prefix.strip('/')}/{node_id}" if prefix.strip("/") else node_id
         try:
             check_key(self.object_key(0))
+            if len(self.object_key(0).encode()) > MAX_KEY_BYTES:
+                raise InvalidArgumentError(
+                    f"its keys pass the {MAX_KEY_BYTES} bytes S3, GCS and Azure take"
+                )
         except InvalidArgumentError as exc:
             raise InvalidArgumentError(
                 f"WAL prefix {prefix!r} makes invalid object keys: {exc}"
