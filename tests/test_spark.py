@@ -254,6 +254,13 @@ def test_storage_options_given_one_by_one_are_typed_as_the_clis() -> None:
             "storage.max_attempts": "3",
             "storage.endpoint_url": "http://127.0.0.1:1",
             "storage.region_name": "1",
+            # Names of text options of other stores (review: project=123456789012 became
+            # an int, which the GCS store refused).
+            "storage.project": "123456789012",
+            "storage.account_name": "123456",
+            "storage.account_key": "1e5",
+            "storage.password": "12",
+            "storage.max_pool_connections": "64",
         },
         streaming=False,
     )
@@ -262,6 +269,11 @@ def test_storage_options_given_one_by_one_are_typed_as_the_clis() -> None:
         "max_attempts": 3,
         "endpoint_url": "http://127.0.0.1:1",
         "region_name": "1",
+        "project": "123456789012",
+        "account_name": "123456",
+        "account_key": "1e5",
+        "password": "12",
+        "max_pool_connections": 64,
     }
 
 

@@ -122,6 +122,13 @@ _TEXT_OPTIONS = frozenset(
         "token", "addressing_style",
     }
 )  # fmt: skip
+#: Names of options that are text whatever they look like, in any store (GCS's ``project``,
+#: Azure's ``account_name``/``account_key``/``sas_token``, fsspec's ``username``/``password``,
+#: obstore's ``access_key_id``...): ``project=123456789012`` must not become an int.
+_TEXT_NAME = re.compile(
+    r"key|secret|token|password|passwd|user|name|project|account|region|endpoint|url|"
+    r"profile|bucket|container|tenant|client_id|credential|connection_string|style|sas"
+)
 _INT = re.compile(r"[+-]?[0-9]+")
 _FLOAT = re.compile(r"[+-]?([0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)([eE][+-]?[0-9]+)?")
 _TRUE, _FALSE = frozenset({"true", "yes", "on"}), frozenset({"false", "no", "off"})
@@ -129,9 +136,9 @@ _TRUE, _FALSE = frozenset({"true", "yes", "on"}), frozenset({"false", "no", "off
 
 def storage_option_from_text(key: str, text: str) -> Any:
     """A storage option given as text (the CLI's ``-o``, Spark's ``storage.<name>``) as the
-    store's option wants it: a bool, an int, a float or text (credentials, names, regions,
-    URLs and ``addressing_style`` stay text)."""
-    if key in _TEXT_OPTIONS:
+    store's option wants it: a bool, an int, a float or text (credentials, names, accounts,
+    projects, regions, URLs and ``addressing_style`` stay text, by their names)."""
+    if key in _TEXT_OPTIONS or _TEXT_NAME.search(key):
         return text
     if text.lower() in _TRUE:
         return True
