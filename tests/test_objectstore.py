@@ -1029,6 +1029,28 @@ def test_object_options_given_as_text_are_refused(tmp_path: Path) -> None:
         open_object_store(f"fsspec+file://{tmp_path}", {"clock": "x"})
 
 
+def test_a_client_given_to_the_s3_store_is_used_as_it_is() -> None:
+    """A boto3 client given as ``client=`` was closed and replaced by one built from the other
+    options when the client bounded its tries (every `s3stream.open`): with no endpoint
+    among them, one that talked to AWS instead of the user's server."""
+    import boto3
+
+    given = boto3.session.Session().client(
+        "s3",
+        endpoint_url="http://127.0.0.1:1",
+        aws_access_key_id="k",
+        aws_secret_access_key="s",
+        region_name="us-east-1",
+    )
+    store = open_object_store("s3://bucket/p", {"client": given})
+    store.bound_attempts(1.0)
+    assert store._connected() is given  # type: ignore[attr-defined]
+    store.close()
+    assert given.meta.endpoint_url == "http://127.0.0.1:1"
+    unpickled = pickle.loads(pickle.dumps(store))
+    assert not unpickled._client_given  # type: ignore[attr-defined]
+
+
 def test_registry_builtin_schemes(tmp_path: Path) -> None:
     local = open_object_store(str(tmp_path / "plain"))
     assert isinstance(local, LocalObjectStore)

@@ -47,6 +47,10 @@ class RemoteObjectStore(ObjectStore, Generic[C]):
         self._read_timeout_s = check_positive(read_name, read_timeout_s)
         self._lock = threading.Lock()
         self._client: C | None = None
+        #: The client was the caller's (`client=`): used as it is, never rebuilt or closed
+        #: here (its timeouts are its own). `bound_attempts` closed it and built one from
+        #: the other options: with no endpoint among them, one that talked to AWS.
+        self._client_given = False
         #: Told of every request sent (`meter_requests`); not pickled.
         self._meters: tuple[RequestMeter, ...] = ()
 
@@ -73,7 +77,7 @@ class RemoteObjectStore(ObjectStore, Generic[C]):
     def close(self) -> None:
         with self._lock:
             client, self._client = self._client, None
-        if client is not None:
+        if client is not None and not self._client_given:
             self._close_client(client)
 
     @property
@@ -90,7 +94,7 @@ class RemoteObjectStore(ObjectStore, Generic[C]):
         if seconds <= 0:
             raise InvalidArgumentError(f"seconds must be > 0, got {seconds!r}")
         timeouts = self._bounded_timeouts(seconds)
-        if timeouts == (self._connect_timeout_s, self._read_timeout_s):
+        if timeouts == (self._connect_timeout_s, self._read_timeout_s) or self._client_given:
             return
         with self._lock:
             self._connect_timeout_s, self._read_timeout_s = timeouts
@@ -113,6 +117,7 @@ class RemoteObjectStore(ObjectStore, Generic[C]):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_client"] = None
+        state["_client_given"] = False  # unpickled, it builds a client of its own
         state["_meters"] = ()
         del state["_lock"]
         return state

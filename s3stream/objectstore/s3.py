@@ -234,6 +234,7 @@ class S3ObjectStore(RemoteObjectStore["S3Client"]):
         # Jitter only spreads retries; a fixed default seed keeps runs reproducible.
         self._rng = rng if rng is not None else random.Random(0)
         self._client = client
+        self._client_given = client is not None
         #: The bucket answered a HEAD once (a missing key is then just a missing key).
         self._bucket_seen = False
         #: Whether the bucket lists in key order (decided on the first `list`).
