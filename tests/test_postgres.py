@@ -126,10 +126,13 @@ def test_a_metadata_url_libpq_would_refuse_is_refused_before_anything_is_written
     for url, why in (
         ("postgresql://u:secret@h/db?foo=bar", 'invalid URI query parameter: "foo"'),
         ("postgresql://h/db?schema=Bad-Name", "schema"),
+        # libpq quotes the token it cannot parse: the password (review).
+        ("postgresql://u:secret%pw@h/db", "invalid percent-encoded token"),
+        ("postgresql://u:se cret@h/db", "unexpected spaces"),
     ):
         with pytest.raises(InvalidArgumentError, match=why) as err:
             s3stream.open(tmp_path / "s", metadata=url)
-        assert "secret" not in str(err.value)
+        assert "secret" not in str(err.value) and "cret" not in str(err.value)
         assert not (tmp_path / "s").exists()
         with pytest.raises(InvalidArgumentError, match=why):
             check_metadata_url(url)

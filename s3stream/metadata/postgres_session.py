@@ -280,7 +280,7 @@ def connect_error(exc: psycopg.Error, target: PostgresTarget) -> S3StreamError:
     """The s3stream error for a failed connect: `InvalidArgumentError` when the URL is wrong
     (bad password, unknown database or role, a parameter libpq does not take), retryable
     `UnavailableError` when the server could not be reached or was not ready."""
-    text = _first_line(exc)
+    text = target.scrub(_first_line(exc))
     where = f"the PostgreSQL metadata store at {target.host} ({target.display})"
     state = getattr(exc, "sqlstate", None) or ""
     if state[:2] in _PERMANENT_CONNECT_CLASSES or _PERMANENT_CONNECT.search(str(exc)):
@@ -301,7 +301,7 @@ def map_error(
     """The s3stream error for a psycopg error met talking to `target` (`waited_s`: how long
     the call waited for the server at most, if not `call_deadline_s`)."""
     where = f"the PostgreSQL metadata store at {target.host} ({target.display})"
-    text = _first_line(exc)
+    text = target.scrub(_first_line(exc))
     if isinstance(exc, pg_errors.InsufficientPrivilege):
         return InvalidArgumentError(
             f"{where} refused: {text} (the role needs CREATE on the database for the first "

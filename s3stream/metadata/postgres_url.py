@@ -68,6 +68,17 @@ class PostgresTarget:
     statement_timeout_ms: int
     connect_timeout_s: int
 
+    def scrub(self, text: str) -> str:
+        """`text` (a libpq message) without the URL's password, as given or decoded: libpq
+        quotes a token it cannot parse (``invalid percent-encoded token: "SECRET%pw"``)."""
+        parts = urlsplit(self.conninfo)
+        secrets = {parts.password or ""}
+        secrets |= {v for k, v in parse_qsl(parts.query, keep_blank_values=True) if k == "password"}
+        secrets |= {unquote(s) for s in secrets}
+        for secret in sorted((s for s in secrets if s), key=len, reverse=True):
+            text = text.replace(secret, "***")
+        return text
+
     @property
     def call_deadline_s(self) -> float:
         """How long the client waits for one SQL call before giving up on the connection: the
@@ -203,5 +214,5 @@ def check_postgres_url(url: str) -> None:
         conninfo_to_dict(target.conninfo)
     except psycopg.Error as exc:
         raise InvalidArgumentError(
-            f"not a usable PostgreSQL URL ({target.display}): {str(exc).strip()}"
+            f"not a usable PostgreSQL URL ({target.display}): {target.scrub(str(exc).strip())}"
         ) from None
