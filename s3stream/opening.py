@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import functools
 import os
 import random
@@ -465,13 +466,7 @@ def _check_before_writing(
             raise InvalidArgumentError(f"a store directory cannot hold a NUL byte, got {url!r}")
         # Resolved as the kernel will resolve it for the store's writes: "link/../victim" is
         # beside the link's target, not beside the link ("new/../mine", with no "new", is mine).
-        if os.path.islink(os.path.expanduser(given)) and not os.path.exists(
-            os.path.expanduser(given)
-        ):
-            raise InvalidArgumentError(
-                f"{given!r} is a symbolic link that leads nowhere (its target is missing, or "
-                "the links form a loop): point it at a directory, or open the directory itself"
-            )
+        _refuse_broken_links(given)
         root = Path(os.path.realpath(os.path.expanduser(given)))
         _refuse_undecoded_twin(url, root)
         if root.exists() and not root.is_dir():
@@ -491,6 +486,30 @@ def _check_before_writing(
         default = default_wal_url(url, node_id, capacity=None)
         if default is not None:
             check_wal_target(default, base=wal_settings)
+
+
+def _refuse_broken_links(given: str) -> None:
+    """Refuse a store path that is, or lies below, a symbolic link leading nowhere (a loop,
+    or a missing target): making its directories would fail half way, with an OS error that
+    looks retryable (or a traceback from pathlib, for a loop)."""
+    path = os.path.expanduser(given)
+    try:
+        os.stat(path)
+        return
+    except OSError as exc:
+        looped = exc.errno == errno.ELOOP
+    probe = path.rstrip("/") or path
+    while not looped:
+        if os.path.islink(probe) and not os.path.exists(probe):
+            break  # dangling: this link, or a loop through it
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            return  # nothing broken on the way: a path still to be made
+        probe = parent
+    raise InvalidArgumentError(
+        f"{given!r} lies on a symbolic link that leads nowhere (its target is missing, or the "
+        "links form a loop): point it at a directory, or open the directory itself"
+    )
 
 
 def _build_client(

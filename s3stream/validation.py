@@ -150,11 +150,20 @@ def check_number(
     """
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidArgumentError(f"{name} must be a number, got {_show(value)}")
-    number = float(value)
+    number = _as_float(value)
     if not (math.isfinite(number) and minimum <= number <= maximum):
         bound = f">= {minimum:g}" if maximum == math.inf else f"in [{minimum:g}, {maximum:g}]"
         raise InvalidArgumentError(f"{name} must be a finite number {bound}, got {_show(value)}")
     return number
+
+
+def _as_float(value: int | float) -> float:
+    """`value` as a float; an int too large for one is infinite (refused as such), not an
+    `OverflowError` traceback."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 def check_positive(name: str, value: object) -> float:
@@ -162,7 +171,7 @@ def check_positive(name: str, value: object) -> float:
     interval that must not be zero."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidArgumentError(f"{name} must be a number, got {_show(value)}")
-    number = float(value)
+    number = _as_float(value)
     if not (math.isfinite(number) and number > 0):
         # One message for 0, -1 and NaN alike (it said ">= 0" for -1, then refused 0).
         raise InvalidArgumentError(f"{name} must be a finite number > 0, got {_show(value)}")
@@ -177,10 +186,7 @@ def check_seconds(name: str, value: object) -> float:
     """
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidArgumentError(f"{name} must be a number of seconds, got {_show(value)}")
-    try:
-        seconds = float(value)
-    except OverflowError:  # an int beyond any float (10**400)
-        seconds = math.inf
+    seconds = _as_float(value)
     if not (math.isfinite(seconds) and 0 <= seconds <= MAX_DURATION_S):
         raise InvalidArgumentError(
             f"{name} must be a finite number of seconds in [0, {MAX_DURATION_S:.0f}], "

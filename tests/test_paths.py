@@ -498,9 +498,11 @@ def test_a_symlink_loop_or_a_dangling_link_as_a_store_is_refused(tmp_path: Path)
     (tmp_path / "l2").symlink_to(tmp_path / "l1")
     (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
     before = sorted(p.name for p in tmp_path.iterdir())
-    for name in ("l1", "dangling"):
-        with pytest.raises(InvalidArgumentError, match="symbolic link that leads nowhere"):
-            s3stream.open(tmp_path / name)
+    for name in ("l1", "dangling", "l1/sub", "dangling/sub", "l1/"):
+        with pytest.raises(InvalidArgumentError, match="a symbolic link that leads nowhere"):
+            s3stream.open(f"{tmp_path}/{name}")
+    with pytest.raises(InvalidArgumentError, match="form a loop"):  # a WAL under a loop
+        s3stream.open(tmp_path / "new", wal=f"file://{tmp_path}/l1/n.wal")
     with s3stream.open(tmp_path / "store") as client:
         client.create_stream().append(s3stream.RecordBatch(b"x"))
     result = subprocess.run(

@@ -22,7 +22,10 @@ def os_error(action: str, path: Path, exc: OSError) -> S3StreamError:
         return UnavailableError(f"{action} {path}: no space left on the device ({reason})")
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return InvalidArgumentError(f"{action} {path}: permission denied ({reason})")
-    if exc.errno in (errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ENOENT, errno.ENAMETOOLONG):
+    if exc.errno in (
+        errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ENOENT, errno.ENAMETOOLONG,
+        errno.ELOOP,  # a symlink loop on the way: no retry can fix it
+    ):  # fmt: skip
         return InvalidArgumentError(f"{action} {path}: {reason}")
     if exc.errno == errno.EFBIG:
         # Larger than the file system allows: no retry can help.

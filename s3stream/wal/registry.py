@@ -25,6 +25,7 @@ one piece of process-wide state here, like fsspec's, by design.
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import os
 from collections.abc import Callable, Mapping
@@ -456,6 +457,14 @@ def _checked_target(url: str, base: FileWalSettings | None) -> tuple[Path, str |
             f"the WAL name {path.name!r} is too long: with {LOCK_SUFFIX!r} added (its lock "
             f"file) it passes {NAME_MAX} bytes"
         )
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            # Refused before anything is written (it was, after the store was made).
+            raise InvalidArgumentError(
+                f"the WAL {str(path)!r} cannot be reached: symbolic links on its way form a loop"
+            ) from None
     for parent in path.parents:
         if parent.exists():
             if not parent.is_dir():
