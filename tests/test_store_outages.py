@@ -432,3 +432,43 @@ def test_a_spark_read_of_a_frozen_store_ends_after_one_store_deadline(
         assert took < 1.3 * STORE_S, f"{took:.1f} s for a {STORE_S} s store deadline"
     finally:
         store.close()
+
+
+def test_the_process_ends_soon_after_a_close_on_a_frozen_server(server: SeaweedS3Server) -> None:
+    """close(timeout_s=1) kept its deadline against a frozen server, but the process then
+    did not end until the upload's PUT in flight gave up (6.2 s with a 30 s store timeout):
+    the PUT pool's threads were joined at the interpreter's exit. They are daemons now."""
+    import subprocess
+    import sys
+
+    url = f"s3://{server.bucket}/exit-{uuid.uuid4().hex}"
+    child = f"""
+import sys, s3stream
+from s3stream import ClientSettings, RecordBatch
+c = s3stream.open({url!r}, node_id="e", storage_options={server.storage_options()!r},
+    settings=ClientSettings(store_timeout_ms=30000, call_timeout_ms=30000,
+                            upload_interval_ms=100))
+s = c.create_stream(); s.append(RecordBatch(b"z")); c.flush(); s.append(RecordBatch(b"w"))
+print("READY", flush=True)
+sys.stdin.readline()
+try:
+    c.close(timeout_s=1)
+except s3stream.S3StreamError:
+    pass
+"""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", child], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        assert proc.stdout.readline().strip() == "READY"
+        with server.frozen():
+            started = time.monotonic()
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+            proc.wait(60)
+            took = time.monotonic() - started
+        assert took < 4.0, f"the process ended {took:.1f} s after close(timeout_s=1)"
+    finally:
+        proc.kill()
+        proc.wait()
