@@ -273,7 +273,7 @@ class StreamClient(Closeable):
             # which fences a live process of this node.
             check_node = getattr(wal, "check_node", None)
             if callable(check_node):
-                check_node(node_id, must_exist=open_streams)
+                check_node(node_id, must_exist=open_streams, expect_uid=expect_uid)
             self._node_epoch = self._meta.register_node(node_id)
         except BaseException:
             if isinstance(wal, WriteAheadLog):

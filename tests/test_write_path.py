@@ -1461,6 +1461,13 @@ def test_a_refused_open_of_a_live_node_does_not_fence_it(tmp_path: Path) -> None
     missing = (tmp_path / "elsewhere.wal").as_uri()
     with pytest.raises(CorruptionError, match="missing"):
         s3stream.open(store, node_id="w1", wal=missing)
+    # Another store's WAL (its identity is not the one recorded for w1): refused after the
+    # registration too (review of the first mend).
+    other = s3stream.open(tmp_path / "other", node_id="w1", wal=(tmp_path / "x.wal").as_uri())
+    other.create_stream().append(RecordBatch(b"someone else's"))
+    other.abandon()
+    with pytest.raises(InvalidArgumentError, match="not the WAL this store recorded"):
+        s3stream.open(store, node_id="w1", wal=(tmp_path / "x.wal").as_uri())
     assert sorted((store / "meta" / "log").iterdir()) == log  # nothing committed
     stream.append(RecordBatch(b"after"))
     live.flush()  # not fenced

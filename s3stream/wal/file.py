@@ -71,7 +71,7 @@ from .framing import (
     ring_holds_frames,
 )
 from .holder import WalHolderLock
-from .loss import check_open_node_wal, check_wal_loss
+from .loss import check_wal_loss, refuse_foreign_wal
 from .os_errors import os_error
 from .pipeline import Group, Pending, PipelinedWal
 
@@ -557,29 +557,16 @@ class FileWal(PipelinedWal):
         """Refuse a WAL of another identity that holds records (or is cut short, so that
         what it holds cannot be told), and, while the node's streams are open, one that
         holds nothing (its own WAL is elsewhere); a WAL that passes is formatted anew."""
-        path = self._path
-        if truncated or self._holds_records(header):
-            raise InvalidArgumentError(
-                f"WAL {path} is not the WAL this store recorded for node "
-                f"{self._node_id!r}: its identity is {header.wal_uid}, "
-                + (
-                    "and the store has no WAL of this node"
-                    if self._expect_uid == -1
-                    else f"the node's is {self._expect_uid}"
-                )
-                + ", and it holds records that are not uploaded: another store's or another "
-                "node's, which would be replayed into this store's streams. Name this node's "
-                "own WAL (or a new path); the WAL is left as it is"
-            )
-        if self._must_exist:
-            check_open_node_wal(
-                self._node_id,
-                f"the WAL {path} is not the one the store recorded for it (its identity is "
-                f"{header.wal_uid}, the node's {self._expect_uid}): the node's own WAL is "
-                "elsewhere",
-                location=str(path),
-                accept_loss=self._accept_loss,
-            )
+        assert self._expect_uid is not None  # (`_is_foreign` said so)
+        refuse_foreign_wal(
+            str(self._path),
+            self._node_id,
+            found=header.wal_uid,
+            expect_uid=self._expect_uid,
+            holds_records=truncated or self._holds_records(header),
+            must_exist=self._must_exist,
+            accept_loss=self._accept_loss,
+        )
 
     def _holds_records(self, header: HeaderSlot) -> bool:
         """Whether the WAL `header` describes holds a record at or past its trim point: a

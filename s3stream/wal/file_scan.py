@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, S3StreamError
 from .checks import check_wal_medium
 from .framing import (
     DATA_START,
@@ -25,6 +25,7 @@ from .framing import (
     HeaderSlot,
     SlotStatus,
     choose_slot,
+    decode_frame_header,
     decode_frame_header_anywhere,
     decode_slot,
     file_bytes,
@@ -41,6 +42,7 @@ __all__ = [
     "clean_tail_damage",
     "damage",
     "open_wal_for_reading",
+    "peek_wal",
     "pread_all",
     "ring_reader",
     "scan_bound",
@@ -254,6 +256,37 @@ def check_file_wal(path: str | Path) -> FileWalCheck:
             stopped=scanner.problem,
             damage=verdict,
         )
+    finally:
+        os.close(fd)
+
+
+def peek_wal(path: str | Path) -> tuple[int, bool] | None:
+    """(identity, holds records) of the WAL file `path` from its header, read-only: the
+    header's ``wal_uid``, and whether a record lies at or past its trim point (a clean
+    header says so exactly; after a crash, the first live record would be a valid frame at
+    `start`), as `FileWal` judges a WAL of another identity. None if it has no readable
+    header (new, empty or damaged: the WAL's open judges those) or cannot be read."""
+    try:
+        fd = open_wal_for_reading(Path(path))
+    except S3StreamError:
+        return None
+    try:
+        raw = pread_all(fd, DATA_START, 0)
+        if len(raw) != DATA_START:
+            return None
+        slots = [decode_slot(raw[i * SLOT_BYTES : (i + 1) * SLOT_BYTES]) for i in range(2)]
+        header = choose_header(slots)
+        if header is None:
+            return None
+        if header.clean:
+            return header.wal_uid, header.start != header.tail
+        at = header.data_start + header.start % header.capacity
+        found = decode_frame_header(
+            pread_all(fd, FRAME_HEADER.size, at), 0, header.start, header.seed
+        )
+        return header.wal_uid, found is not None and not found.is_mark
+    except OSError:
+        return None
     finally:
         os.close(fd)
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import logging
 
-from ..errors import CorruptionError
+from ..errors import CorruptionError, InvalidArgumentError
 
-__all__ = ["check_open_node_wal", "check_wal_loss"]
+__all__ = ["check_open_node_wal", "check_wal_loss", "refuse_foreign_wal"]
 
 _log = logging.getLogger("s3stream.wal")
 
@@ -49,3 +49,40 @@ def check_open_node_wal(node_id: str, problem: str, *, location: str, accept_los
         accept_loss=accept_loss,
         node_id=node_id,
     )
+
+
+def refuse_foreign_wal(
+    where: str,
+    node_id: str,
+    *,
+    found: int,
+    expect_uid: int,
+    holds_records: bool,
+    must_exist: bool,
+    accept_loss: bool,
+) -> None:
+    """A WAL at `where` whose identity `found` is not the `expect_uid` the store recorded
+    for `node_id`: refused if it `holds_records` (another store's or node's, which would
+    be replayed into this store's streams), and, while the node's streams are open
+    (`must_exist`), if it holds none (the node's own WAL is elsewhere: `check_open_node_wal`).
+    One rule for the WAL's open and for the check a client makes before registering a node."""
+    if holds_records:
+        recorded = (
+            "and the store has no WAL of this node"
+            if expect_uid == -1
+            else f"the node's is {expect_uid}"
+        )
+        raise InvalidArgumentError(
+            f"WAL {where} is not the WAL this store recorded for node {node_id!r}: its "
+            f"identity is {found}, {recorded}, and it holds records that are not uploaded: "
+            "another store's or another node's, which would be replayed into this store's "
+            "streams. Name this node's own WAL (or a new path); the WAL is left as it is"
+        )
+    if must_exist:
+        check_open_node_wal(
+            node_id,
+            f"the WAL {where} is not the one the store recorded for it (its identity is "
+            f"{found}, the node's {expect_uid}): the node's own WAL is elsewhere",
+            location=where,
+            accept_loss=accept_loss,
+        )

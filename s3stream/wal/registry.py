@@ -42,9 +42,10 @@ from ..settings_parse import parse_size, settings_from_query
 from ..validation import check_choice
 from .base import WriteAheadLog
 from .file import FileWal
+from .file_scan import peek_wal
 from .framing import DATA_START, file_bytes, may_hold_header
 from .holder import LOCK_SUFFIX, WalHolderLock
-from .loss import check_open_node_wal
+from .loss import check_open_node_wal, refuse_foreign_wal
 from .memory import MemoryWal
 
 __all__ = [
@@ -252,12 +253,13 @@ class _UrlWalFactory:
     def _target(self, node_id: str) -> str:
         return self._url if isinstance(self._url, str) else self._url(node_id)
 
-    def check_node(self, node_id: str, *, must_exist: bool) -> None:
+    def check_node(self, node_id: str, *, must_exist: bool, expect_uid: int | None = None) -> None:
         """Refuse now what opening `node_id`'s WAL would refuse without opening anything (a
-        node with streams open on a memory WAL, or on a file WAL that is missing or empty):
-        the client calls this before it registers the node, which fences a live process of
-        that node (`s3stream compact --node-id N` beside N's writer fenced it, and then
-        failed on the memory WAL)."""
+        node with streams open on a memory WAL, or on a file WAL that is missing, empty or
+        of another identity than `expect_uid`, the one the store recorded): the client calls
+        this before it registers the node, which fences a live process of that node
+        (`s3stream compact --node-id N` beside N's writer fenced it, and then failed on the
+        memory WAL). An object WAL's refusals still come after the registration."""
         if not must_exist:
             return
         target = self._target(node_id)
@@ -267,7 +269,19 @@ class _UrlWalFactory:
                 target, node_id=node_id, must_exist=True, accept_wal_loss=self._accept_wal_loss
             )
         elif scheme == "file" and _registry.resolve(scheme) is open_file_wal:
-            _check_wal_present(Path(_file_target(target)[0]), node_id, self._accept_wal_loss)
+            path = Path(_file_target(target)[0])
+            _check_wal_present(path, node_id, self._accept_wal_loss)
+            peeked = peek_wal(path)
+            if expect_uid is not None and peeked is not None and peeked[0] != expect_uid:
+                refuse_foreign_wal(
+                    str(path),
+                    node_id,
+                    found=peeked[0],
+                    expect_uid=expect_uid,
+                    holds_records=peeked[1],
+                    must_exist=True,
+                    accept_loss=self._accept_wal_loss,
+                )
 
     def __call__(
         self,
