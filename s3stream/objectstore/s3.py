@@ -225,7 +225,7 @@ class S3ObjectStore(RemoteObjectStore["S3Client"]):
         # URL's `?client=`) they failed later with an AttributeError.
         check_instance("clock", clock, Clock, allow_none=True)
         check_instance("rng", rng, random.Random, allow_none=True)
-        if client is not None and not callable(getattr(client, "put_object", None)):
+        if isinstance(client, str | bytes | int | float):
             raise InvalidArgumentError(
                 f"client must be a boto3 S3 client, not {type(client).__name__} (the S3 WAL's "
                 "client is chosen with its URL's ?client=)"
