@@ -14,6 +14,7 @@ import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
+from concurrent.futures import wait as futures_wait
 from typing import Any, ParamSpec, TypeVar
 
 from ._futures import run_into
@@ -40,6 +41,8 @@ class DaemonPool:
         #: Threads waiting for work, not yet spoken for by a submit.
         self._idle = 0
         self._shut = False
+        #: Calls submitted and not done (`shutdown(wait=True)` waits for the running ones).
+        self._unfinished: set[Future[Any]] = set()
 
     def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
         """Run ``fn(*args, **kwargs)`` on a thread of the pool; its future. Raises
@@ -49,17 +52,24 @@ class DaemonPool:
             if self._shut:
                 raise RuntimeError(f"the {self._name} pool is shut down")
             self._queue.put((future, functools.partial(fn, *args, **kwargs)))
+            self._unfinished.add(future)
             if self._idle:
                 self._idle -= 1
             elif self._threads < self._max:
                 self._threads += 1
                 name = f"{self._name}_{self._threads - 1}"
                 threading.Thread(target=self._work, name=name, daemon=True).start()
+        future.add_done_callback(self._finished)
         return future
 
-    def shutdown(self) -> None:
+    def _finished(self, future: Future[Any]) -> None:
+        with self._lock:
+            self._unfinished.discard(future)
+
+    def shutdown(self, *, wait: bool = False) -> None:
         """Take no more work, cancel what has not started, and let the threads end once
-        their current call has (never waiting for them). Idempotent."""
+        their current call has; with `wait`, wait for the calls running (else never: the
+        threads are daemons, and nothing holds up the interpreter's exit). Idempotent."""
         with self._lock:
             self._shut = True
             threads = self._threads
@@ -72,6 +82,10 @@ class DaemonPool:
                 job[0].cancel()
         for _ in range(threads):
             self._queue.put(None)  # wakes a waiting thread, which then ends
+        if wait:
+            with self._lock:
+                running = list(self._unfinished)
+            futures_wait(running)
 
     def _work(self) -> None:
         while True:

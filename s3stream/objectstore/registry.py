@@ -114,15 +114,8 @@ def _require_fsspec_protocol(scheme: str) -> None:
         )
 
 
-#: Storage options whose values stay text even when they look like a number or a boolean.
-_TEXT_OPTIONS = frozenset(
-    {
-        "endpoint_url", "endpoint", "region_name", "region", "profile_name", "profile",
-        "aws_access_key_id", "aws_secret_access_key", "aws_session_token", "key", "secret",
-        "token", "addressing_style",
-    }
-)  # fmt: skip
-#: Names of options that are text whatever they look like, in any store (GCS's ``project``,
+#: Names of options that are text whatever they look like, in any store (S3's
+#: ``endpoint_url``, ``region_name``, ``aws_*_key*``, ``addressing_style``; GCS's ``project``,
 #: Azure's ``account_name``/``account_key``/``sas_token``, fsspec's ``username``/``password``,
 #: obstore's ``access_key_id``...): ``project=123456789012`` must not become an int.
 _TEXT_NAME = re.compile(
@@ -138,7 +131,7 @@ def storage_option_from_text(key: str, text: str) -> Any:
     """A storage option given as text (the CLI's ``-o``, Spark's ``storage.<name>``) as the
     store's option wants it: a bool, an int, a float or text (credentials, names, accounts,
     projects, regions, URLs and ``addressing_style`` stay text, by their names)."""
-    if key in _TEXT_OPTIONS or _TEXT_NAME.search(key):
+    if _TEXT_NAME.search(key):
         return text
     if text.lower() in _TRUE:
         return True

@@ -12,7 +12,6 @@ from __future__ import annotations
 import threading
 from collections import deque
 from concurrent.futures import Future
-from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 
 from .._daemon_pool import DaemonPool
@@ -93,9 +92,6 @@ class Uploader:
         # stopped answering) must not hold the process's exit for a store try, as a
         # ThreadPoolExecutor's threads, joined at exit, did (6.2 s after close(1) returned).
         self._put_pool = DaemonPool(settings.upload_parallelism, "s3stream-put")
-        #: PUTs submitted and not finished (`shutdown_puts(wait=True)` waits for them).
-        self._puts_running: set[Future[None]] = set()
-        self._puts_lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -137,11 +133,7 @@ class Uploader:
     def shutdown_puts(self, *, wait: bool) -> None:
         """Stop the PUT pool (after the thread ended, or was left behind): PUTs not started
         are dropped; with `wait`, the ones running are waited for."""
-        self._put_pool.shutdown()
-        if wait:
-            with self._puts_lock:
-                running = list(self._puts_running)
-            futures_wait(running)
+        self._put_pool.shutdown(wait=wait)
 
     # ------------------------------------------------------------------ the thread
 
@@ -305,8 +297,6 @@ class Uploader:
     def _submit_puts(self, up: _Upload) -> None:
         try:
             up.puts = [self._put_pool.submit(self._put, o.key, o.data) for o in up.objects]
-            with self._puts_lock:
-                self._puts_running.update(up.puts)
         except RuntimeError:
             # The pool was shut down: a close left this thread behind between its look at
             # `abandoned` and here.
@@ -315,9 +305,7 @@ class Uploader:
             # The thread sleeps until something changes: a PUT landing is such a change.
             f.add_done_callback(self._put_done)
 
-    def _put_done(self, future: Future[None]) -> None:
-        with self._puts_lock:
-            self._puts_running.discard(future)
+    def _put_done(self, _: Future[None]) -> None:
         self._status.notify()
 
     def _put(self, key: str, data: bytes) -> None:

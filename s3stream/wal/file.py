@@ -45,8 +45,10 @@ from .file_scan import (
     choose_header,
     clean_tail_damage,
     damage,
+    holds_records,
     open_wal_for_reading,
     pread_all,
+    read_header_slots,
     ring_reader,
     scan_bound,
 )
@@ -63,7 +65,6 @@ from .framing import (
     SlotStatus,
     align_down,
     align_up,
-    decode_frame_header,
     decode_slot,
     encode_group_mark,
     file_bytes,
@@ -93,13 +94,11 @@ def read_wal_header(path: str | Path) -> HeaderSlot:
     p = Path(path)
     fd = open_wal_for_reading(p)
     try:
-        raw = pread_all(fd, DATA_START, 0)
+        _, slots, header = read_header_slots(fd)
     except OSError as exc:
         raise InvalidArgumentError(f"cannot read WAL {p}: {exc.strerror or exc}") from exc
     finally:
         os.close(fd)
-    slots = [decode_slot(raw[i * SLOT_BYTES : (i + 1) * SLOT_BYTES]) for i in range(2)]
-    header = choose_header(slots)
     if header is None:
         raise _no_header_error(p, slots)
     return header
@@ -563,22 +562,10 @@ class FileWal(PipelinedWal):
             self._node_id,
             found=header.wal_uid,
             expect_uid=self._expect_uid,
-            holds_records=truncated or self._holds_records(header),
+            holds_records=truncated or holds_records(self._fd, header),
             must_exist=self._must_exist,
             accept_loss=self._accept_loss,
         )
-
-    def _holds_records(self, header: HeaderSlot) -> bool:
-        """Whether the WAL `header` describes holds a record at or past its trim point: a
-        clean one says so exactly; after a crash, the first live record would be a valid
-        frame at `start` (an open's claim left the header unclean even when nothing was
-        appended after it)."""
-        if header.clean:
-            return header.start != header.tail
-        at = header.data_start + header.start % header.capacity
-        raw = pread_all(self._fd, FRAME_HEADER.size, at)
-        found = decode_frame_header(raw, 0, header.start, header.seed)
-        return found is not None and not found.is_mark
 
     def _format(self, size: int, *, created: bool) -> None:
         path, fd = self._path, self._fd

@@ -41,9 +41,11 @@ __all__ = [
     "choose_header",
     "clean_tail_damage",
     "damage",
+    "holds_records",
     "open_wal_for_reading",
     "peek_wal",
     "pread_all",
+    "read_header_slots",
     "ring_reader",
     "scan_bound",
 ]
@@ -210,9 +212,7 @@ def check_file_wal(path: str | Path) -> FileWalCheck:
     fd = open_wal_for_reading(p)
     try:
         size = os.fstat(fd).st_size
-        raw = pread_all(fd, DATA_START, 0)
-        slots = [decode_slot(raw[i * SLOT_BYTES : (i + 1) * SLOT_BYTES]) for i in range(2)]
-        header = choose_header(slots) if len(raw) == DATA_START else None
+        raw, slots, header = read_header_slots(fd)
         if header is None:
             ring = pread_all(fd, RING_PROBE_BYTES, DATA_START) if size > DATA_START else b""
             return _unreadable(p, raw, size, slots, ring_holds_frames(ring))
@@ -260,31 +260,39 @@ def check_file_wal(path: str | Path) -> FileWalCheck:
         os.close(fd)
 
 
+def read_header_slots(
+    fd: int,
+) -> tuple[bytes, list[tuple[SlotStatus, HeaderSlot | None]], HeaderSlot | None]:
+    """The header area of the WAL open at `fd`, its two slots decoded, and the header they
+    give (None: neither is valid, or the file is shorter than the header area)."""
+    raw = pread_all(fd, DATA_START, 0)
+    slots = [decode_slot(raw[i * SLOT_BYTES : (i + 1) * SLOT_BYTES]) for i in range(2)]
+    return raw, slots, choose_header(slots) if len(raw) == DATA_START else None
+
+
+def holds_records(fd: int, header: HeaderSlot) -> bool:
+    """Whether the WAL open at `fd`, whose header is `header`, holds a record at or past its
+    trim point: a clean header says so exactly; after a crash, the first live record would
+    be a valid frame at `start` (an open's claim left the header unclean even when nothing
+    was appended after it)."""
+    if header.clean:
+        return header.start != header.tail
+    at = header.data_start + header.start % header.capacity
+    found = decode_frame_header(pread_all(fd, FRAME_HEADER.size, at), 0, header.start, header.seed)
+    return found is not None and not found.is_mark
+
+
 def peek_wal(path: str | Path) -> tuple[int, bool] | None:
-    """(identity, holds records) of the WAL file `path` from its header, read-only: the
-    header's ``wal_uid``, and whether a record lies at or past its trim point (a clean
-    header says so exactly; after a crash, the first live record would be a valid frame at
-    `start`), as `FileWal` judges a WAL of another identity. None if it has no readable
-    header (new, empty or damaged: the WAL's open judges those) or cannot be read."""
+    """(identity, `holds_records`) of the WAL file `path` from its header, read-only, as
+    `FileWal` judges a WAL of another identity; None if it has no readable header (new,
+    empty or damaged: the WAL's open judges those) or cannot be read."""
     try:
         fd = open_wal_for_reading(Path(path))
     except S3StreamError:
         return None
     try:
-        raw = pread_all(fd, DATA_START, 0)
-        if len(raw) != DATA_START:
-            return None
-        slots = [decode_slot(raw[i * SLOT_BYTES : (i + 1) * SLOT_BYTES]) for i in range(2)]
-        header = choose_header(slots)
-        if header is None:
-            return None
-        if header.clean:
-            return header.wal_uid, header.start != header.tail
-        at = header.data_start + header.start % header.capacity
-        found = decode_frame_header(
-            pread_all(fd, FRAME_HEADER.size, at), 0, header.start, header.seed
-        )
-        return header.wal_uid, found is not None and not found.is_mark
+        header = read_header_slots(fd)[2]
+        return None if header is None else (header.wal_uid, holds_records(fd, header))
     except OSError:
         return None
     finally:

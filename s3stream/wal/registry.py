@@ -29,6 +29,7 @@ import errno
 import importlib.util
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
@@ -226,32 +227,21 @@ def url_wal_factory(
     )
 
 
+@dataclass
 class _UrlWalFactory:
     """`url_wal_factory`'s factory, with `check_node` beside it."""
 
-    def __init__(
-        self,
-        url: str | Callable[[str], str],
-        *,
-        clock: Clock,
-        file_settings: FileWalSettings | None,
-        object_settings: ObjectWalSettings | None,
-        storage_options: Mapping[str, Any] | None,
-        held: WalHolderLock | None,
-        accept_wal_loss: bool,
-        s3_client: str | None,
-    ) -> None:
-        self._url = url
-        self._clock = clock
-        self._file_settings = file_settings
-        self._object_settings = object_settings
-        self._storage_options = storage_options
-        self._unused = [held] if held is not None else []
-        self._accept_wal_loss = accept_wal_loss
-        self._s3_client = s3_client
+    url: str | Callable[[str], str]
+    clock: Clock
+    file_settings: FileWalSettings | None
+    object_settings: ObjectWalSettings | None
+    storage_options: Mapping[str, Any] | None
+    held: WalHolderLock | None
+    accept_wal_loss: bool
+    s3_client: str | None
 
     def _target(self, node_id: str) -> str:
-        return self._url if isinstance(self._url, str) else self._url(node_id)
+        return self.url if isinstance(self.url, str) else self.url(node_id)
 
     def check_node(self, node_id: str, *, must_exist: bool, expect_uid: int | None = None) -> None:
         """Refuse now what opening `node_id`'s WAL would refuse without opening anything (a
@@ -266,11 +256,11 @@ class _UrlWalFactory:
         scheme, _ = split_scheme(target)
         if scheme == "memory" and _registry.resolve(scheme) is open_memory_wal:
             open_memory_wal(
-                target, node_id=node_id, must_exist=True, accept_wal_loss=self._accept_wal_loss
+                target, node_id=node_id, must_exist=True, accept_wal_loss=self.accept_wal_loss
             )
         elif scheme == "file" and _registry.resolve(scheme) is open_file_wal:
             path = Path(_file_target(target)[0])
-            _check_wal_present(path, node_id, self._accept_wal_loss)
+            _check_wal_present(path, node_id, self.accept_wal_loss)
             peeked = peek_wal(path)
             if expect_uid is not None and peeked is not None and peeked[0] != expect_uid:
                 refuse_foreign_wal(
@@ -280,7 +270,7 @@ class _UrlWalFactory:
                     expect_uid=expect_uid,
                     holds_records=peeked[1],
                     must_exist=True,
-                    accept_loss=self._accept_wal_loss,
+                    accept_loss=self.accept_wal_loss,
                 )
 
     def __call__(
@@ -295,25 +285,26 @@ class _UrlWalFactory:
     ) -> WriteAheadLog:
         extra: dict[str, Any] = {
             "must_exist": must_exist,
-            "accept_wal_loss": self._accept_wal_loss,
+            "accept_wal_loss": self.accept_wal_loss,
         }
         if expect_uid is not None:
             extra["expect_uid"] = expect_uid
-        if self._s3_client is not None:
-            extra["s3_client"] = self._s3_client
+        if self.s3_client is not None:
+            extra["s3_client"] = self.s3_client
         if take_over:
             extra["take_over"] = True
-        elif self._unused and self._unused[0].node_id == node_id:
-            extra["lock"] = self._unused.pop()
+        elif self.held is not None and self.held.node_id == node_id:
+            # Handed to the WAL the first time it opens that node's WAL.
+            extra["lock"], self.held = self.held, None
         return open_wal(
             self._target(node_id),
             node_id=node_id,
             node_epoch=node_epoch,
             on_full=on_full,
-            clock=self._clock,
-            file_settings=self._file_settings,
-            object_settings=self._object_settings,
-            storage_options=self._storage_options,
+            clock=self.clock,
+            file_settings=self.file_settings,
+            object_settings=self.object_settings,
+            storage_options=self.storage_options,
             **extra,
         )
 
