@@ -695,7 +695,7 @@ class StreamClient(Closeable):
             self._meta, self._storage.objects, stream_id, start_offset, end_offset,
             max_bytes,
         )  # fmt: skip
-        self._storage.record_fetch(started, result.batches, result.total_bytes)
+        self._storage.record_fetch(started, result.batches, result.total_bytes, from_objects=True)
         return result
 
     # ------------------------------------------------------------------ lifecycle
@@ -831,6 +831,7 @@ class StreamClient(Closeable):
                 check_wal=check_wal,
                 given_up=given_up,
                 deadline=deadline,
+                instruments=self._storage.instruments,
             ),
             clock=self._clock,
             deadline=deadline,

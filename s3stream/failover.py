@@ -22,6 +22,7 @@ from .cache.block_cache import BlockCache
 from .clock import Clock
 from .errors import InvalidArgumentError, S3StreamError
 from .metadata import MetadataManager, MetadataState
+from .metrics.components import StorageInstruments
 from .metrics.logs import ContextLogger
 from .objectstore.base import ObjectStore
 from .settings import ClientSettings
@@ -111,6 +112,7 @@ def take_over_node(
     check_wal: Callable[[bool], None] | None = None,
     given_up: threading.Event | None = None,
     deadline: float | None = None,
+    instruments: StorageInstruments | None = None,
 ) -> TakeOverReport:
     """Fence `node_id`, replay and commit its WAL, and release its streams.
 
@@ -129,7 +131,8 @@ def take_over_node(
     (`StreamClient.take_over` runs this in a thread of its own to keep its deadline on a
     device that stops answering) or its client closes; nothing new is started then. Once
     the WAL's records are uploaded the streams are released regardless: that is metadata
-    only, and leaves the node as a finished take-over would.
+    only, and leaves the node as a finished take-over would. `instruments`: the taking
+    client's, so that the replay's uploads count in its ``s3stream.upload.*`` metrics.
     """
     check_node_id(node_id)
     meta.refresh()
@@ -163,6 +166,7 @@ def take_over_node(
         block_cache=block_cache,
         limiter=limiter,
         node_epoch=epoch,
+        instruments=instruments,
     )
     try:
         stop_if_given_up(given_up, f"the take-over of node {node_id!r}")

@@ -257,6 +257,52 @@ def test_a_file_wal_reports_its_group_commits(tmp_path: Path) -> None:
         assert reg.total("s3stream.wal.capacity") >= reg.total("s3stream.wal.used")
 
 
+class _LongTriesStore(MemoryObjectStore):
+    """A store whose tries may each take 30 s (as a remote one's), so that a call with a
+    shorter deadline runs each try in a thread of its own (`within_deadline`)."""
+
+    @property
+    def attempt_timeout_s(self) -> float | None:
+        return 30.0
+
+
+def test_a_try_run_apart_to_keep_a_deadline_keeps_its_purpose() -> None:
+    """`close(timeout_s=2)` with 30 s tries: the release commit's PUT ran in a thread of its
+    own, which had the caller's context variables but not the purpose (a thread-local), so
+    its request was counted under ``other``; the same for the deletes the GCS and Azure
+    stores send from a pool (`map_in_context`)."""
+    clock = s3stream.SystemClock()
+    stack = store_stack(_LongTriesStore(), clock=clock, rng=random.Random(1), timeout_s=60)
+    client = s3stream.StreamClient(stack, MemoryWal(), clock=clock)
+    s = client.create_stream()
+    s.append(RecordBatch(PAYLOAD))
+    client.flush()
+    reg = client.metrics.registry
+    before = reg.total("s3stream.objectstore.requests", purpose="metadata", request="PutObject")
+    client.close(timeout_s=2)
+    assert reg.total("s3stream.objectstore.requests", purpose="other") == 0
+    assert (
+        reg.total("s3stream.objectstore.requests", purpose="metadata", request="PutObject") > before
+    )
+    from s3stream.objectstore._common import map_in_context
+
+    pooled = MetricsObjectStore(MemoryObjectStore(), registry=MetricsRegistry())
+    view = pooled.for_purpose("compaction")
+    view.put("a", b"1")
+
+    def counted(key: str) -> str:
+        pooled.head(key)  # on the stack itself: counted under the purpose in force
+        return pooled.current_purpose()
+
+    previous = pooled.enter_purpose("compaction")
+    try:
+        assert map_in_context(counted, ["a", "b", "c"], 3, "test") == ["compaction"] * 3
+    finally:
+        pooled.leave_purpose(previous)
+    assert pooled.current_purpose() == "other"
+    assert pooled.registry.total("s3stream.objectstore.requests", purpose="other") == 0
+
+
 def test_store_views_keep_their_purpose_per_thread() -> None:
     reg = MetricsRegistry()
     stack = MetricsObjectStore(MemoryObjectStore(), registry=reg)
@@ -452,6 +498,65 @@ def test_cost_is_the_rate_over_the_window_times_a_month() -> None:
     assert dearer.cost().requests_usd_per_month == pytest.approx(SECONDS_PER_MONTH * 0.01 / 1000)
 
 
+def test_frequent_cost_calls_keep_the_window() -> None:
+    """Each `cost` call (each scrape of the cost gauge) kept a snapshot in a list of 4,096:
+    two scrapes a second for two hours measured over 2,048 s instead of the hour, and a
+    burst of 5,000 calls over under a second."""
+    clock = ManualClock()
+    reg = MetricsRegistry()
+    store = MetricsObjectStore(MemoryObjectStore(), registry=reg, clock=clock)
+    ledger = CostLedger(reg, clock, window_s=3600)
+    for i in range(2 * 3600 * 2):
+        if i % 20 == 0:
+            store.put(f"k{i}", b"x")
+        clock.advance(0.5)
+        report = ledger.cost()
+    assert report.window_s >= 3600
+    assert report.count("PutObject") == pytest.approx(360, abs=2)  # one every 10 s
+    for _ in range(5000):
+        clock.advance(0.0001)
+        report = ledger.cost()
+    assert report.window_s >= 3600
+
+
+def test_a_take_overs_uploads_count_in_the_taking_clients_metrics(tmp_path: Path) -> None:
+    """The replay of a taken-over node's WAL uploaded into a registry of its own: the
+    taking client's ``s3stream.upload.*`` stayed at 0 while its store requests moved."""
+    a = s3stream.open(str(tmp_path), node_id="a", settings=QUIET)
+    s = a.create_stream()
+    for i in range(3):
+        s.append(RecordBatch(b"x%d" % i))
+    a.abandon()
+    with s3stream.open(str(tmp_path), node_id="b", settings=QUIET) as b:
+        report = b.take_over("a")
+        assert report.recovery.uploaded_batches == 3
+        storage = b.metrics.storage
+        assert storage.uploads == 1 and storage.objects_uploaded == 1
+        assert storage.appends == 0  # replayed records are not appends of this client
+
+
+def test_a_stack_reset_before_a_client_adopts_it_reports_no_negative_counts() -> None:
+    stack = store_stack(
+        MemoryObjectStore(), clock=s3stream.SystemClock(), rng=random.Random(0), timeout_s=30
+    )
+    for i in range(10):
+        stack.put(f"seed/{i}", b"x" * 100)
+    stack.reset()  # a baseline of 10 PUTs, in the stack's own registry
+    with s3stream.StreamClient(stack, MemoryWal(), node_id="n1") as client:
+        m = client.metrics.object_store
+        assert m.puts >= 0 and m.put_bytes >= 0 and m.requests >= 0, m
+
+
+def test_a_read_of_a_stream_not_owned_counts_as_a_fetch_from_objects(tmp_path: Path) -> None:
+    with s3stream.open(str(tmp_path), node_id="w", settings=QUIET) as writer:
+        sid = writer.create_stream().stream_id
+        writer.open_stream(sid).append(RecordBatch(b"x"))
+    with s3stream.open(str(tmp_path), node_id="r", wal="memory://") as reader:
+        assert len(reader.read(sid, 0).batches) == 1
+        storage = reader.metrics.storage
+        assert (storage.fetches_from_cache, storage.fetches_from_objects) == (0, 1)
+
+
 def test_client_cost_and_store_cost(tmp_path: Path) -> None:
     settings = ClientSettings(upload_interval_ms=0)
     with s3stream.open(str(tmp_path), settings=settings) as client:
@@ -635,8 +740,62 @@ def test_misused_metric_calls_raise_clear_errors(tmp_path: Path) -> None:
             with pytest.raises(s3stream.InvalidArgumentError, match="choose other names"):
                 S3StreamCollector(client.metrics.registry, labels=labels)
         S3StreamCollector(client.metrics.registry, labels={"node": "n1"})
+        # Label names Prometheus refuses (the whole scrape with them): refused here.
+        for name in ("__name__", "", "1st", "__x"):
+            with pytest.raises(s3stream.InvalidArgumentError, match="not a Prometheus label"):
+                S3StreamCollector(client.metrics.registry, labels={name: "v"})
+        # Several registries on one collector: each told apart by its label values.
+        both = S3StreamCollector(client.metrics.registry, labels={"node": "a"})
+        for labels in ({"node": "a"}, {"host": "b"}, {"node": "b", "x": "c"}):
+            with pytest.raises(s3stream.InvalidArgumentError, match="labels"):
+                both.add(MetricsRegistry(), labels=labels)
+        with pytest.raises(s3stream.InvalidArgumentError, match="reported already"):
+            both.add(client.metrics.registry, labels={"node": "b"})
+        with pytest.raises(s3stream.InvalidArgumentError, match="names this collector"):
+            S3StreamCollector(client.metrics.registry).add(MetricsRegistry(), labels={})
         with pytest.raises(s3stream.InvalidArgumentError, match="its WAL lives in memory"):
             client.take_over("other")
+
+
+def test_a_bad_price_table_is_refused_and_a_failing_callback_spares_the_others(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`PriceTable(classes={"PutObject": "put"})`, `classes=None` and NaN or infinite prices
+    were accepted; then every `cost()` raised (a bare KeyError), and so did the collection of
+    the cost gauge, which took the whole registry's collection (every exported metric) with
+    it. The table is checked when made now, and a callback that fails at collection reports
+    what it reported last, the other metrics unharmed."""
+    from s3stream import PriceTable
+    from s3stream.metrics.cost import RequestClass
+
+    for bad in (
+        {"classes": {"PutObject": "put"}},
+        {"classes": None},
+        {"classes": {1: RequestClass.PUT}},
+        {"put_per_1000": float("nan")},
+        {"storage_gb_month": float("inf")},
+        {"get_per_1000": -1},
+    ):
+        with pytest.raises(s3stream.InvalidArgumentError):
+            PriceTable(**bad)
+    reg = MetricsRegistry()
+    spec = MetricSpec("test.observed", Kind.COUNTER, "1", "observed", ("k",))
+    calls = iter([[(("a",), 5.0)], RuntimeError("component broke")])
+
+    def observed() -> list[tuple[tuple[str, ...], float]]:
+        got = next(calls)
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
+    reg.observe(spec, observed)
+    reg.counter(catalog.APPEND_BYTES).cell().add(7)
+    assert reg.total("test.observed") == 5
+    with caplog.at_level(logging.WARNING, logger="s3stream.metrics.instruments"):
+        families = {f.spec.name: f for f in reg.collect()}
+    assert reg.total("test.observed") == 5  # what it reported last: a counter never goes back
+    assert "test.observed" in families and catalog.APPEND_BYTES.name in families
+    assert "a callback failed at collection" in caplog.text
 
 
 def test_store_cost_tells_orphans_from_replaced_objects_by_key(tmp_path: Path) -> None:

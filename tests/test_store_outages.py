@@ -166,6 +166,33 @@ def test_a_close_does_not_wait_for_readahead_on_a_frozen_server(server: SeaweedS
         ends_within(1 + 1.0, lambda: reader.close(timeout_s=1))
 
 
+def test_an_append_that_timed_out_and_then_failed_is_counted_once(
+    server: SeaweedS3Server,
+) -> None:
+    """A synchronous append with `timeout_s` on an object WAL whose server froze: its caller
+    got the timeout (counted as ``TimeoutError``), and when the WAL's PUT gave up a moment
+    later the same append was counted again (``UnavailableError``): two errors for one."""
+    url = f"s3://{server.bucket}/counted-{uuid.uuid4().hex}"
+    quick = ClientSettings(store_timeout_ms=1000, call_timeout_ms=4000, upload_interval_ms=100)
+    writer = s3stream.open(
+        url, node_id="w", storage_options=server.storage_options(), settings=quick
+    )
+    try:
+        stream = writer.create_stream()
+        stream.append(RecordBatch(b"before"))
+        reg = writer.metrics.registry
+        with server.frozen():
+            with pytest.raises(S3StreamError):
+                stream.append(RecordBatch(b"frozen"), timeout_s=0.3)
+            time.sleep(2.5)  # the WAL's PUT gives up after its store deadline (1 s)
+        errors = reg.family("s3stream.append.errors")
+        assert errors is not None
+        assert {p.labels: p.value for p in errors.points} == {("TimeoutError",): 1}
+    finally:
+        with contextlib.suppress(S3StreamError):
+            writer.close(timeout_s=5)
+
+
 def test_compaction_with_retention_ends_within_its_deadline_on_a_frozen_server(
     server: SeaweedS3Server, postgres: Any
 ) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 from ..errors import InvalidArgumentError
 from ..units import GiB
+from ..validation import check_number, check_text
 
 __all__ = [
     "DEFAULT_CLASSES",
@@ -88,10 +89,22 @@ class PriceTable:
     classes: Mapping[str, RequestClass] = field(default_factory=lambda: DEFAULT_CLASSES, repr=False)
 
     def __post_init__(self) -> None:
+        # Checked here, not at pricing: a bad table would otherwise raise in every `cost()`
+        # and in every scrape of the cost gauge (taking the other metrics of it down).
+        check_text("name", self.name)
         for name in ("put_per_1000", "get_per_1000", "delete_per_1000", "storage_gb_month"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-                raise InvalidArgumentError(f"{name} must be a number >= 0, got {value!r}")
+            check_number(name, getattr(self, name))
+        if not isinstance(self.classes, Mapping):
+            raise InvalidArgumentError(
+                "classes must be a mapping of request names to RequestClass, got "
+                f"{type(self.classes).__name__}"
+            )
+        for request, cls in self.classes.items():
+            if not isinstance(request, str) or not isinstance(cls, RequestClass):
+                raise InvalidArgumentError(
+                    "classes must map request names (str) to RequestClass members, got "
+                    f"{request!r}: {cls!r}"
+                )
 
     def request_class(self, request: str) -> RequestClass:
         """How request `request` (an S3 API name) is billed."""

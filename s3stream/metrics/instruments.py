@@ -10,6 +10,7 @@ registry is collected: a `Gauge` has only those, a `Counter` may add them to its
 from __future__ import annotations
 
 import enum
+import logging
 import threading
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
@@ -19,6 +20,8 @@ from typing import TypeVar
 
 from ..errors import InvalidArgumentError
 from .cells import SlotRows
+
+_log = logging.getLogger(__name__)
 
 __all__ = [
     "LATENCY_BOUNDS",
@@ -219,6 +222,10 @@ class _Instrument:
         self._rows = rows
         self._lock = threading.Lock()
         self._callbacks: list[Callable[[], Observations]] = []
+        #: By callback (its id, while it is in `_callbacks`): what it reported last, and
+        #: whether it has failed (logged once).
+        self._last: dict[int, list[tuple[tuple[str, ...], float]]] = {}
+        self._failed: set[int] = set()
 
     def add_callback(self, callback: Callable[[], Observations]) -> None:
         """Have `callback` report values at every collection (values of one label combination
@@ -230,8 +237,12 @@ class _Instrument:
         """Stop calling `callback` (its component is closed, and is no longer kept alive by
         this instrument); with `keep_last`, report what it returns now from then on (a
         counter's total must not go backwards), else nothing."""
-        last = list(callback()) if keep_last else None
+        last: list[tuple[tuple[str, ...], float]] | None = None
+        if keep_last:
+            last = self._observed_by(callback)
         with self._lock:
+            self._last.pop(id(callback), None)
+            self._failed.discard(id(callback))
             for i, known in enumerate(self._callbacks):
                 if known is callback:
                     if last is None:
@@ -244,10 +255,29 @@ class _Instrument:
         with self._lock:
             callbacks = list(self._callbacks)
         for callback in callbacks:
-            for values, value in callback():
-                key = _check_labels(self.spec, values)
+            for key, value in self._observed_by(callback):
                 totals[key] = totals.get(key, 0) + value
         return totals
+
+    def _observed_by(
+        self, callback: Callable[[], Observations]
+    ) -> list[tuple[tuple[str, ...], float]]:
+        try:
+            observed = [(_check_labels(self.spec, v), value) for v, value in callback()]
+        except Exception:
+            # One component's failing callback must not take the whole scrape down (an
+            # exporter would then report nothing at all): it reports what it reported last
+            # (a counter must not go back), and the failure is logged once.
+            with self._lock:
+                observed = self._last.get(id(callback), [])
+                first = id(callback) not in self._failed
+                self._failed.add(id(callback))
+            if first:
+                _log.warning("%s: a callback failed at collection", self.spec.name, exc_info=True)
+            return observed
+        with self._lock:
+            self._last[id(callback)] = observed
+        return observed
 
     def collect(self) -> Family:
         raise NotImplementedError

@@ -7,7 +7,10 @@ client: the data objects its metadata lists). The rate is measured over a slidin
 injected clock: the ledger keeps snapshots of the request counts, taken when it is created and
 at every `cost` call (an exporter collecting ``s3stream.cost.monthly`` makes one per scrape),
 and measures from the newest snapshot at least `window_s` old, or from the oldest one while
-the ledger is younger than the window.
+the ledger is younger than the window. Snapshots are kept at least 2 x `window_s` / 4096
+apart (a call sooner than that after the one before replaces the newest snapshot), so that
+however often `cost` is called the snapshots kept span twice the window: a bounded list of
+one per call had shrunk the window to under a second after a burst of calls.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ __all__ = ["CostLedger"]
 
 _Counts = dict[tuple[str, str], int]
 
-#: Snapshots kept at most (one per second covers an hour's window).
+#: Snapshots kept at most.
 _MAX_SNAPSHOTS = 4096
 
 
@@ -52,6 +55,8 @@ class CostLedger:
         self._stored_bytes = stored_bytes
         self._window_s = check_positive("window_s", window_s)
         self._lock = threading.Lock()
+        #: The least time between two snapshots kept (but the newest).
+        self._spacing_s = 2 * self._window_s / _MAX_SNAPSHOTS
         self._snapshots: deque[tuple[float, _Counts]] = deque(maxlen=_MAX_SNAPSHOTS)
         self._snapshots.append((clock.monotonic(), self._counts()))
 
@@ -81,7 +86,11 @@ class CostLedger:
                 if t > now - window:
                     break
                 since, base = t, snapshot
-            self._snapshots.append((now, counts))
+            snapshots = self._snapshots
+            if len(snapshots) >= 2 and snapshots[-1][0] - snapshots[-2][0] < self._spacing_s:
+                snapshots[-1] = (now, counts)
+            else:
+                snapshots.append((now, counts))
         lines = {key: (total - base.get(key, 0), total) for key, total in counts.items()}
         return price(self._prices, now - since, lines, stored)
 

@@ -4,9 +4,11 @@ prefixes, a remote store's location (bucket or container, prefix, endpoint) and 
 
 from __future__ import annotations
 
+import contextvars
 import inspect
-from collections.abc import Collection, Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Collection, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from .._registry import split_scheme
@@ -24,9 +26,29 @@ __all__ = [
     "check_suffix_length",
     "delete_batches",
     "listed",
+    "map_in_context",
     "not_implemented",
     "split_url",
 ]
+
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def map_in_context(fn: Callable[[T], R], items: Iterable[T], threads: int, name: str) -> list[R]:
+    """``[fn(item) for item in items]``, run on up to `threads` threads, each call in a copy
+    of the caller's context variables: the purpose a request is counted under
+    (`MetricsObjectStore`) and the caller's deadline (`_call_deadline`) are context
+    variables, which a plain pool's threads would not see."""
+    context = contextvars.copy_context()
+
+    def run(item: T) -> R:
+        # One copy per call: a context cannot be entered by two threads at once.
+        return context.copy().run(fn, item)
+
+    with ThreadPoolExecutor(threads, name) as pool:
+        return list(pool.map(run, items))
 
 
 def as_bytes(data: bytes) -> bytes:

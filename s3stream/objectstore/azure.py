@@ -35,7 +35,6 @@ What Azure does differently from S3, and how the store bridges it:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidArgumentError, S3StreamError
@@ -46,6 +45,7 @@ from ._common import (
     check_optional_text,
     check_storage_options,
     delete_batches,
+    map_in_context,
     split_url,
 )
 from ._obstore import Failure, ObstoreObjectStore, code_of
@@ -239,9 +239,12 @@ class AzureObjectStore(ObstoreObjectStore):
         # The batch ran every delete, but obstore reports only its first failure (a missing
         # blob, which is fine) and would hide any other: delete each blob again on its own,
         # in parallel (obstore releases the GIL), so that every other failure surfaces.
-        with ThreadPoolExecutor(min(_DELETE_THREADS, len(batch))) as pool:
-            for _ in pool.map(lambda key: self._delete(key, key), batch):
-                pass
+        map_in_context(
+            lambda key: self._delete(key, key),
+            batch,
+            min(_DELETE_THREADS, len(batch)),
+            "s3stream-azure-delete",
+        )
 
     def _delete(self, blobs: str | list[str], key: str) -> bool:
         """One Delete Blob (of `blobs`, a name) or Blob Batch (a list; `key` its first, for

@@ -41,7 +41,6 @@ import json
 import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import quote
 
@@ -54,6 +53,7 @@ from ._common import (
     check_storage_options,
     check_suffix_length,
     listed,
+    map_in_context,
     split_url,
 )
 from ._remote import RemoteObjectStore
@@ -398,8 +398,9 @@ class GcsObjectStore(RemoteObjectStore[tuple[Any, Any]]):
         else:
             # One request per object (the JSON API has no multi-object delete outside of
             # batch requests): a few at a time.
-            with ThreadPoolExecutor(min(_DELETE_PARALLELISM, len(pairs))) as pool:
-                results = list(pool.map(delete, pairs))
+            results = map_in_context(
+                delete, pairs, min(_DELETE_PARALLELISM, len(pairs)), "s3stream-gcs-delete"
+            )
         failures = [f for f in results if f is not None]
         if not failures:
             return

@@ -4,8 +4,11 @@ It records each call's time, errors and bytes by *purpose* (why a component made
 an upload, a read, compaction, the metadata log) and by operation, and, through the
 `RequestMeter` it attaches below the retry layer, the billable requests those calls sent.
 Components get a view of the stack for their purpose (`for_purpose`); the view names the
-purpose in a thread-local of the stack for the length of each call, which is how a request
-sent deep in the stack (a retry, a list page) is put down to the component that caused it.
+purpose in a context variable of the stack for the length of each call, which is how a request
+sent deep in the stack (a retry, a list page) is put down to the component that caused it. A
+context variable rather than a thread-local: a try run in a thread of its own to keep the
+caller's deadline (`_bounded.within_deadline`) and deletes sent from a pool
+(`_common.map_in_context`) carry the caller's context, and were counted under ``other``.
 Calls made on the stack itself count under `default_purpose`.
 """
 
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, fields
 from typing import TypeVar
 
@@ -68,7 +72,7 @@ class ObjectStoreMetrics:
 
 
 class _StackMeter(RequestMeter):
-    """Counts requests under the purpose of the call the sending thread is in."""
+    """Counts requests under the purpose of the call they are sent for."""
 
     def __init__(self, stack: MetricsObjectStore) -> None:
         self._stack = stack
@@ -97,7 +101,10 @@ class MetricsObjectStore(ObjectStore):
             raise InvalidArgumentError(f"inner must be an ObjectStore, got {inner!r}")
         self._inner = inner
         self._mono = (clock if clock is not None else SystemClock()).monotonic
-        self._tag = threading.local()
+        # One per stack: two stacks in one call chain (a take-over's) keep their own.
+        self._tag: ContextVar[str | None] = ContextVar(
+            f"s3stream_purpose_{id(self):x}", default=None
+        )
         #: The purpose of calls made on the store itself rather than through a view.
         self.default_purpose = "other"
         self.instruments = StoreInstruments(registry if registry is not None else MetricsRegistry())
@@ -122,9 +129,13 @@ class MetricsObjectStore(ObjectStore):
         return self.instruments.registry
 
     def use_registry(self, registry: MetricsRegistry) -> None:
-        """Record into `registry` from now on (a client adopting a stack built before it)."""
+        """Record into `registry` from now on (a client adopting a stack built before it);
+        `metrics` then counts from here (a baseline of the old registry's counts, taken by
+        `reset`, made the new one's negative)."""
         if registry is not self.instruments.registry:
-            self.instruments = StoreInstruments(registry)
+            with self._reset_lock:
+                self.instruments = StoreInstruments(registry)
+                self._baseline = self._totals()
 
     def for_purpose(self, purpose: str) -> ObjectStore:
         """A view of this store whose calls count under `purpose` (one of
@@ -136,20 +147,20 @@ class MetricsObjectStore(ObjectStore):
         return _PurposeView(self, purpose)
 
     def current_purpose(self) -> str:
-        """The purpose of the call the calling thread is making through this store."""
-        purpose: str | None = getattr(self._tag, "purpose", None)
+        """The purpose of the call being made through this store (in the caller's context)."""
+        purpose = self._tag.get()
         return purpose if purpose is not None else self.default_purpose
 
     def enter_purpose(self, purpose: str) -> str | None:
-        """Name `purpose` for the calling thread's calls; returns what to restore with
-        `leave_purpose`."""
-        previous: str | None = getattr(self._tag, "purpose", None)
-        self._tag.purpose = purpose
+        """Name `purpose` for the calls made in the caller's context (its thread, and the
+        threads that carry its context); returns what to restore with `leave_purpose`."""
+        previous = self._tag.get()
+        self._tag.set(purpose)
         return previous
 
     def leave_purpose(self, previous: str | None) -> None:
         """Undo `enter_purpose`."""
-        self._tag.purpose = previous
+        self._tag.set(previous)
 
     # -- snapshots ------------------------------------------------------------------------------
 

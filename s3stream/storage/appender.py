@@ -178,6 +178,14 @@ class WriterState:
                 cond.release()
 
 
+class _AppendFuture(Future[AppendResult]):
+    """An append's future, which knows whether its failure was counted already: a
+    synchronous append that timed out is counted then, and not again when the WAL write it
+    waited for fails later (`Appender._count_failure`)."""
+
+    counted = False
+
+
 #: (the caller's future, the WAL's future to drive: None for a duplicate of an append in
 #: flight, the call's deadline if a wait computed one).
 _Pending = tuple[Future[AppendResult], Future[WalPosition] | None, float | None]
@@ -471,7 +479,7 @@ class Appender:
                 else max(0.0, call_deadline - self._clock.monotonic())
             )
         except TimeoutError as exc:
-            self._ins.append_failed(exc)
+            self._count_failure(result, exc)
             raise not_acknowledged(
                 w.stream_id,
                 deadline_text(timeout_s, self._settings),
@@ -694,7 +702,7 @@ class Appender:
                 # Every earlier WAL future is done and its callback has run (the WAL completes
                 # in order), so completing inline keeps LogCache inserts in WAL order.
                 return self._durable(wal_future, w, batch, base, ts, record, apart, started)
-            result: Future[AppendResult] = Future()
+            result: Future[AppendResult] = _AppendFuture()
             # Running from the start: the record is in the WAL's hands and goes on whatever
             # the caller does, so `cancel()` must say False (a cancelled future would pass
             # for an append that failed, and an idempotent resend would then land twice).
@@ -797,7 +805,7 @@ class Appender:
             try:
                 outcome = self._durable(wal_future, w, batch, base, ts, record, apart, started)
             except S3StreamError as exc:
-                self._ins.append_failed(exc)
+                self._count_failure(result, exc)
                 outcome = exc
         finally:
             # No longer in flight before the caller's callbacks run: one of them may close
@@ -811,6 +819,16 @@ class Appender:
             result.set_result(outcome)
         else:
             result.set_exception(outcome)
+
+    def _count_failure(self, result: Future[AppendResult], exc: BaseException) -> None:
+        """Count an append's failure once: its caller's timeout and its WAL write's later
+        failure are two ends of one append (errors only: under the status lock)."""
+        with self._status.cond:
+            if isinstance(result, _AppendFuture):
+                if result.counted:
+                    return
+                result.counted = True
+        self._ins.append_failed(exc)
 
     def _wait_for_room(self, deadline: float) -> None:
         """Wait (no lock held) until the upload backlog is below `max_pending_bytes` and the

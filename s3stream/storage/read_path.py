@@ -52,9 +52,20 @@ class ReadPath:
         self.record_fetch(started, out, nbytes)
         return out
 
-    def record_fetch(self, started: float, batches: Sequence[FetchedBatch], nbytes: int) -> None:
+    def record_fetch(
+        self,
+        started: float,
+        batches: Sequence[FetchedBatch],
+        nbytes: int,
+        *,
+        from_objects: bool = False,
+    ) -> None:
         """Count a fetch that began at `started` (the clock's monotonic seconds) and returned
-        `batches` of `nbytes` bytes; also for the client's reads of streams it does not own."""
+        `batches` of `nbytes` bytes; also for the client's reads of streams it does not own
+        (`from_objects`: read past the LogCache, which holds only this client's streams, so
+        a miss of it when it returned batches, as the read path counts its own)."""
+        if from_objects and batches:
+            self._ins.log_miss.add()
         # A stream's batches are contiguous in offsets: the records are the span.
         records = batches[-1].next_offset - batches[0].base_offset if batches else 0
         self._ins.fetch.record(self._mono() - started, nbytes, records)
