@@ -54,6 +54,10 @@ def make_directories(directory: str | os.PathLike[str], *, sync: bool) -> None:
     """``mkdir -p`` of `directory`; with `sync`, each directory it made is synced into its
     parent. Raises `OSError` as `os.makedirs` does."""
     missing = missing_directories(directory)
+    if not missing:
+        # No mkdir at all on a directory that exists: a read-only check of a store (the
+        # CLI's) on a frozen filesystem blocked in that mkdir until the thaw.
+        return
     os.makedirs(directory, exist_ok=True)
     if sync:
         for created in reversed(missing):

@@ -53,6 +53,7 @@ from .reader import (
 from .settings import ClientSettings
 from .settings_parse import parse_duration_ms, parse_int, parse_size
 from .types import AppendResult, RecordBatch, StreamState
+from .validation import check_node_id
 
 __all__ = ["main"]
 
@@ -1026,10 +1027,18 @@ def _stream_id(value: str) -> int:
 
 
 def _take_over(args: argparse.Namespace) -> int:
-    from .failover import has_open_streams
+    from .failover import expected_wal_uid, has_open_streams
     from .opening import default_wal_url
     from .wal.registry import check_take_over_wal
 
+    # By the library's rule, before anything is read (an odd id was "not registered").
+    check_node_id(args.node, "NODE")
+    check_node_id(args.node_id, "--node-id")
+    if args.node == args.node_id:
+        raise InvalidArgumentError(
+            f"the node to take over, {args.node!r}, is this tool's own node id: pass "
+            "--node-id with another name"
+        )
     options = _storage_options(args, args.url)
     settings = _settings(args)
     # A typo in a path or a prefix must not create an empty store to work on, nor a
@@ -1046,12 +1055,14 @@ def _take_over(args: argparse.Namespace) -> int:
             raise InvalidArgumentError(
                 f"node {args.node!r} is not registered in the metadata log of {args.url!r}"
             )
+        open_streams = has_open_streams(state, args.node)
         check_take_over_wal(
             wal,
             args.node,
-            open_streams=has_open_streams(state, args.node),
-            accept_loss=False,
+            open_streams=open_streams,
+            accept_loss=args.accept_wal_loss,
             base=_resolved(settings).file_wal,
+            expect_uid=expected_wal_uid(state, args.node, open_streams),
         )
     if not args.force:
         _refuse_live_holder(wal, args.node)
@@ -1068,7 +1079,12 @@ def _take_over(args: argparse.Namespace) -> int:
         # Replaying the WAL and uploading what it holds is one library call: the bar follows
         # the client's object-store traffic meanwhile.
         with _watching(bar, _store_traffic(client)):
-            report = client.take_over(args.node, wal=wal, storage_options=options or None)
+            report = client.take_over(
+                args.node,
+                wal=wal,
+                storage_options=options or None,
+                accept_wal_loss=args.accept_wal_loss,
+            )
     finally:
         bar.close()
         client.close()
@@ -1107,9 +1123,10 @@ def _refuse_live_holder(wal: str, node: str) -> None:
     except NodeInUseError as exc:
         who = f"process {exc.pid}" if exc.pid is not None else "another process"
         raise InvalidArgumentError(
-            f"node {node!r} is alive: {who} holds its WAL {str(path)!r} open; a take-over "
-            "would fence it while it works. Stop that process first, or pass --force to "
-            "take the node over anyway"
+            f"node {node!r} is alive: {who} holds its WAL {str(path)!r} open (the node's "
+            "own, or one where a take-over of it is under way); a take-over would fence it "
+            "while it works. Stop that process first, or pass --force to take the node over "
+            "anyway"
         ) from None
     if lock is not None:
         lock.release()
@@ -1442,7 +1459,15 @@ def _parser() -> argparse.ArgumentParser:
         "node's WAL is by default for this store)",
     )
     t.add_argument(
-        "--node-id", default="failover", help="node id of this tool (default: %(default)s)"
+        "--node-id",
+        default="failover",
+        help="node id of this tool (default: %(default)s)",
+    )
+    t.add_argument(
+        "--accept-wal-loss",
+        action="store_true",
+        help="go on when the node's WAL is missing, emptied or not its own while its streams "
+        "are open (the appends it acknowledged and did not upload are lost; logged)",
     )
     t.add_argument(
         "--force",

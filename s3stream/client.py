@@ -512,6 +512,17 @@ class StreamClient(Closeable):
                 created += self._meta.create_streams(
                     chunk, open_for=self._node_id, wal_uid=self._wal.identity
                 )
+                # The commit caught up with the log first: a registration of this node
+                # before it (a take-over) shows now. Streams created for a fenced session
+                # could never be written nor released by it, and would stay open on the
+                # node, blocking its next take-over: undone (below), as `open_stream` refuses.
+                node = self._meta.state.nodes.get(self._node_id)
+                if node is not None and node.epoch != self._node_epoch:
+                    raise FencedError(
+                        f"node {self._node_id!r} was registered again (its epoch is "
+                        f"{node.epoch}, this client's {self._node_epoch}): this client is "
+                        "fenced and creates no stream; open a new one"
+                    )
         except BaseException:
             if created and not self._abandoned:
                 self._undo_creates(created)
@@ -757,13 +768,13 @@ class StreamClient(Closeable):
         if node_id == self._node_id:
             raise InvalidArgumentError(f"a client cannot take over its own node {node_id!r}")
         factory: WalFactory
-        check_wal: Callable[[bool], None] | None = None
+        check_wal: Callable[[bool, int | None], None] | None = None
         if isinstance(wal, str):
             from .wal.registry import check_take_over_wal, url_wal_factory
 
             url = wal
 
-            def check_wal(open_streams: bool) -> None:
+            def check_wal(open_streams: bool, expect_uid: int | None) -> None:
                 # A WAL named by URL: a typo must not fence the node nor create a WAL there.
                 check_take_over_wal(
                     url,
@@ -771,6 +782,7 @@ class StreamClient(Closeable):
                     open_streams=open_streams,
                     accept_loss=accept_wal_loss,
                     base=self._settings.file_wal,
+                    expect_uid=expect_uid,
                 )
 
             # The WAL settings this client was opened with apply to the node's WAL as well
@@ -810,7 +822,7 @@ class StreamClient(Closeable):
         self,
         node_id: str,
         factory: WalFactory,
-        check_wal: Callable[[bool], None] | None,
+        check_wal: Callable[[bool, int | None], None] | None,
         given_up: threading.Event,
         deadline: float,
         limit: float,

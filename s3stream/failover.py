@@ -109,7 +109,7 @@ def take_over_node(
     block_cache: BlockCache | None = None,
     limiter: PriorityRateLimiter | None = None,
     data_prefix: str = DEFAULT_DATA_PREFIX,
-    check_wal: Callable[[bool], None] | None = None,
+    check_wal: Callable[[bool, int | None], None] | None = None,
     given_up: threading.Event | None = None,
     deadline: float | None = None,
     instruments: StorageInstruments | None = None,
@@ -121,9 +121,10 @@ def take_over_node(
     the uploads raise (the take-over can then simply be run again: everything it did is
     idempotent or fenced).
 
-    `check_wal` is called with whether the node has streams open before anything is written:
-    it refuses a WAL that cannot be the node's (`wal.registry.check_take_over_wal`), so that
-    a mistake in its name neither fences the node nor creates a WAL.
+    `check_wal` is called with whether the node has streams open and the WAL identity the
+    store recorded for it (`expected_wal_uid`) before anything is written: it refuses a WAL
+    that cannot be the node's (`wal.registry.check_take_over_wal`), so that a mistake in its
+    name neither fences the node nor creates a WAL.
 
     `deadline` (on `clock`'s ``monotonic``; default: `call_timeout_ms` for the replay's
     uploads) is the caller's: a replay whose uploads keep failing stops there, not later,
@@ -139,7 +140,8 @@ def take_over_node(
     if node_id not in meta.state.nodes:
         raise InvalidArgumentError(f"node {node_id!r} is not registered in the metadata log")
     if check_wal is not None:
-        check_wal(has_open_streams(meta.state, node_id))
+        before = has_open_streams(meta.state, node_id)
+        check_wal(before, expected_wal_uid(meta.state, node_id, before))
     stop_if_given_up(given_up, f"the take-over of node {node_id!r}")
     epoch = meta.register_node(node_id)
     stop_if_given_up(given_up, f"the take-over of node {node_id!r}")

@@ -578,18 +578,29 @@ def test_compact_reports_as_json(store: Store, tmp_path: Path) -> None:
 def test_take_over_commits_the_wal_of_a_killed_writer(store: Store, tmp_path: Path) -> None:
     copy, wal = store.copy(tmp_path / "copy")
     lost, _ = store.copy(tmp_path / "lost")
+    accepted, _ = store.copy(tmp_path / "accepted")
     gone = f"{(lost / 'wal' / 'gone.wal').as_uri()}?capacity=1MiB"
-    taken, failed = run_all(
+    also_gone = f"{(accepted / 'wal' / 'gone.wal').as_uri()}?capacity=1MiB"
+    taken, failed, accepting, odd, own = run_all(
         ["take-over", str(copy), "writer", "--wal", wal],
         ["take-over", str(lost), "writer", "--wal", gone],
+        ["take-over", str(accepted), "writer", "--wal", also_gone, "--accept-wal-loss"],
+        ["take-over", str(lost), "../writer"],
+        ["take-over", str(lost), "failover"],
     )
+    # The flag its loss error names (it named only accept_wal_loss=True, which no flag took).
+    assert accepting.returncode == 0, accepting.stderr
+    assert json.loads(accepting.stdout)["released_streams"] == [2]
+    # An odd node id is told as such (it was "not registered"); the tool's own id too.
+    one_line_error(odd, 2, "NODE must be", "'../writer'")
+    one_line_error(own, 2, "this tool's own node id", "--node-id")
     assert taken.returncode == 0 and taken.stderr == "", taken.stderr
     report = json.loads(taken.stdout)
     assert report["released_streams"] == [2] and report["uploaded_batches"] == 1
     dumped = run("dump", str(copy), "2", "--json")
     assert [json.loads(line)["base_offset"] for line in dumped.stdout.splitlines()] == [0, 1]
     # A WAL that is gone while its node has streams open: damage, exit 1, one line.
-    one_line_error(failed, 1, "gone.wal", "still has streams open")
+    one_line_error(failed, 1, "gone.wal", "still has streams open", "--accept-wal-loss")
 
 
 # ---------------------------------------------------------------------------------------------

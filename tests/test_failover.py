@@ -340,6 +340,56 @@ def test_take_over_of_a_file_wal_given_by_path(tmp_path: Path, metadata_url: str
         assert again.recovery.records == 0 and again.node_epoch == report.node_epoch + 1
 
 
+def test_a_take_over_refused_for_its_wal_does_not_fence_the_node(tmp_path: Path) -> None:
+    """`take_over("w1", wal=<w2's WAL>)` and `wal=<another store's w1 WAL>` were refused,
+    by the WAL's open, after the take-over had registered w1 (its epoch bumped once per
+    attempt): a live, healthy w1 was fenced by a call that was refused. Now the WAL's header
+    is read first and nothing is registered."""
+    import s3stream
+    from s3stream.types import RecordBatch
+
+    root, other = tmp_path / "store", tmp_path / "other"
+    for store, nodes in ((root, ("w1", "w2")), (other, ("w1",))):
+        for node in nodes:
+            c = s3stream.open(store, node_id=node, wal=f"file://{tmp_path}/{store.name}-{node}.wal")
+            c.create_stream().append(RecordBatch(node.encode()))
+            c.abandon()
+
+    def epoch() -> int:
+        with s3stream.open_reader(root) as r:
+            return r.metadata.state.nodes["w1"].epoch
+
+    before = epoch()
+    with s3stream.open(root, node_id="t", wal="memory://") as t:
+        with pytest.raises(s3stream.InvalidArgumentError, match="belongs to node 'w2'"):
+            t.take_over("w1", wal=f"file://{tmp_path}/store-w2.wal")
+        with pytest.raises(s3stream.InvalidArgumentError, match="not the WAL this store"):
+            t.take_over("w1", wal=f"file://{tmp_path}/other-w1.wal")
+        assert epoch() == before
+        report = t.take_over("w1", wal=f"file://{tmp_path}/store-w1.wal")
+        assert report.recovery.records == 1 and report.node_epoch == before + 1
+
+
+def test_a_client_taken_over_creates_no_stream(tmp_path: Path) -> None:
+    """A client whose node was taken over could still create streams: open on the fenced
+    node, never writable nor released by it, and the node's next take-over then called its
+    WAL lost (`CorruptionError`, "open with accept_wal_loss=True")."""
+    import s3stream
+
+    root = tmp_path / "store"
+    a = s3stream.open(root, node_id="w1")
+    with s3stream.open(root, node_id="t1") as b:
+        b.take_over("w1")
+        with pytest.raises(s3stream.FencedError, match="fenced and creates no stream"):
+            a.create_stream(tags={"x": "1"})
+        with pytest.raises(s3stream.FencedError):
+            a.create_streams([{"y": "1"}, None])
+        assert b.list_streams() == []  # undone: nothing left open on w1
+        with contextlib.suppress(s3stream.S3StreamError):
+            a.close(timeout_s=5)
+        assert b.take_over("w1").released_streams == ()
+
+
 def test_a_take_over_given_up_at_its_deadline_lets_go_of_the_wal(
     tmp_path: Path, metadata_url: str | None
 ) -> None:

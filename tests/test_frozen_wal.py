@@ -476,3 +476,46 @@ def test_take_over_keeps_its_deadline_while_the_wal_device_is_frozen(tmp_path: P
             assert report.released_streams == (stream.stream_id,)
             got = [b.payload for b in healthy.open_stream(stream.stream_id).fetch(0).batches]
             assert got == [b"acked %d" % i for i in range(5)]
+
+
+def test_the_cli_take_over_keeps_its_deadline_on_a_frozen_store(tmp_path: Path) -> None:
+    """`s3stream take-over` of a node of a local store on a frozen filesystem, with a 1 s
+    call timeout: its read-only check that the store exists ran ``mkdir -p`` on the store's
+    directory, which waited in the kernel until the thaw (25 s) before anything was said.
+    Now it reports the open's timeout by its deadline. (The process itself cannot end before
+    the thaw: the open it gave up waits in the kernel, in a thread that no signal stops.)"""
+    import os
+    import subprocess
+    import sys
+
+    with frozen_filesystem(tmp_path / "disk", max_frozen_s=30) as freezer:
+        store = freezer.path / "store"
+        wal = f"file://{tmp_path / 'w1.wal'}?capacity_bytes=4MiB"
+        gone = s3stream.open(str(store), node_id="w1", wal=wal, environ={})
+        gone.create_stream().append(RecordBatch(b"acked"))
+        gone.abandon()
+        env = {**os.environ, "S3STREAM_CALL_TIMEOUT_MS": "1000"}
+        command = [sys.executable, "-m", "s3stream", "take-over", "--no-progress"]
+        freezer.freeze()
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            [*command, str(store), "w1", "--wal", wal],
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+            env=env,
+        )
+        said: list[tuple[float, str]] = []
+        reader = threading.Thread(
+            target=lambda: said.append((time.monotonic() - started, proc.stderr.readline())),  # type: ignore[union-attr]
+            daemon=True,
+        )
+        reader.start()
+        reader.join(20)
+        freezer.thaw()
+        proc.wait(30)
+        assert said, "the command said nothing while the store was frozen"
+        took, line = said[0]
+        assert "did not finish within call_timeout_ms" in line, line
+        # The interpreter's start and imports (about 1 s here) and one call deadline.
+        assert took <= 2 * CALL_S + 3 * SLACK_S, (took, line)

@@ -11,6 +11,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from ..errors import InvalidArgumentError, S3StreamError
 from .checks import check_wal_medium
@@ -37,6 +38,7 @@ from .os_errors import os_error
 
 __all__ = [
     "FileWalCheck",
+    "PeekedWal",
     "check_file_wal",
     "choose_header",
     "clean_tail_damage",
@@ -282,17 +284,27 @@ def holds_records(fd: int, header: HeaderSlot) -> bool:
     return found is not None and not found.is_mark
 
 
-def peek_wal(path: str | Path) -> tuple[int, bool] | None:
-    """(identity, `holds_records`) of the WAL file `path` from its header, read-only, as
-    `FileWal` judges a WAL of another identity; None if it has no readable header (new,
-    empty or damaged: the WAL's open judges those) or cannot be read."""
+class PeekedWal(NamedTuple):
+    """What `peek_wal` read of a WAL's header."""
+
+    node_id: str
+    wal_uid: int
+    holds_records: bool
+
+
+def peek_wal(path: str | Path) -> PeekedWal | None:
+    """The node, identity and `holds_records` of the WAL file `path` from its header,
+    read-only, as `FileWal` judges a WAL of another node or identity; None if it has no
+    readable header (new, empty or damaged: the WAL's open judges those) or cannot be read."""
     try:
         fd = open_wal_for_reading(Path(path))
     except S3StreamError:
         return None
     try:
         header = read_header_slots(fd)[2]
-        return None if header is None else (header.wal_uid, holds_records(fd, header))
+        if header is None:
+            return None
+        return PeekedWal(header.node_id, header.wal_uid, holds_records(fd, header))
     except OSError:
         return None
     finally:

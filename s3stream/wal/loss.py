@@ -28,7 +28,8 @@ def check_wal_loss(
     `accept_loss`, log a warning (about `node_id`) and return."""
     if not accept_loss:
         raise CorruptionError(
-            message + "; open with accept_wal_loss=True to go on without them",
+            message + "; open with accept_wal_loss=True (s3stream take-over: --accept-wal-loss) "
+            "to go on without them",
             location=location,
             position=position,
         )

@@ -52,6 +52,7 @@ from .memory import MemoryWal
 __all__ = [
     "ENTRY_POINT_GROUP",
     "S3_WAL_CLIENTS",
+    "check_file_wal_owner",
     "check_take_over_wal",
     "check_wal_target",
     "default_s3_wal_client",
@@ -245,33 +246,30 @@ class _UrlWalFactory:
 
     def check_node(self, node_id: str, *, must_exist: bool, expect_uid: int | None = None) -> None:
         """Refuse now what opening `node_id`'s WAL would refuse without opening anything (a
-        node with streams open on a memory WAL, or on a file WAL that is missing, empty or
-        of another identity than `expect_uid`, the one the store recorded): the client calls
-        this before it registers the node, which fences a live process of that node
-        (`s3stream compact --node-id N` beside N's writer fenced it, and then failed on the
-        memory WAL). An object WAL's refusals still come after the registration."""
-        if not must_exist:
-            return
+        node with streams open on a memory WAL, or on a file WAL that is missing or empty; a
+        file WAL of another node, or of another identity than `expect_uid`, the one the
+        store recorded, by `check_file_wal_owner`): the client calls this before it
+        registers the node, which fences a live process of that node (`s3stream compact
+        --node-id N` beside N's writer fenced it, and then failed on the memory WAL). An
+        object WAL's refusals still come after the registration."""
         target = self._target(node_id)
         scheme, _ = split_scheme(target)
         if scheme == "memory" and _registry.resolve(scheme) is open_memory_wal:
-            open_memory_wal(
-                target, node_id=node_id, must_exist=True, accept_wal_loss=self.accept_wal_loss
-            )
+            if must_exist:
+                open_memory_wal(
+                    target, node_id=node_id, must_exist=True, accept_wal_loss=self.accept_wal_loss
+                )
         elif scheme == "file" and _registry.resolve(scheme) is open_file_wal:
             path = Path(_file_target(target)[0])
-            _check_wal_present(path, node_id, self.accept_wal_loss)
-            peeked = peek_wal(path)
-            if expect_uid is not None and peeked is not None and peeked[0] != expect_uid:
-                refuse_foreign_wal(
-                    str(path),
-                    node_id,
-                    found=peeked[0],
-                    expect_uid=expect_uid,
-                    holds_records=peeked[1],
-                    must_exist=True,
-                    accept_loss=self.accept_wal_loss,
-                )
+            if must_exist:
+                _check_wal_present(path, node_id, self.accept_wal_loss)
+            check_file_wal_owner(
+                path,
+                node_id,
+                must_exist=must_exist,
+                expect_uid=expect_uid,
+                accept_loss=self.accept_wal_loss,
+            )
 
     def __call__(
         self,
@@ -509,6 +507,38 @@ def _file_kind(path: Path, capacity_bytes: int) -> str:
     return "foreign"
 
 
+def check_file_wal_owner(
+    path: Path,
+    node_id: str,
+    *,
+    must_exist: bool,
+    expect_uid: int | None,
+    accept_loss: bool,
+) -> None:
+    """What `FileWal` would refuse of the WAL at `path` by its header, read-only, before
+    anything is registered: a WAL of another node (`InvalidArgumentError`), or of another
+    identity than `expect_uid` (the store's record for the node) that holds records, or
+    any while the node's streams are open (`must_exist`; `refuse_foreign_wal`, the WAL's
+    own rule). A path without a readable WAL header passes (the open judges it)."""
+    peeked = peek_wal(path)
+    if peeked is None:
+        return
+    if peeked.node_id != node_id:
+        raise InvalidArgumentError(
+            f"WAL {path} belongs to node {peeked.node_id!r}, not node_id={node_id!r}"
+        )
+    if expect_uid is not None and peeked.wal_uid != expect_uid:
+        refuse_foreign_wal(
+            str(path),
+            node_id,
+            found=peeked.wal_uid,
+            expect_uid=expect_uid,
+            holds_records=peeked.holds_records,
+            must_exist=must_exist,
+            accept_loss=accept_loss,
+        )
+
+
 def check_take_over_wal(
     url: str,
     node_id: str,
@@ -516,6 +546,7 @@ def check_take_over_wal(
     open_streams: bool,
     accept_loss: bool,
     base: FileWalSettings | None = None,
+    expect_uid: int | None = None,
 ) -> None:
     """Before a take-over registers anything: a file WAL named explicitly must exist. A node
     with streams open may have acknowledged appends in it: missing, that is the loss
@@ -523,13 +554,25 @@ def check_take_over_wal(
     closed there is nothing to recover, and the path is more likely a typo than a WAL to
     create (a 2 GiB one, by default): `InvalidArgumentError`, "no WAL at ...". So is an
     existing file that holds no WAL yet (empty, or zeros): formatting it would turn the
-    user's file into a WAL. `base`: the WAL settings the take-over opens it with."""
+    user's file into a WAL. A WAL there of another node or store is refused as its open
+    would refuse it (`check_file_wal_owner`, with `expect_uid`, the store's record for the
+    node): a take-over registers the node first, which fences it, alive or not. `base`: the
+    WAL settings the take-over opens it with."""
     target = _checked_target(url, base)
     if target is None:
         return
     path, kind = target
     if path.exists():
-        if open_streams or kind in (None, "wal"):  # a device, or a WAL
+        if kind in (None, "wal"):  # a device, or a WAL
+            check_file_wal_owner(
+                path,
+                node_id,
+                must_exist=open_streams,
+                expect_uid=expect_uid,
+                accept_loss=accept_loss,
+            )
+            return
+        if open_streams:
             return
         raise InvalidArgumentError(
             f"{str(path)!r} holds no WAL of node {node_id!r} (it is empty or zeros, and the "
