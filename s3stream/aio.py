@@ -14,8 +14,8 @@ without blocking the loop and without a second implementation of anything:
   a small pool of their own (tails cannot hold them up), and the appends of one stream run
   there one at a time, in the order they were made;
 - every other call runs the sync method in a thread of the handle's own small pool, closed
-  with the handle (`open` and `open_reader`, before there is a handle, in the loop's default
-  executor);
+  with the handle; `open`, `open_reader`, `flush` and `close`, which keep deadlines of their
+  own, each in a thread of its own (never queued behind other calls);
 - long polls (`AsyncStream.fetch` with `wait_s`, `tail`, `tail_records`) run in a second pool,
   so that tails waiting at the end of their streams never keep short calls waiting. Each poll
   waits at most `wait_s`: a cancelled tail's thread returns within one poll (at once when
@@ -106,9 +106,12 @@ class _Threads:
         self._polls = ThreadPoolExecutor(poll_threads, f"s3stream-aio-{name}-poll")
         self._append_pool = ThreadPoolExecutor(_APPEND_THREADS, f"s3stream-aio-{name}-append")
         self.closed = False
-        #: Appends submitted to a thread and not finished there (queued or running).
+        #: Appends submitted to a thread and not finished there (queued or running), and
+        #: those of them that went there to wait for room (in the WAL or the backlog, which
+        #: all streams share).
         self._appends = 0
-        #: Guards `_appends` and `_lanes`.
+        self._room_appends = 0
+        #: Guards the counts and `_lanes`.
         self._appends_lock = threading.Lock()
         #: Appends made in a thread, by stream, in submission order, not yet started. A
         #: stream has a lane while one drainer (`_drain`) is queued or running for it, and
@@ -117,28 +120,38 @@ class _Threads:
         self._lanes: dict[int, deque[tuple[Future[Any], Callable[[], Any]]]] = {}
 
     @property
-    def appending(self) -> bool:
-        """Whether appends wait in threads now (queued or running): a later one goes there
-        too rather than race them to the room they wait for on the loop."""
-        return self._appends > 0
+    def waiting_for_room(self) -> bool:
+        """Whether appends wait for room in threads now (queued or running)."""
+        return self._room_appends > 0
 
-    def submit_append(self, stream_id: int, job: Callable[[], T]) -> Future[T]:
-        """`job` (an append to `stream_id` that may wait for room) in a thread of the append
-        pool, after the appends to that stream submitted before it have finished; counted
-        in `appending` until it has finished or was dropped (its future cancelled while
-        queued, or the handle closed)."""
+    def must_queue(self, stream_id: int) -> bool:
+        """Whether an append to `stream_id` must go to a thread behind others: appends
+        wait for room there (a later one, of any stream, goes too rather than race them to
+        the room they wait for on the loop), or appends of that stream are there (its
+        appends land in the order they were made). A stream's conditional or idempotent
+        append waiting in a thread for its own reasons holds up only that stream: made a
+        flag of the client, it turned every stream's appends into one-at-a-time durable
+        appends in threads, which missed their deadlines (`BackpressureError`)."""
+        return self._room_appends > 0 or stream_id in self._lanes
+
+    def submit_append(self, stream_id: int, job: Callable[[], T], *, room: bool) -> Future[T]:
+        """`job` (an append to `stream_id` that may wait) in a thread of the append pool,
+        after the appends to that stream submitted before it have finished; counted until
+        it has finished or was dropped (its future cancelled while queued, or the handle
+        closed), with `room`, as one waiting for room (`must_queue`)."""
         ctx = contextvars.copy_context()
         future: Future[T] = Future()
         with self._appends_lock:
             if self.closed:
                 raise StreamClosedError(f"the {self._what} is closed")
             self._appends += 1
+            self._room_appends += room
             lane = self._lanes.get(stream_id)
             start = lane is None
             if lane is None:
                 lane = self._lanes[stream_id] = deque()
             lane.append((future, functools.partial(ctx.run, job)))
-        future.add_done_callback(self._append_done)
+        future.add_done_callback(functools.partial(self._append_done, room))
         if start:
             self._schedule(stream_id)
         return future
@@ -175,9 +188,10 @@ class _Threads:
         for future, _ in dropped:
             future.cancel()
 
-    def _append_done(self, _: object) -> None:
+    def _append_done(self, room: bool, _: object) -> None:
         with self._appends_lock:
             self._appends -= 1
+            self._room_appends -= room
 
     async def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """``fn(*args, **kwargs)`` in a thread of the call pool; `UnavailableError` if no
@@ -242,12 +256,23 @@ class _Threads:
         self._calls.shutdown(wait=True)
 
 
+def _own_thread(fn: Callable[[], T], name: str) -> asyncio.Future[T]:
+    """``fn()`` in a daemon thread of its own (in the caller's context variables), awaitable.
+    For the calls that keep a deadline of their own (open, flush, close): in the loop's
+    default executor they queued behind the application's own `to_thread` calls, and their
+    deadline started only when a thread took them (flush(timeout_s=0.5) took 4.45 s)."""
+    ctx = contextvars.copy_context()
+    future: Future[T] = Future()
+    threading.Thread(
+        target=run_into, args=(future, functools.partial(ctx.run, fn)), name=name, daemon=True
+    ).start()
+    return asyncio.wrap_future(future)
+
+
 async def _opened(fn: Callable[[], C]) -> C:
     """``fn()`` in a thread; if the awaiting task is cancelled, what `fn` opens is closed."""
-    loop = asyncio.get_running_loop()
-    ctx = contextvars.copy_context()
     opening_ = _Opening(fn)
-    job = loop.run_in_executor(None, ctx.run, opening_.run)
+    job = _own_thread(opening_.run, "s3stream-aio-open")
     try:
         return await asyncio.shield(job)
     except asyncio.CancelledError:
@@ -306,8 +331,13 @@ def _encoded_on_loop(records: Sequence[Record]) -> bool:
     size = 0
     for r in records:
         if isinstance(r, Record):
-            size += len(r.value or b"") + len(r.key or b"")
-    return size <= _BYTES_ENCODED_ON_LOOP
+            # Headers too: 16 records of 1 MiB headers blocked the loop for 170 ms.
+            size += len(r.value or b"") + len(r.key or b"") + len(r.headers)
+            for name, value in r.headers:
+                size += len(name) + len(value or b"")
+            if size > _BYTES_ENCODED_ON_LOOP:
+                return False
+    return True
 
 
 def _take(items: Iterator[T], n: int) -> list[T]:
@@ -465,9 +495,15 @@ class AsyncStream:
         """`batch` appended on the loop, or in a thread if it would wait there; `deadline`
         (on the loop's clock, `limit` s after the call) bounds it all."""
         idempotent = producer_id is not None or sequence is not None
-        if self._threads.appending or self._would_wait(batch, idempotent, expected_offset):
+        threads = self._threads
+        if threads.must_queue(self.stream_id) or self._would_wait(
+            batch, idempotent, expected_offset
+        ):
+            # Waiting for room (or behind appends that do), which every stream shares, or
+            # for this stream's own reasons (an offset to settle, producers to load).
+            room = threads.waiting_for_room or self._stream.append_would_wait(batch=batch)
             return await self._append_in_thread(
-                batch, deadline, limit, expected_offset, producer_id, sequence
+                batch, deadline, limit, expected_offset, producer_id, sequence, room
             )
         future = self._stream.append_async(
             batch, expected_offset=expected_offset, producer_id=producer_id, sequence=sequence
@@ -496,6 +532,7 @@ class AsyncStream:
         expected_offset: int | None,
         producer_id: str | None,
         sequence: int | None,
+        room: bool,
     ) -> AppendResult:
         """`Stream.append` in a thread of the append pool (appends waiting for room must not
         hold up flush and friends, nor wait behind tails), after the stream's appends
@@ -521,7 +558,7 @@ class AsyncStream:
                 sequence=sequence,
             )
 
-        job = self._threads.submit_append(stream.stream_id, append)
+        job = self._threads.submit_append(stream.stream_id, append, room=room)
         try:
             async with asyncio.timeout_at(deadline) as timer:
                 try:
@@ -815,10 +852,10 @@ class AsyncStreamClient:
 
     async def flush(self, timeout_s: float | None = None) -> None:
         """Upload everything acknowledged so far and commit it (`StreamClient.flush`)."""
-        # A thread of its own (the loop's default executor), not the call pool: there it
-        # queued behind reads stuck on a store that stopped answering, and its deadline
-        # started only when a thread took it (timeout_s=1 returned after 10.9 s).
-        await asyncio.to_thread(self._client.flush, timeout_s)
+        # A thread of its own, not the call pool: there it queued behind reads stuck on a
+        # store that stopped answering, and its deadline started only when a thread took it
+        # (timeout_s=1 returned after 10.9 s).
+        await _own_thread(functools.partial(self._client.flush, timeout_s), "s3stream-aio-flush")
 
     async def close(self, timeout_s: float | None = None) -> None:
         """Close the client (`StreamClient.close`: uploads everything, releases the streams,
@@ -828,7 +865,9 @@ class AsyncStreamClient:
         deadline = loop.time() + (self._call_timeout_s if timeout_s is None else timeout_s)
         try:
             # As `flush`: not behind the calls queued in the pool.
-            await asyncio.to_thread(self._client.close, timeout_s)
+            await _own_thread(
+                functools.partial(self._client.close, timeout_s), "s3stream-aio-close"
+            )
         finally:
             # Calls still running (reads on a store that stopped answering) are waited for
             # within what is left of the deadline only.
@@ -956,11 +995,17 @@ class AsyncStreamReader:
     async def _tail(
         self, stream_id: int, pos: int, max_bytes: int, poll: float
     ) -> AsyncIterator[FetchedBatch]:
+        reader = self._reader
+
+        def step(at: int) -> FetchResult:
+            # `StreamReader.tail`'s own step: `read` with `wait_s` would look at the log
+            # every ``tail_poll_ms``, not every `poll_s`.
+            reader._check_open()
+            return reader._read_waiting(stream_id, at, None, max_bytes, poll, poll)
+
         while True:
             try:
-                result = await self._threads.poll(
-                    self._reader.read, stream_id, pos, max_bytes=max_bytes, wait_s=poll
-                )
+                result = await self._threads.poll(step, pos)
             except StreamClosedError:
                 return
             for batch in result.batches:
@@ -977,13 +1022,17 @@ class AsyncStreamReader:
         return await self._threads.call(self._reader.objects)
 
     async def close(self) -> None:
-        """Close the reader, then stop this wrapper's threads. Idempotent."""
-        if self._threads.closed:
-            return
+        """Close the reader, then stop this wrapper's threads (waiting for the calls still
+        running until the reader's ``call_timeout_ms`` from the call). Idempotent."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._reader.settings.call_limit_s()
         try:
-            await self._threads.call(self._reader.close)
+            # A thread of its own, as the client's close: in the call pool it could get no
+            # thread (all busy on a store that stopped answering), the reader was left open,
+            # and a second close returned at once as if it had closed it.
+            await _own_thread(self._reader.close, "s3stream-aio-reader-close")
         finally:
-            await self._threads.close()
+            await self._threads.close(max(0.0, deadline - loop.time()))
 
     async def __aenter__(self) -> Self:
         return self

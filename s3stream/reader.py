@@ -39,6 +39,7 @@ from .objectstore.registry import open_object_store
 from .objectstore.stack import store_stack
 from .records import Record, batch_records, records_in
 from .settings import ClientSettings
+from .settings_parse import settings_from_mapping
 from .storage.packing import DEFAULT_DATA_PREFIX
 from .storage.reader import ObjectDataReader
 from .storage.seek import check_timestamp, seek_committed
@@ -454,7 +455,7 @@ def open_reader(
     url: str | Path,
     *,
     storage_options: Mapping[str, Any] | None = None,
-    settings: ClientSettings | None = None,
+    settings: ClientSettings | Mapping[str, Any] | None = None,
     metadata_prefix: str = "meta",
     clock: Clock | None = None,
     rng: random.Random | None = None,
@@ -465,7 +466,11 @@ def open_reader(
     `InvalidArgumentError`, not created. `metadata`: where the metadata log lives, if not in
     the store (``postgresql://...``, as `s3stream.open` takes it). A remote prefix that holds
     no store is an `InvalidArgumentError` too (two HEADs): a prefix has no "missing" of its
-    own, so a typo in it would read as an empty store."""
+    own, so a typo in it would read as an empty store. `settings`: a `ClientSettings`, or a
+    mapping of setting names to values (``{"call_timeout_ms": "5s"}``), as `s3stream.open`
+    takes them (the environment's ``S3STREAM_*`` are not read here)."""
+    if isinstance(settings, Mapping):
+        settings = settings_from_mapping(ClientSettings, settings)
     if not isinstance(metadata, MetadataLogStore):
         check_metadata_url(metadata)
     clock = clock if clock is not None else SystemClock()

@@ -244,7 +244,8 @@ class Stream(Closeable):
         any data lies in the range (`max_bytes` is a soft limit). `end_offset` defaults to
         `confirm_offset`; fetching at `confirm_offset` returns no batches, or, with `wait_s`,
         waits up to `wait_s` seconds for an append to make data there durable (a long poll:
-        empty on timeout, or when appends stop because the stream or client closes).
+        empty on timeout; `StreamClosedError` when the stream or client closes meanwhile, at
+        once).
         """
         if wait_s is not None:
             wait = check_timeout("wait_s", wait_s)

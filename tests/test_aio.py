@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import threading
 import time
@@ -867,3 +868,116 @@ def test_flush_and_close_keep_their_deadline_behind_stuck_reads(tmp_path: Path) 
 
     flushed, closed = asyncio.run(main())
     assert flushed < 1.5 and closed < 2.5, (flushed, closed)
+
+
+def test_open_flush_and_close_keep_their_deadline_beside_the_loops_busy_executor(
+    tmp_path: Path,
+) -> None:
+    """`aio.open`, `flush` and `close` ran in the loop's default executor, shared with the
+    application's own `to_thread` calls: behind them, their deadline started only when a
+    thread took them (flush(timeout_s=0.5) took 4.45 s). And a reader's close, queued in a
+    call pool whose threads were all busy, failed at its limit, left the reader open, and a
+    second close returned at once as if it had closed it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    async def main() -> tuple[float, float, float, bool]:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(1))
+        busy = asyncio.ensure_future(asyncio.to_thread(time.sleep, 3))
+        await asyncio.sleep(0.1)  # the executor's one thread sleeps now
+        started = time.monotonic()
+        client = await aio.open(str(tmp_path), settings=SMALL, wal="memory://")
+        opened = time.monotonic() - started
+        stream = await client.create_stream()
+        await stream.append(RecordBatch(b"x"))
+        started = time.monotonic()
+        await client.flush(timeout_s=0.5)
+        flushed = time.monotonic() - started
+        started = time.monotonic()
+        await client.close(timeout_s=0.5)
+        closed = time.monotonic() - started
+        quick = ClientSettings(call_timeout_ms=1000)
+        reader = aio.AsyncStreamReader(
+            s3stream.open_reader(str(tmp_path), settings=quick), threads=1
+        )
+        held = asyncio.ensure_future(reader._threads.call(time.sleep, 3))  # its one thread
+        await asyncio.sleep(0.1)
+        with contextlib.suppress(s3stream.S3StreamError):
+            await reader.close()
+        try:
+            reader.sync.list_streams()
+            reader_closed = False
+        except s3stream.StreamClosedError:
+            reader_closed = True
+        await asyncio.gather(busy, held, return_exceptions=True)
+        return opened, flushed, closed, reader_closed
+
+    opened, flushed, closed, reader_closed = asyncio.run(main())
+    assert opened < 2 and flushed < 1.5 and closed < 1.5, (opened, flushed, closed)
+    assert reader_closed
+
+
+def test_one_streams_conditional_appends_do_not_hold_up_the_others(tmp_path: Path) -> None:
+    """Conditional appends of one stream waiting in threads for an offset to settle made
+    every append of the client go to threads, one at a time per stream (a flag of the
+    client): 300 plain appends to another stream then took 24 s instead of 7, ~100 of them
+    refused with `BackpressureError` although nothing was full. A stream's own waits now
+    hold up only that stream; waits for room (which all streams share) still hold up all."""
+    from concurrent.futures import Future
+
+    async def main() -> None:
+        client = await aio.open(str(tmp_path), settings=SMALL)
+        try:
+            a, b = await client.create_stream(), await client.create_stream()
+            threads = client._threads
+            # A conditional append of `a` waiting in a thread (a future nobody completes).
+            parked: Future[Any] = Future()
+            threads.submit_append(a.stream_id, parked.result, room=False)
+            assert threads.must_queue(a.stream_id) and not threads.must_queue(b.stream_id)
+            results = await asyncio.gather(
+                *(b.append(RecordBatch(b"%d" % i), timeout_s=5) for i in range(100))
+            )
+            assert sorted(r.base_offset for r in results) == list(range(100))
+            parked.set_result(None)
+            for _ in range(100):
+                if not threads.must_queue(a.stream_id):
+                    break
+                await asyncio.sleep(0.01)
+            # Waits for room hold up every stream.
+            parked_room: Future[Any] = Future()
+            threads.submit_append(a.stream_id, parked_room.result, room=True)
+            assert threads.must_queue(b.stream_id)
+            parked_room.set_result(None)
+        finally:
+            await client.close()
+
+    asyncio.run(main())
+
+
+def test_a_readers_async_tail_follows_the_log_every_poll_s(tmp_path: Path) -> None:
+    """`AsyncStreamReader.tail(poll_s=P)` looked at the metadata log every ``tail_poll_ms``
+    (a commit showed 0.25 s after it with poll_s=4: 8x the GETs asked for); as the sync
+    `StreamReader.tail`, it looks every `poll_s`."""
+    with s3stream.open(str(tmp_path), settings=SMALL, wal="memory://") as writer:
+        s = writer.create_stream()
+        s.append(RecordBatch(b"first"))
+        writer.flush()
+
+        async def main() -> float:
+            # (A mapping, as `open` takes: open_reader refused it.)
+            async with await aio.open_reader(
+                str(tmp_path), settings={"tail_poll_ms": 50}
+            ) as reader:
+                tail = reader.tail(s.stream_id, 0, poll_s=2.0)
+                assert (await anext(tail)).payload == b"first"
+                following = asyncio.ensure_future(anext(tail))
+                await asyncio.sleep(0.3)
+                await asyncio.to_thread(s.append, RecordBatch(b"second"))
+                await asyncio.to_thread(writer.flush)
+                committed = time.monotonic()
+                assert (await following).payload == b"second"
+                return time.monotonic() - committed
+
+        seen_after = asyncio.run(main())
+    # The commit came ~0.3 s into a 2 s poll: seen at the poll's end, not 50 ms later.
+    assert 1.0 <= seen_after <= 4.0, seen_after

@@ -879,8 +879,10 @@ def test_verify_of_a_store_being_written_reports_no_damage(tmp_path: Path) -> No
     scans a live WAL again (and says when the writer kept it from judging) and follows a
     trimmed stream's new start."""
     root = tmp_path / "store"
+    # Runs until killed below (the limit is a backstop): on a loaded machine its 60,000
+    # appends before "ready" took more than the 40 s it had, and it ended without a word.
     writer = subprocess.Popen(
-        [sys.executable, "-c", BUSY_WRITER, str(root), "40"],
+        [sys.executable, "-c", BUSY_WRITER, str(root), "600"],
         stdout=subprocess.PIPE,
         text=True,
         env=ENV,

@@ -1603,3 +1603,52 @@ def test_damage_only_retention_reads_is_counted_as_damage(tmp_path: Path) -> Non
         report = client.compact()
         assert report.damaged == 1 and report.streams_trimmed == 0
     assert cli_main(["compact", str(tmp_path)]) == 1
+
+
+def test_a_read_overtaken_by_two_compactions_reads_the_newest_objects(tmp_path: Path) -> None:
+    """With ``deletion_delay_ms=0`` (allowed, and shown in docs/cli.md), a reader whose
+    objects were purged refreshed and retried once; a second compaction committed and purged
+    between that refresh and the retry (the interleaving a compactor process beside readers
+    gives at random), and a healthy read failed with `ObjectNotFoundError` (not retryable;
+    `s3stream verify` then reported FAILED). It retries while each refresh is newer."""
+    import s3stream
+    from s3stream import ClientSettings, CompactionSettings, RecordBatch
+
+    comp = CompactionSettings(deletion_delay_ms=0, bytes_per_s=0, stream_set_max_age_ms=0)
+    writer = s3stream.open(tmp_path, settings=ClientSettings(compaction=comp), node_id="w")
+    a, b = writer.create_stream(), writer.create_stream()
+    written: list[bytes] = []
+
+    def burst(n: int) -> None:
+        for _ in range(n):
+            payload = b"a%d" % len(written)
+            written.append(payload)
+            a.append(RecordBatch(payload))
+            b.append(RecordBatch(b"b"))
+            writer.flush()
+
+    burst(3)
+    reader = s3stream.open_reader(tmp_path)
+    real = reader.metadata.refresh
+    refreshes: list[bool] = []
+
+    def another_process_compacts() -> bool:
+        moved = real()
+        refreshes.append(moved)
+        if len(refreshes) == 1:  # the read's own refresh; then a compaction purges...
+            writer.compact()
+            burst(3)
+        elif len(refreshes) == 2:  # ...and, after the retry's refresh, another one
+            writer.compact()
+        return moved
+
+    try:
+        reader.metadata.refresh = another_process_compacts  # type: ignore[method-assign]
+        got = reader.read(a.stream_id, 0, max_bytes=1 << 20).batches
+        # What was committed when the read began (its range), from the newest objects.
+        assert [bytes(x.payload) for x in got] == written[:3]
+        assert len(refreshes) >= 3
+        reader.metadata.refresh = real  # type: ignore[method-assign]
+    finally:
+        reader.close()
+        writer.close()

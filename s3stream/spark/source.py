@@ -52,14 +52,13 @@ from ..cache.block_cache import BlockCache
 from ..errors import (
     CorruptionError,
     InvalidArgumentError,
-    ObjectNotFoundError,
     OffsetOutOfRangeError,
     StreamNotFoundError,
 )
 from ..metadata import MetadataState, StreamState
 from ..objectstore.base import ObjectStore
 from ..reader import StreamReader, open_reader, open_reader_store
-from ..storage.reader import ObjectDataReader
+from ..storage.reader import ObjectDataReader, on_fresh_snapshots
 from ..types import FetchedBatch
 from .arrow import arrow_batches, tuple_rows
 from .fetch import fetch_slices
@@ -240,13 +239,10 @@ class _Driver:
 def _on_fresh_snapshot_if_moved(
     driver: _Driver, work: Callable[[MetadataState], T], state: MetadataState
 ) -> T:
-    """`work` on `state`; if an object it lists was deleted meanwhile (compaction purged it:
-    the snapshot is older than the deletion delay), once more on a fresh snapshot, as the
-    library's readers do (`storage.reader.read_latest`)."""
-    try:
-        return work(state)
-    except ObjectNotFoundError:
-        return work(driver.refresh())
+    """`work` on `state`, and on fresh snapshots while objects it lists were deleted
+    meanwhile (compaction purged them), as the library's readers do
+    (`storage.reader.on_fresh_snapshots`)."""
+    return on_fresh_snapshots(work, state, driver.refresh)
 
 
 class S3StreamBatchReader(DataSourceReader):

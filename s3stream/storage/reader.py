@@ -7,13 +7,54 @@ of a stream in a metadata snapshot, the blocks in their (cached) indexes, and as
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 from ..cache.block_cache import BlockCache, Readahead
 from ..errors import CorruptionError, ObjectNotFoundError, OffsetOutOfRangeError
 from ..format.objects import BlockInfo
 from ..metadata import MetadataManager, MetadataState
 from ..types import FetchedBatch
 
-__all__ = ["ObjectDataReader"]
+__all__ = ["ObjectDataReader", "on_fresh_snapshots", "refreshed"]
+
+T = TypeVar("T")
+
+#: Snapshots a read tries at most while the objects each lists are deleted under it.
+_SNAPSHOT_TRIES = 8
+
+
+def on_fresh_snapshots(
+    work: Callable[[MetadataState], T],
+    state: MetadataState,
+    refresh: Callable[[], MetadataState],
+) -> T:
+    """`work` on `state`; while an object the snapshot lists is gone (compaction purged it:
+    the snapshot is older than the deletion delay), again on a fresh snapshot from
+    `refresh`, as long as each is newer than the one before (at most `_SNAPSHOT_TRIES`).
+    Once was not enough: with a short deletion delay a second compaction, committed and
+    purged between the refresh and the retry, failed healthy reads with
+    `ObjectNotFoundError`. A refresh that shows nothing newer means the object is lost:
+    the error is raised."""
+    for _ in range(_SNAPSHOT_TRIES - 1):
+        try:
+            return work(state)
+        except ObjectNotFoundError:
+            fresh = refresh()
+            if fresh.seq <= state.seq:
+                raise
+            state = fresh
+    return work(state)
+
+
+def refreshed(meta: MetadataManager) -> Callable[[], MetadataState]:
+    """`on_fresh_snapshots`'s `refresh` for a metadata manager: its state after a refresh."""
+
+    def refresh() -> MetadataState:
+        meta.refresh()
+        return meta.state
+
+    return refresh
 
 
 class ObjectDataReader:
@@ -37,14 +78,13 @@ class ObjectDataReader:
         max_bytes: int,
         state: MetadataState | None = None,
     ) -> list[FetchedBatch]:
-        """`read` on `state` (default: `meta`'s current one); if an object it lists is gone
-        (the snapshot is older than the deletion delay), once more on a fresh snapshot."""
-        try:
-            return self.read(meta.state if state is None else state, stream_id, start, end,
-                             max_bytes)  # fmt: skip
-        except ObjectNotFoundError:
-            meta.refresh()
-            return self.read(meta.state, stream_id, start, end, max_bytes)
+        """`read` on `state` (default: `meta`'s current one), and on fresh snapshots while
+        objects it lists are gone (`on_fresh_snapshots`)."""
+        return on_fresh_snapshots(
+            lambda snapshot: self.read(snapshot, stream_id, start, end, max_bytes),
+            meta.state if state is None else state,
+            refreshed(meta),
+        )
 
     def read(
         self, state: MetadataState, stream_id: int, start: int, end: int, max_bytes: int

@@ -31,14 +31,13 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from ..cache.log_cache import LogCache
-from ..errors import ObjectNotFoundError
 from ..format.block import BlockInfo
 from ..format.objects import ObjectIndex
 from ..format.timestamps import first_offset_at
 from ..metadata import MetadataManager, MetadataState
 from ..types import FetchedBatch
 from ..validation import check_int
-from .reader import missing_data
+from .reader import missing_data, on_fresh_snapshots, refreshed
 
 __all__ = [
     "BlockSource",
@@ -121,15 +120,14 @@ def seek_objects(
 def seek_committed(
     meta: MetadataManager, source: BlockSource, stream_id: int, start: int, end: int, ts: int
 ) -> int | None:
-    """`seek_objects` on `meta`'s current snapshot; if an object it lists is gone (the
-    snapshot is older than compaction's deletion delay), once more on a fresh one."""
-    try:
-        return seek_objects(meta.state, source, stream_id, start, end, ts)
-    except ObjectNotFoundError:
-        meta.refresh()
-        state = meta.state
+    """`seek_objects` on `meta`'s current snapshot, and on fresh ones while objects it
+    lists are gone (`on_fresh_snapshots`; a trim may have moved the start meanwhile)."""
+
+    def seek(state: MetadataState) -> int | None:
         first = max(start, state.get_stream(stream_id).start_offset)
         return seek_objects(state, source, stream_id, first, max(first, end), ts)
+
+    return on_fresh_snapshots(seek, meta.state, refreshed(meta))
 
 
 def _seek_log_cache(
