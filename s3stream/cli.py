@@ -1231,6 +1231,28 @@ _SYNOPSES = {
 }
 
 
+class _IntermixedParser(argparse.ArgumentParser):
+    """A command's parser that takes options between its positionals (``dump URL -o k=v 0``):
+    with the store URL optional, a plain parser gave the URL to STREAM and then refused the
+    stream id as an extra argument."""
+
+    _parsing = False
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        asks_help = args is not None and any(a in ("-h", "--help") for a in args)
+        if self._parsing or asks_help:
+            # The intermixed parse calls this one (on some versions); and help, printed in
+            # its first pass, would meet its positionals' stand-in defaults.
+            return super().parse_known_args(args, namespace)
+        self._parsing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._parsing = False
+
+
 def _command(
     sub: Any, name: str, fn: Callable[[argparse.Namespace], int], help_: str, description: str
 ) -> argparse.ArgumentParser:
@@ -1296,7 +1318,9 @@ def _parser() -> argparse.ArgumentParser:
         "--version", action="version", version=f"%(prog)s {_version()}",
         help="print the installed s3stream's version and exit",
     )  # fmt: skip
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = p.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_IntermixedParser
+    )
 
     d = _command(
         sub, "demo", _demo, "append, reopen, read back and verify a realistic workload",

@@ -464,7 +464,8 @@ def test_inspect_shows_streams_and_objects_as_tables_and_json(store: Store) -> N
 def test_dump_honours_limit_and_start(store: Store) -> None:
     url = str(store.root)
     three, table, tail, past, nowhere = run_all(
-        ["dump", url, "0", "--limit", "3", "--json"],
+        # Options between the positionals (the URL is optional: "0" was refused as extra).
+        ["dump", url, "--limit", "3", "-o", "fsync=false", "0", "--json"],
         ["dump", url, "0", "--limit", "3"],
         ["dump", url, "0", "--start", "1000", "--limit", "0", "--json"],
         ["dump", url, "0", "--start", "99999"],
