@@ -706,7 +706,7 @@ class StreamClient(Closeable):
             self._meta, self._storage.objects, stream_id, start_offset, end_offset,
             max_bytes,
         )  # fmt: skip
-        self._storage.record_fetch(started, result.batches, result.total_bytes, from_objects=True)
+        self._storage.record_object_read(started, result.batches, result.total_bytes)
         return result
 
     # ------------------------------------------------------------------ lifecycle

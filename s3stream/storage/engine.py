@@ -377,17 +377,11 @@ class Storage:
             self._cache, self._meta, self._block_cache, stream_id, start, end, ts
         )
 
-    def record_fetch(
-        self,
-        started: float,
-        batches: Sequence[FetchedBatch],
-        nbytes: int,
-        *,
-        from_objects: bool = False,
+    def record_object_read(
+        self, started: float, batches: Sequence[FetchedBatch], nbytes: int
     ) -> None:
-        """Count a fetch (also the client's reads of streams it does not own:
-        `from_objects`)."""
-        self._read_path.record_fetch(started, batches, nbytes, from_objects=from_objects)
+        """Count a read of a stream the client does not own (from objects) as a fetch."""
+        self._read_path.record_fetch(started, batches, nbytes, from_objects=True)
 
     # ------------------------------------------------------------------ lifecycle
 
