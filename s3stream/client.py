@@ -775,7 +775,8 @@ class StreamClient(Closeable):
             url = wal
 
             def check_wal(open_streams: bool, expect_uid: int | None) -> None:
-                # A WAL named by URL: a typo must not fence the node nor create a WAL there.
+                # A WAL named by URL: a typo must not fence the node nor create a WAL there,
+                # nor a WAL that is not the node's (an object WAL's judged by the factory).
                 check_take_over_wal(
                     url,
                     node_id,
@@ -784,10 +785,11 @@ class StreamClient(Closeable):
                     base=self._settings.file_wal,
                     expect_uid=expect_uid,
                 )
+                by_url.check_node(node_id, must_exist=open_streams, expect_uid=expect_uid)
 
             # The WAL settings this client was opened with apply to the node's WAL as well
             # (the URL's query overriding single fields).
-            factory = url_wal_factory(
+            factory = by_url = url_wal_factory(
                 wal,
                 clock=self._clock,
                 file_settings=self._settings.file_wal,

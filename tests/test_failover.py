@@ -370,6 +370,38 @@ def test_a_take_over_refused_for_its_wal_does_not_fence_the_node(tmp_path: Path)
         assert report.recovery.records == 1 and report.node_epoch == before + 1
 
 
+def test_an_object_wal_refused_for_its_node_does_not_fence_it(tmp_path: Path) -> None:
+    """An object WAL's refusals (a prefix holding nothing while the node's streams are open,
+    or another store's WAL holding records) came from its recovery, after the open or the
+    take-over had registered the node: a live node was fenced by a call that was refused.
+    `ObjectWal.preflight` judges them read-only first."""
+    import s3stream
+    from s3stream.types import RecordBatch
+
+    root, other = tmp_path / "store", tmp_path / "other"
+    for store in (root, other):
+        c = s3stream.open(store, node_id="w1", wal=f"object+file://{tmp_path}/{store.name}-wal")
+        c.create_stream().append(RecordBatch(store.name.encode()))
+        c.abandon()
+
+    def epoch() -> int:
+        with s3stream.open_reader(root) as r:
+            return r.metadata.state.nodes["w1"].epoch
+
+    before = epoch()
+    empty, others = f"object+file://{tmp_path}/empty-wal", f"object+file://{tmp_path}/other-wal"
+    with pytest.raises(s3stream.CorruptionError, match="holds no WAL object"):
+        s3stream.open(root, node_id="w1", wal=empty)
+    with s3stream.open(root, node_id="t", wal="memory://") as t:
+        with pytest.raises(s3stream.CorruptionError, match="holds no WAL object"):
+            t.take_over("w1", wal=empty)
+        with pytest.raises(s3stream.InvalidArgumentError, match="not the WAL this store"):
+            t.take_over("w1", wal=others)
+        assert epoch() == before
+        report = t.take_over("w1", wal=f"object+file://{tmp_path}/store-wal")
+        assert report.recovery.records == 1 and report.node_epoch == before + 1
+
+
 def test_a_client_taken_over_creates_no_stream(tmp_path: Path) -> None:
     """A client whose node was taken over could still create streams: open on the fenced
     node, never writable nor released by it, and the node's next take-over then called its

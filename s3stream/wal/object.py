@@ -525,16 +525,7 @@ class ObjectWal(PipelinedWal):
         # Another store's WAL: its epochs are that store's, and fence nobody of this one.
         fence = not foreign or found_uid is None
         listing = self._list(fence=fence)
-        if self._must_exist and not listing.objects:
-            # Every open writes a seal, and seals are never deleted: the prefix was wiped.
-            markers = " (only trim markers)" if listing.markers else " and no trim marker"
-            check_open_node_wal(
-                self._node_id,
-                f"its WAL prefix {self._dir}/ in {self._raw_store.describe()} holds no WAL "
-                f"object{markers}: they are lost unless the objects are restored",
-                location=f"{self._dir}/",
-                accept_loss=self._accept_loss,
-            )
+        self._check_not_wiped(listing)
         trim, start = listing.trim, listing.anchor
         chain: list[_Obj] = []
         live: list[tuple[int, int]] = []
@@ -635,16 +626,9 @@ class ObjectWal(PipelinedWal):
                     f"{found.epoch}, newer than this writer's {self._epoch}: a newer opener of "
                     "this node holds it (or, if it is another store's WAL, that store's)"
                 )
-            if foreign and self._must_exist and not loss_checked:
+            if foreign and not loss_checked:
                 loss_checked = True
-                check_open_node_wal(
-                    self._node_id,
-                    f"the WAL {self.describe()} is not the one the store recorded for it (its "
-                    f"identity is {found_uid}, the node's {self._expect_uid}): the node's own "
-                    "WAL is elsewhere",
-                    location=f"{self._dir}/",
-                    accept_loss=self._accept_loss,
-                )
+                self._check_own_elsewhere(found_uid)
             # Taking another store's WAL, this open's seal and trim marker carry epoch 0: a
             # crash before the identity is ours leaves the WAL the other store's, which this
             # store's epochs must not fence (its live writer is fenced by the position).
@@ -811,6 +795,51 @@ class ObjectWal(PipelinedWal):
             end,
         )
         return min(seals)
+
+    def preflight(self) -> None:
+        """Refuse, read-only, what `recover` would refuse before writing anything: a prefix
+        wiped while the node's streams are open (`must_exist`), a prefix of another identity
+        than `expect_uid` whose chain holds records, or any while the node's streams are
+        open. For a client to call before it registers the node, which fences a live process
+        of it (a take-over naming the wrong WAL fenced the node and was then refused). A
+        newer epoch's trim marker is not judged here: the registration makes it older."""
+        self._check_open()
+        found = self._read_identity()
+        found_uid = None if found is None else found.uid
+        listing = self._list(fence=False)
+        self._check_not_wiped(listing)
+        if self._expect_uid is None or found_uid == self._expect_uid:
+            return
+        plan, _ = self._plan(listing, listing.anchor)
+        if any(not step.seal and step.next - 1 > listing.trim for step in plan):
+            raise self._foreign_error(found_uid)
+        self._check_own_elsewhere(found_uid)
+
+    def _check_not_wiped(self, listing: _Listing) -> None:
+        """With `must_exist`, a prefix holding no WAL object is a loss (`check_open_node_wal`):
+        every open writes a seal, and seals are never deleted, so the prefix was wiped."""
+        if self._must_exist and not listing.objects:
+            markers = " (only trim markers)" if listing.markers else " and no trim marker"
+            check_open_node_wal(
+                self._node_id,
+                f"its WAL prefix {self._dir}/ in {self._raw_store.describe()} holds no WAL "
+                f"object{markers}: they are lost unless the objects are restored",
+                location=f"{self._dir}/",
+                accept_loss=self._accept_loss,
+            )
+
+    def _check_own_elsewhere(self, found_uid: int | None) -> None:
+        """With `must_exist`, a WAL of another identity (holding no records) is a loss: the
+        node's own WAL, which may hold acknowledged appends, is elsewhere."""
+        if self._must_exist:
+            check_open_node_wal(
+                self._node_id,
+                f"the WAL {self.describe()} is not the one the store recorded for it (its "
+                f"identity is {found_uid}, the node's {self._expect_uid}): the node's own "
+                "WAL is elsewhere",
+                location=f"{self._dir}/",
+                accept_loss=self._accept_loss,
+            )
 
     # ------------------------------------------------------------------ identity
 

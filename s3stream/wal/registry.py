@@ -52,6 +52,7 @@ from .memory import MemoryWal
 __all__ = [
     "ENTRY_POINT_GROUP",
     "S3_WAL_CLIENTS",
+    "UrlWalFactory",
     "check_file_wal_owner",
     "check_take_over_wal",
     "check_wal_target",
@@ -201,7 +202,7 @@ def url_wal_factory(
     held: WalHolderLock | None = None,
     accept_wal_loss: bool = False,
     s3_client: str | None = None,
-) -> Callable[[str, int, Callable[[], None]], WriteAheadLog]:
+) -> UrlWalFactory:
     """The one way a client opens a WAL by URL, for its own node (`s3stream.open`) and for a
     node it takes over (`StreamClient.take_over`): a `WalFactory` ``(node_id, node_epoch,
     on_full, *, take_over=False, must_exist=False, expect_uid=None)`` calling `open_wal` with the
@@ -216,7 +217,7 @@ def url_wal_factory(
     damage, `CorruptionError`, unless `accept_wal_loss`. `s3_client`: the client of an
     ``s3://`` WAL whose URL names none (`S3_WAL_CLIENTS`).
     """
-    return _UrlWalFactory(
+    return UrlWalFactory(
         url,
         clock=clock,
         file_settings=file_settings,
@@ -229,7 +230,7 @@ def url_wal_factory(
 
 
 @dataclass
-class _UrlWalFactory:
+class UrlWalFactory:
     """`url_wal_factory`'s factory, with `check_node` beside it."""
 
     url: str | Callable[[str], str]
@@ -248,10 +249,11 @@ class _UrlWalFactory:
         """Refuse now what opening `node_id`'s WAL would refuse without opening anything (a
         node with streams open on a memory WAL, or on a file WAL that is missing or empty; a
         file WAL of another node, or of another identity than `expect_uid`, the one the
-        store recorded, by `check_file_wal_owner`): the client calls this before it
+        store recorded, by `check_file_wal_owner`; an object WAL's prefix wiped, or of
+        another identity, by `ObjectWal.preflight`): the client calls this before it
         registers the node, which fences a live process of that node (`s3stream compact
-        --node-id N` beside N's writer fenced it, and then failed on the memory WAL). An
-        object WAL's refusals still come after the registration."""
+        --node-id N` beside N's writer fenced it, and then failed on the memory WAL), and
+        so does a take-over."""
         target = self._target(node_id)
         scheme, _ = split_scheme(target)
         if scheme == "memory" and _registry.resolve(scheme) is open_memory_wal:
@@ -270,6 +272,16 @@ class _UrlWalFactory:
                 expect_uid=expect_uid,
                 accept_loss=self.accept_wal_loss,
             )
+        elif scheme.startswith(OBJECT_PREFIX) or _registry.resolve(scheme) is open_s3_wal:
+            # Made without I/O, judged read-only (`ObjectWal.preflight`), closed unrecovered.
+            from .object import ObjectWal
+
+            wal = self(node_id, 0, lambda: None, must_exist=must_exist, expect_uid=expect_uid)
+            try:
+                if isinstance(wal, ObjectWal):
+                    wal.preflight()
+            finally:
+                wal.close()
 
     def __call__(
         self,
