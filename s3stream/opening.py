@@ -137,7 +137,7 @@ def _shared_object_wal(
         *,
         take_over: bool = False,
         must_exist: bool = False,
-    ) -> WriteAheadLog:
+    ) -> ObjectWal:
         # A take-over needs nothing special here: opening the chain seals the old holder out.
         del take_over
         wal_store: ObjectStore = store
@@ -167,7 +167,38 @@ def _shared_object_wal(
             accept_loss=accept_wal_loss,
         )
 
-    return factory
+    return _PreflightedObjectWal(factory)
+
+
+@dataclasses.dataclass
+class _PreflightedObjectWal:
+    """`_shared_object_wal`'s factory, with `check_node` beside it (as `UrlWalFactory`'s):
+    a wiped WAL prefix of a node whose streams are open is refused before the client
+    registers the node, which would fence a live process of it."""
+
+    make: Callable[..., ObjectWal]
+
+    def __call__(
+        self,
+        node_id: str,
+        node_epoch: int,
+        on_full: Callable[[], None],
+        *,
+        take_over: bool = False,
+        must_exist: bool = False,
+    ) -> WriteAheadLog:
+        return self.make(node_id, node_epoch, on_full, take_over=take_over, must_exist=must_exist)
+
+    def check_node(self, node_id: str, *, must_exist: bool, expect_uid: int | None = None) -> None:
+        """`ObjectWal.preflight` of the node's WAL (made without I/O, closed unrecovered)."""
+        del expect_uid  # (this WAL, at the store's own prefix, takes none)
+        if not must_exist:
+            return
+        wal = self.make(node_id, 0, lambda: None, must_exist=True)
+        try:
+            wal.preflight()
+        finally:
+            wal.close()
 
 
 def _s3_wal_store_opener(

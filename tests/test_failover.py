@@ -351,7 +351,11 @@ def test_a_take_over_refused_for_its_wal_does_not_fence_the_node(tmp_path: Path)
     root, other = tmp_path / "store", tmp_path / "other"
     for store, nodes in ((root, ("w1", "w2")), (other, ("w1",))):
         for node in nodes:
-            c = s3stream.open(store, node_id=node, wal=f"file://{tmp_path}/{store.name}-{node}.wal")
+            c = s3stream.open(
+                store,
+                node_id=node,
+                wal=f"file://{tmp_path}/{store.name}-{node}.wal?capacity_bytes=1MiB",
+            )
             c.create_stream().append(RecordBatch(node.encode()))
             c.abandon()
 
@@ -400,6 +404,37 @@ def test_an_object_wal_refused_for_its_node_does_not_fence_it(tmp_path: Path) ->
         assert epoch() == before
         report = t.take_over("w1", wal=f"object+file://{tmp_path}/store-wal")
         assert report.recovery.records == 1 and report.node_epoch == before + 1
+
+
+@pytest.mark.s3
+def test_a_wiped_default_object_wal_is_refused_before_the_node_is_registered(
+    seaweedfs: LoopbackStoreServer,
+) -> None:
+    """A remote store's default WAL (``wal/`` of the store) found wiped while the node's
+    streams are open: refused by its recovery, after the open had registered the node."""
+    import s3stream
+    from s3stream.objectstore.registry import open_object_store
+    from s3stream.types import RecordBatch
+
+    url = f"s3://{seaweedfs.bucket}/wiped-{uuid.uuid4().hex}"
+    opts = seaweedfs.storage_options()
+    c = s3stream.open(url, node_id="w1", storage_options=opts)
+    c.create_stream().append(RecordBatch(b"only in the WAL"))
+    c.abandon()
+    store = open_object_store(url, opts)
+    try:
+        store.delete_many([info.key for info in store.list("wal/w1/")])
+    finally:
+        store.close()
+
+    def epoch() -> int:
+        with s3stream.open_reader(url, storage_options=opts) as r:
+            return r.metadata.state.nodes["w1"].epoch
+
+    before = epoch()
+    with pytest.raises(s3stream.CorruptionError, match="holds no WAL object"):
+        s3stream.open(url, node_id="w1", storage_options=opts)
+    assert epoch() == before
 
 
 def test_a_client_taken_over_creates_no_stream(tmp_path: Path) -> None:
