@@ -138,6 +138,28 @@ def test_a_metadata_url_libpq_would_refuse_is_refused_before_anything_is_written
             check_metadata_url(url)
 
 
+def test_a_password_never_shows_in_an_error_or_a_repr(tmp_path: Path) -> None:
+    """A password holding an unencoded '/', '?' or '#' cut the URL's host part short, and
+    its rest showed in messages: as the "port" the URL parser quoted, as the URL a fragment
+    error printed whole, as a database name; and the target's repr printed the conninfo."""
+    from s3stream.metadata.postgres_url import parse_postgres_url
+
+    secret = "Zq8Secret"
+    for url in (
+        f"postgresql://app:Tr0b{secret}&3/x@host/db",
+        f"postgresql://app:2024#{secret}@host/db",
+        f"postgresql://app:5432/{secret}@host/db",
+    ):
+        with pytest.raises(InvalidArgumentError) as err:
+            s3stream.open(tmp_path / "s", wal="memory://", metadata=url)
+        assert secret not in str(err.value), err.value
+        assert "percent-encode" in str(err.value)
+    target = parse_postgres_url(
+        f"postgresql://app:{secret}@host/db", namespace="n", timeout_ms=1000
+    )
+    assert secret not in repr(target)
+
+
 def test_the_url_factory_takes_no_option_it_would_ignore() -> None:
     """`from_url(url, timeout_ms=...)` was accepted and the timeout ignored (the factory took
     any keyword): the deadlines come from `settings` or the URL, and anything else is an
@@ -220,6 +242,89 @@ def test_a_store_bound_to_another_namespace_makes_nothing_in_this_one(
         postgres, "SELECT 1 FROM information_schema.schemata WHERE schema_name = %s", schema
     )
     assert not _sql(postgres, "SELECT 1 FROM s3stream.namespaces WHERE namespace = %s", namespace)
+    # A store keeping its log in itself, given a metadata URL: nothing made either.
+    with s3stream.open(tmp_path / "own", wal="memory://") as client:
+        client.create_stream()
+    with pytest.raises(InvalidArgumentError, match="keeps its metadata log in the store"):
+        s3stream.open(tmp_path / "own", wal="memory://", metadata=postgres.url(schema=schema + "x"))
+    assert not _sql(
+        postgres, "SELECT 1 FROM information_schema.schemata WHERE schema_name = %s", schema + "x"
+    )
+
+
+def _open_together(targets: list[tuple[Path, str, str]]) -> list[BaseException]:
+    """Open (and close) a writer for each ``(store, node id, metadata URL)`` in threads that
+    start together; the errors they met."""
+    import threading
+
+    start = threading.Barrier(len(targets))
+    errors: list[BaseException] = []
+
+    def open_one(where: Path, node: str, metadata: str) -> None:
+        start.wait()
+        try:
+            with s3stream.open(where, node_id=node, wal="memory://", metadata=metadata):
+                pass
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_one, args=target) for target in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return errors
+
+
+def test_writers_opening_a_new_store_at_once_all_bind_it(postgres: Any, tmp_path: Path) -> None:
+    """Writers opening one new store at once, with one new namespace: one that saw no marker
+    in the store and then found the namespace bound (by another opener, just now) was
+    refused as "another object store"; and of two *different* new stores racing for one
+    namespace, the loser kept the marker it had made, and was then refused by every
+    namespace, its own included."""
+    from s3stream.metadata.marker import marker_key
+
+    for trial in range(4):
+        url, root = postgres.url(namespace=_namespace()), tmp_path / f"same-{trial}"
+        root.mkdir()
+        assert _open_together([(root, f"n{i}", url) for i in range(4)]) == []
+    for trial in range(4):
+        url = postgres.url(namespace=_namespace())
+        roots = [tmp_path / f"two-{trial}-{side}" for side in "ab"]
+        for r in roots:
+            r.mkdir()
+        errors = _open_together([(r, "n", url) for r in roots])
+        assert len(errors) <= 1, errors  # one store binds the namespace
+        for r in roots:
+            # The winner opens again on the namespace; the loser, whose marker is gone, on
+            # one of its own (a marker left behind bound it to a namespace that refused it).
+            marked = (r / marker_key("meta")).exists()
+            again = url if marked else postgres.url(namespace=_namespace())
+            with s3stream.open(r, wal="memory://", metadata=again):
+                pass
+
+
+def test_writers_need_no_create_privilege_on_tables_made_beforehand(
+    postgres: Any, tmp_path: Path
+) -> None:
+    """docs/metadata.md: with the schema and tables made beforehand, writers need SELECT,
+    INSERT and UPDATE on the tables. Every writer ran ``CREATE SCHEMA/TABLE IF NOT EXISTS``,
+    which PostgreSQL refuses without CREATE even where the objects exist."""
+    tag = uuid.uuid4().hex[:8]
+    schema, role, namespace = f"pre_{tag}", f"w_{tag}", _namespace()
+    made = postgres.url(namespace=namespace, schema=schema)
+    with s3stream.open(tmp_path / "s", wal="memory://", metadata=made) as first:
+        first.create_stream().append(RecordBatch(b"by the first writer"))
+    _sql(postgres, f"CREATE ROLE {role} LOGIN")
+    _sql(postgres, f"GRANT USAGE ON SCHEMA {schema} TO {role}")
+    _sql(postgres, f"GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA {schema} TO {role}")
+    url = made.replace("//s3stream@", f"//{role}@")
+    with s3stream.open(tmp_path / "s", node_id="w2", wal="memory://", metadata=url) as writer:
+        stream = writer.create_stream()
+        stream.append(RecordBatch(b"by a writer without CREATE"))
+        writer.flush()
+    with s3stream.open_reader(tmp_path / "s", metadata=url) as reader:
+        assert len(reader.list_streams()) == 2
 
 
 def test_tables_of_another_application_are_never_written(postgres: Any, tmp_path: Path) -> None:

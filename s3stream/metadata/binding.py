@@ -39,23 +39,30 @@ def bind_log(log: MetadataLogStore, store: ObjectStore, prefix: str, *, create: 
     if not isinstance(log, ExternalMetadataLog):
         return
     marker = read_marker(store, prefix)
-    # A store bound to another log is refused before anything is made in this one (a
-    # mistyped namespace or schema left tables and a namespace row behind).
+    # A store bound to another log, or keeping its log in itself, is refused before anything
+    # is made in this one (a mistyped namespace or schema, or a metadata URL given to a store
+    # that needs none, left tables and a namespace row behind).
+    if marker is None and MetadataLog(store, prefix).has_entry(1):
+        raise InvalidArgumentError(
+            f"{store_name(store)} (prefix {prefix!r}) keeps its metadata log in the store "
+            f"itself, not in {log.describe()}: open it without a metadata URL (its data "
+            "would otherwise be overwritten by a second log's nodes)"
+        )
     namespace_id = log.namespace_id(create=create and marker is None)
     if marker is not None and marker["namespace_id"] != namespace_id:
         raise _elsewhere(log, store, prefix, marker)
     if marker is None:
-        if MetadataLog(store, prefix).has_entry(1):
-            raise InvalidArgumentError(
-                f"{store_name(store)} (prefix {prefix!r}) keeps its metadata log in the store "
-                f"itself, not in {log.describe()}: open it without a metadata URL (its data "
-                "would otherwise be overwritten by a second log's nodes)"
-            )
         # A store without a marker cannot be the one the log is bound to: refuse before the
-        # marker is made, or this store would stay bound to a log that refused it.
+        # marker is made, or this store would stay bound to a log that refused it. Unless
+        # the marker appeared meanwhile: another opener of this store bound it just now (4
+        # writers opening a new store at once were refused as "another object store").
         bound = log.bound_store()
         if bound is not None:
-            raise _mismatch_store(log, store, bound[1])
+            marker = read_marker(store, prefix)
+            if marker is None or str(marker["store_id"]) != bound[0]:
+                raise _mismatch_store(log, store, bound[1])
+    made = False
+    if marker is None:
         if not create:
             return
         fresh = {
@@ -65,8 +72,8 @@ def bind_log(log: MetadataLogStore, store: ObjectStore, prefix: str, *, create: 
             "namespace": log.namespace,
         }
         data = json.dumps(fresh, sort_keys=True).encode()
-        marker = fresh if store.put_if_absent(marker_key(prefix), data) else None
-        marker = marker if marker is not None else read_marker(store, prefix)
+        made = store.put_if_absent(marker_key(prefix), data)
+        marker = fresh if made else read_marker(store, prefix)
         if marker is None:  # pragma: no cover - created or found just now
             raise InvalidArgumentError(f"{marker_key(prefix)!r} vanished while binding")
     if marker["namespace_id"] != namespace_id:
@@ -74,6 +81,11 @@ def bind_log(log: MetadataLogStore, store: ObjectStore, prefix: str, *, create: 
     store_id = str(marker["store_id"])
     bound = log.bind_store(store_id, store_name(store)) if create else log.bound_store()
     if bound is not None and bound[0] != store_id:
+        if made:
+            # Another store, opened at the same time with the same new namespace, bound it
+            # first: the marker this call made would bind this store to a log that refuses
+            # it, and every later open of it would be refused (by both sides).
+            store.delete_many([marker_key(prefix)])
         raise _mismatch_store(log, store, bound[1])
 
 

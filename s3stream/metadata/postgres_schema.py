@@ -132,12 +132,21 @@ def table(schema: str, name: str) -> sql.Identifier:
     return sql.Identifier(schema, name)
 
 
+_TABLES = """SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = %s AND c.relname = ANY(%s) AND c.relkind IN ('r', 'p')"""
+
+
 def create_tables(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> None:
-    """Create the schema's tables if missing (one transaction), then `check_version`."""
+    """Create the schema's tables if missing (one transaction), then `check_version`. Where
+    they all exist (made by an earlier writer, or by a DBA) no DDL runs: PostgreSQL checks
+    the CREATE privilege even for ``CREATE ... IF NOT EXISTS`` of what exists, and writers
+    need only SELECT, INSERT and UPDATE on the tables (and USAGE on the schema)."""
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_DDL_LOCK,))
         check_layout(conn, schema)
-        for statement in _DDL:
+        row = conn.execute(_TABLES, (schema, list(_LAYOUT))).fetchone()
+        statements = _DDL[-1:] if row is not None and row[0] == len(_LAYOUT) else _DDL
+        for statement in statements:
             conn.execute(
                 sql.SQL(statement).format(
                     schema=sql.Identifier(schema), version=sql.Literal(SCHEMA_VERSION)

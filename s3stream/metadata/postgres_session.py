@@ -215,7 +215,9 @@ class PostgresSession:
                 t.conninfo, autocommit=True, application_name="s3stream", **options
             )
         except psycopg.Error as exc:
-            raise connect_error(exc, t) from exc
+            # Not chained: libpq's own message may quote the password (a traceback would
+            # print it); `connect_error` keeps the message, scrubbed.
+            raise connect_error(exc, t) from None
         conn.deadline_s = t.call_deadline_s
         ms = str(t.statement_timeout_ms)
         lock_ms = str(t.lock_timeout_ms)

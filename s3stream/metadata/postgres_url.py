@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import (
     SplitResult,
     parse_qsl,
@@ -27,7 +27,6 @@ from urllib.parse import (
     unquote,
     urlencode,
     urlsplit,
-    urlunsplit,
 )
 
 from ..errors import InvalidArgumentError
@@ -57,8 +56,9 @@ _MAX_DEFAULT_CONNECT_S = 10
 class PostgresTarget:
     """Where and how the PostgreSQL log connects (see the module docstring)."""
 
-    #: The URL libpq gets: the given one without s3stream's parameters, with timeouts.
-    conninfo: str
+    #: The URL libpq gets: the given one without s3stream's parameters, with timeouts (its
+    #: password too: never in a repr).
+    conninfo: str = field(repr=False)
     #: ``postgresql://user@host:port/dbname``: no password, for messages.
     display: str
     #: The host part (``host:port``, several for a multi-host URL), for messages.
@@ -101,6 +101,13 @@ def parse_postgres_url(url: str, *, namespace: str, timeout_ms: int) -> Postgres
     parts = _split(url)
     if parts.scheme.lower() not in SCHEMES:
         raise InvalidArgumentError(f"not a PostgreSQL URL (postgresql://...): {_safe(url)!r}")
+    if "@" in parts.path + parts.query + parts.fragment:
+        # A user name or password holding '/', '?' or '#' unencoded ends the host part
+        # early: the rest of the password would show as a database name or a fragment.
+        raise InvalidArgumentError(
+            "not a usable PostgreSQL URL: it has an '@' past its host part; percent-encode "
+            "'/', '?', '#', '@' and ':' in the user name and password (%2F, %3F, %23, %40, %3A)"
+        )
     if parts.fragment:
         raise InvalidArgumentError(f"a PostgreSQL URL has no #fragment: {_safe(url)!r}")
     ours: dict[str, str] = {}
@@ -180,22 +187,28 @@ def _split(url: str) -> SplitResult:
         # A multi-host URL (libpq: ``host1:5432,host2:5433``) has a port per host.
         for host in hosts.split(","):
             urlsplit(f"//{host}").port  # noqa: B018 - parsed on access: a bad port raises
-    except ValueError as exc:
-        raise InvalidArgumentError(f"not a usable PostgreSQL URL: {exc}") from None
+    except ValueError:
+        # Not the parser's message: it quotes the value it took for a port, which is the
+        # password when the password holds an unencoded '/', '?' or '#'.
+        raise InvalidArgumentError(
+            "not a usable PostgreSQL URL: a port that is not a number, or an unclosed '[' "
+            "(percent-encode '/', '?', '#', '@' and ':' in the user name and password)"
+        ) from None
     return parts
 
 
 def _safe(url: str) -> str:
-    """`url` without a password, for messages."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparsable URL>"
-    userinfo, at, hostinfo = parts.netloc.rpartition("@")
-    if not at:
-        return url
-    user = userinfo.partition(":")[0]
-    return urlunsplit((parts.scheme, f"{user}@{hostinfo}", parts.path, parts.query, parts.fragment))
+    """`url` without a password, for messages: all between ``://`` and the last ``@`` but
+    the user name (a password holding an unencoded '/', '?' or '#' reaches past the host
+    part a URL parser would see), and any ``password=`` parameter."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "<not a URL>"
+    userinfo, at, after = rest.rpartition("@")
+    if at:
+        user = re.split(r"[:/?#]", userinfo, maxsplit=1)[0]
+        rest = f"{user}@{after}"
+    return f"{scheme}://" + re.sub(r"(?i)(password=)[^&#]*", r"\1***", rest)
 
 
 def check_postgres_url(url: str) -> None:
