@@ -333,7 +333,15 @@ def _check_demo_target(
     elif not reuse:
         with open_reader_store(url, storage_options=options or None, settings=settings) as store:
             if not holds_store(store):
-                return  # a new prefix: the demo makes its store there
+                # A new prefix, where the demo makes its store; unless it holds somebody
+                # else's objects (the demo wrote beside them, as it refuses a directory).
+                other = next(iter(store.list("")), None)
+                if other is not None:
+                    raise InvalidArgumentError(
+                        f"{url!r} holds objects that are not an s3stream store (such as "
+                        f"{other.key!r}): choose an empty prefix"
+                    )
+                return
         with open_reader(
             url, storage_options=options or None, settings=settings, metadata=metadata
         ) as reader:
@@ -349,7 +357,15 @@ def _demo(args: argparse.Namespace) -> int:
     options = _storage_options(args, url)
     settings = _settings(args)
     metadata = _metadata(args)
-    _check_demo_target(url, args.reuse, options, _resolved(settings), metadata)
+    # No check for a Ctrl-C in it (a store probe that may retry for 20 s): not deferred.
+    interrupts = args.interrupts
+    if interrupts is not None:
+        interrupts.deferred = False
+    try:
+        _check_demo_target(url, args.reuse, options, _resolved(settings), metadata)
+    finally:
+        if interrupts is not None:
+            interrupts.deferred = True
     n_streams, n_batches, size = args.streams, args.batches, args.batch_bytes
     total, mb = n_batches * size, n_batches * size / 1e6
     _say(
@@ -1008,7 +1024,14 @@ def _store_timeout(value: str) -> int:
     try:
         seconds = float(value)
     except ValueError:
-        number = _setting_value(lambda text: parse_duration_ms(text, name="duration"), value, 1)
+        try:
+            number = _setting_value(lambda text: parse_duration_ms(text, name="duration"), value, 1)
+        except argparse.ArgumentTypeError:
+            # Not the settings' message: it says a bare number is milliseconds, and here it
+            # is seconds (following it, 30000 meant 8 hours).
+            raise argparse.ArgumentTypeError(
+                f"a duration such as 30s, 500ms or 2min, or a bare number of seconds, got {value!r}"
+            ) from None
     else:
         # (1e308 s passed a check for inf, then overflowed in round(): a traceback.)
         if not seconds > 0 or not math.isfinite(seconds * 1000):
@@ -1021,8 +1044,9 @@ def _stream_id(value: str) -> int:
     try:
         return _non_negative(value)
     except argparse.ArgumentTypeError:
+        missing = "" if value.strip().lstrip("-").isdigit() else " (is the stream id missing?)"
         raise argparse.ArgumentTypeError(
-            f"a stream id is a whole number >= 0 (see 'inspect'), got {value!r}"
+            f"a stream id is a whole number >= 0 (see 'inspect'), got {value!r}{missing}"
         ) from None
 
 
@@ -1536,13 +1560,13 @@ def _silence_stdout() -> None:
 
 
 #: Commands whose loops call `check_interrupt` often enough that a first Ctrl-C only asks them
-#: to stop there (see `_interrupts`).
+#: to stop there (see `_Interrupts`).
 _POLLING_COMMANDS = frozenset({"demo"})
 
 
-def _interrupts(*, deferred: bool) -> Callable[[], None]:
-    """Catch Ctrl-C for the whole command. The returned function raises `KeyboardInterrupt`
-    once there was one; long loops call it.
+class _Interrupts:
+    """Catch Ctrl-C for the whole command. Calling it raises `KeyboardInterrupt` once there
+    was one; long loops call it.
 
     `deferred` (a command that calls it often, `_POLLING_COMMANDS`): the first Ctrl-C is only
     remembered, and the command stops at its next check, from its own code. Raised wherever
@@ -1553,23 +1577,23 @@ def _interrupts(*, deferred: bool) -> Callable[[], None]:
     time in ten on a loaded machine. A second Ctrl-C raises at once. Otherwise the first one
     raises where the main thread is, and is remembered too, because a `KeyboardInterrupt`
     raised inside a future's completion callback is swallowed by `concurrent.futures` (it
-    logs it)."""
-    interrupted = threading.Event()
+    logs it). A command may turn `deferred` off around a step that has no check in it (the
+    demo's look at its target: a Ctrl-C waited there for the store probe's 20 s)."""
 
-    def on_sigint(signum: int, frame: object) -> None:
-        if deferred and not interrupted.is_set():
-            interrupted.set()
+    def __init__(self, *, deferred: bool) -> None:
+        self.deferred = deferred
+        self.seen = threading.Event()
+
+    def on_sigint(self, signum: int, frame: object) -> None:
+        if self.deferred and not self.seen.is_set():
+            self.seen.set()
             return
-        interrupted.set()
+        self.seen.set()
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGINT, on_sigint)
-
-    def check() -> None:
-        if interrupted.is_set():
+    def __call__(self) -> None:
+        if self.seen.is_set():
             raise KeyboardInterrupt
-
-    return check
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1586,14 +1610,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     # keeps Python's default, which raises KeyboardInterrupt there too).
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGINT) if in_main else None
-    args.check_interrupt = (
-        _interrupts(deferred=args.command in _POLLING_COMMANDS) if in_main else (lambda: None)
-    )
+    args.interrupts = None
+    args.check_interrupt = lambda: None
+    if in_main:
+        args.interrupts = args.check_interrupt = _Interrupts(
+            deferred=args.command in _POLLING_COMMANDS
+        )
+        signal.signal(signal.SIGINT, args.interrupts.on_sigint)
     try:
         return _run(args, command)
     finally:
         if in_main:
             signal.signal(signal.SIGINT, previous)
+
+
+def _interrupted(args: argparse.Namespace) -> bool:
+    """Whether a Ctrl-C came during the command (a deferred one is only remembered)."""
+    interrupts = getattr(args, "interrupts", None)
+    return interrupts is not None and interrupts.seen.is_set()
 
 
 def _run(args: argparse.Namespace, command: str) -> int:
@@ -1616,6 +1650,10 @@ def _run(args: argparse.Namespace, command: str) -> int:
         _error(command, exc)
         return EXIT_USAGE
     except UnavailableError as exc:
+        if _interrupted(args):
+            # A Ctrl-C remembered (deferred) while the failing call ran: what was asked for.
+            _stderr(f"{command}: interrupted")
+            return EXIT_INTERRUPTED
         hint, url = "", getattr(args, "url", None) or getattr(args, "dir", None)
         if url and split_scheme(url)[0] != "file":
             # An endpoint out of reach: how long each call kept trying is the flag's to set.

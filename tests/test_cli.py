@@ -746,6 +746,44 @@ def test_numeric_options_take_the_units_of_the_settings(store: Store, tmp_path: 
     # A number of seconds too large for milliseconds was an OverflowError traceback.
     huge = run("inspect", str(store.root), "--store-timeout", "1e308")
     assert huge.returncode == 2 and "must be > 0 and finite" in huge.stderr, huge.stderr
+    # Its own rule (a bare number is seconds), not the settings' (milliseconds: "30000").
+    word, nostream = run_all(
+        ["inspect", str(store.root), "--store-timeout", "abc"], ["dump", str(store.root)]
+    )
+    assert word.returncode == 2 and "bare number of seconds" in word.stderr, word.stderr
+    assert "milliseconds" not in word.stderr
+    assert nostream.returncode == 2 and "is the stream id missing?" in nostream.stderr
+
+
+def test_ctrl_c_while_the_demo_probes_an_unreachable_store_exits_130(tmp_path: Path) -> None:
+    """The demo defers its first Ctrl-C to its own checks, and its look at the target (a
+    store probe retrying a refused endpoint for ~20 s) had none: the Ctrl-C waited for it,
+    and the command then exited 1 with the endpoint's error."""
+    env = {
+        **ENV,
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "S3STREAM_ENDPOINT_URL": "http://127.0.0.1:9",  # the discard port: refused
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "s3stream", "demo", "s3://bucket/demo"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        time.sleep(2.0)  # imported, and retrying the refused endpoint
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert took < 5, took
 
 
 def test_a_prefix_or_memory_url_without_a_store_is_refused(
@@ -773,6 +811,14 @@ def test_a_prefix_or_memory_url_without_a_store_is_refused(
     inspected = run("inspect", there, "--json", env=env)
     assert inspected.returncode == 0, inspected.stderr
     assert len(json.loads(inspected.stdout)["streams"]) == 1
+    # The demo does not make its store beside somebody else's objects (it did, exit 0; a
+    # directory holding them was refused).
+    theirs = f"theirs-{random.randrange(1 << 30)}"
+    moto_s3.client().put_object(Bucket=moto_s3.bucket, Key=f"{theirs}/important.csv", Body=b"1")
+    beside = run("demo", f"s3://{moto_s3.bucket}/{theirs}", env=env)
+    one_line_error(beside, 2, "important.csv", "not an s3stream store")
+    listed = moto_s3.client().list_objects_v2(Bucket=moto_s3.bucket, Prefix=theirs)
+    assert [o["Key"] for o in listed["Contents"]] == [f"{theirs}/important.csv"]
 
 
 def test_take_over_refuses_a_live_node_unless_forced(tmp_path: Path) -> None:
