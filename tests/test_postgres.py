@@ -345,6 +345,19 @@ def test_tables_of_another_application_are_never_written(postgres: Any, tmp_path
         schema,
     )  # fmt: skip
     assert tables == [("schema_version",)]
+    # The log's columns without its keys (the primary key is the fencing: two writers both
+    # "created" entry 1000 there) are not the log's tables either.
+    bare = f"bare_{uuid.uuid4().hex[:8]}"
+    _sql(postgres, f"CREATE SCHEMA {bare}")
+    _sql(
+        postgres,
+        f"CREATE TABLE {bare}.log_entries (namespace text NOT NULL, seq bigint NOT NULL, "
+        "payload bytea NOT NULL, created_at timestamptz NOT NULL DEFAULT now())",
+    )
+    with pytest.raises(InvalidArgumentError, match="'log_entries' that is not s3stream's"):
+        s3stream.open(
+            tmp_path / "b", wal="memory://", metadata=postgres.url(namespace="b", schema=bare)
+        )
 
 
 def test_metadata_urls_are_checked_before_anything_is_opened(tmp_path: Path) -> None:

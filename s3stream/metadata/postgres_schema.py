@@ -97,6 +97,25 @@ _LAYOUT: dict[str, tuple[tuple[str, str], ...]] = {
     "checkpoint_pointers": (("namespace", "text"), ("seq", "bigint")),
 }
 
+#: The unique keys each table must have: the primary keys are the fencing (one transaction
+#: creates a given entry), so a table of the right columns without them is not the log's.
+_KEYS: dict[str, frozenset[tuple[str, ...]]] = {
+    "schema_version": frozenset({("version",)}),
+    "namespaces": frozenset({("namespace",), ("namespace_id",)}),
+    "log_entries": frozenset({("namespace", "seq")}),
+    "checkpoints": frozenset({("namespace", "seq")}),
+    "checkpoint_pointers": frozenset({("namespace",)}),
+}
+
+_UNIQUE_KEYS = """SELECT c.relname, array_agg(a.attname::text ORDER BY k.ord)
+    FROM pg_index i
+    JOIN pg_class c ON c.oid = i.indrelid
+    JOIN pg_namespace n ON n.oid = c.relnamespace
+    CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
+    JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum
+    WHERE n.nspname = %s AND c.relname = ANY(%s) AND i.indisunique AND i.indpred IS NULL
+    GROUP BY c.relname, i.indexrelid"""
+
 _COLUMNS = """SELECT c.relname, c.relkind, a.attname, format_type(a.atttypid, a.atttypmod)
     FROM pg_class c
     JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -115,14 +134,23 @@ def check_layout(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> N
         kinds[str(name)] = str(kind)
         if column is not None:
             found.setdefault(str(name), []).append((str(column), str(type_name)))
+    keys: dict[str, set[tuple[str, ...]]] = {}
+    for name, columns in conn.execute(_UNIQUE_KEYS, (schema, list(_LAYOUT))):
+        assert isinstance(columns, list)  # (a text[] reads as a list)
+        keys.setdefault(str(name), set()).add(tuple(str(c) for c in columns))
     for name, kind in sorted(kinds.items()):
-        if kind in ("r", "p") and tuple(found.get(name, ())) == _LAYOUT[name]:
+        if (
+            kind in ("r", "p")
+            and tuple(found.get(name, ())) == _LAYOUT[name]
+            and _KEYS[name] <= keys.get(name, set())
+        ):
             continue
         raise InvalidArgumentError(
             f"schema {schema!r} holds a {'table' if kind in ('r', 'p') else 'relation'} "
             f"named {name!r} that is not s3stream's layout {SCHEMA_VERSION} (another "
             f"application's, or a newer s3stream's: columns "
-            f"{', '.join(f'{c} {t}' for c, t in found.get(name, [])) or 'none'}): "
+            f"{', '.join(f'{c} {t}' for c, t in found.get(name, [])) or 'none'}; unique "
+            f"keys {sorted(keys.get(name, set())) or 'none'}): "
             "give the metadata URL a schema of its own (?schema=...)"
         )
 
