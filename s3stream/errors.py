@@ -100,7 +100,8 @@ class ObjectNotFoundError(S3StreamError, LookupError):
 
 
 class OffsetOutOfRangeError(S3StreamError, LookupError):
-    """The offset lies outside ``[start_offset, confirm_offset)`` of the stream."""
+    """A read begins outside ``[start_offset, confirm_offset]`` of the stream (trimmed away,
+    or not written yet; at ``confirm_offset`` itself a read returns nothing)."""
 
 
 class OffsetMismatchError(S3StreamError):
