@@ -257,14 +257,16 @@ class _Threads:
 
 
 def _own_thread(fn: Callable[[], T], name: str) -> asyncio.Future[T]:
-    """``fn()`` in a daemon thread of its own (in the caller's context variables), awaitable.
-    For the calls that keep a deadline of their own (open, flush, close): in the loop's
-    default executor they queued behind the application's own `to_thread` calls, and their
-    deadline started only when a thread took them (flush(timeout_s=0.5) took 4.45 s)."""
+    """``fn()`` in a thread of its own (in the caller's context variables), awaitable. For
+    the calls that keep a deadline of their own (open, flush, close): in the loop's default
+    executor they queued behind the application's own `to_thread` calls, and their deadline
+    started only when a thread took them (flush(timeout_s=0.5) took 4.45 s). Not a daemon:
+    the interpreter waits for it on its way out, as `asyncio.run` waited for the executor,
+    so a close whose await was cancelled still finishes (within its own deadline)."""
     ctx = contextvars.copy_context()
     future: Future[T] = Future()
     threading.Thread(
-        target=run_into, args=(future, functools.partial(ctx.run, fn)), name=name, daemon=True
+        target=run_into, args=(future, functools.partial(ctx.run, fn)), name=name
     ).start()
     return asyncio.wrap_future(future)
 
@@ -284,8 +286,8 @@ class _Opening(Generic[C]):
     """An opener run in a thread, handing what it opens to its caller or, once the caller
     stopped waiting, to a close. The close needs neither the loop nor its executor (both may
     be gone by then: `asyncio.run` shuts the default executor down on its way out): it runs
-    in the opener's own thread, or, if the opener had finished, in a daemon thread of its
-    own."""
+    in the opener's own thread, or, if the opener had finished, in a thread of its own (not
+    daemons: the interpreter waits for the close on its way out)."""
 
     def __init__(self, fn: Callable[[], C]) -> None:
         self._fn = fn
@@ -309,7 +311,7 @@ class _Opening(Generic[C]):
             made, self._made = self._made, None
         if made is not None:
             threading.Thread(
-                target=_close_abandoned, args=(made,), name="s3stream-close-abandoned", daemon=True
+                target=_close_abandoned, args=(made,), name="s3stream-close-abandoned"
             ).start()
 
 

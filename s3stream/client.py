@@ -577,7 +577,13 @@ class StreamClient(Closeable):
             ops: list[Op] = []
             for m in created:
                 s = state.streams.get(m.stream_id)
-                if s is not None and s.state is StreamState.OPEN and s.epoch == m.epoch:
+                # Closed at the create's epoch: released by a take-over of this node, never
+                # opened since (an open bumps the epoch), never handed to anyone: undone too.
+                if (
+                    s is not None
+                    and s.state in (StreamState.OPEN, StreamState.CLOSED)
+                    and s.epoch == m.epoch
+                ):
                     ops.append(DeleteStream(m.stream_id, m.epoch))
             return ops
 

@@ -24,6 +24,7 @@ from s3stream import (
     RecordBatch,
     StreamClosedError,
     StreamNotFoundError,
+    StreamState,
 )
 
 SMALL = ClientSettings(upload_threshold_bytes=16 * 1024, upload_interval_ms=0)
@@ -981,3 +982,41 @@ def test_a_readers_async_tail_follows_the_log_every_poll_s(tmp_path: Path) -> No
         seen_after = asyncio.run(main())
     # The commit came ~0.3 s into a 2 s poll: seen at the poll's end, not 50 ms later.
     assert 1.0 <= seen_after <= 4.0, seen_after
+
+
+def test_a_close_whose_await_was_cancelled_still_finishes_before_the_process_exits(
+    tmp_path: Path,
+) -> None:
+    """`asyncio.wait_for(client.close(), 0.05)` timing out, then `asyncio.run` returning and
+    the process exiting: the close, moved to a daemon thread of its own, was cut off at exit
+    and left the stream open on the node (the next open was a recovery); the interpreter
+    waits for it again, as it waited for the loop's executor."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import asyncio, sys
+        import s3stream.aio as aio
+        from s3stream import RecordBatch
+
+        async def main():
+            client = await aio.open(sys.argv[1], node_id="n1")
+            stream = await client.create_stream()
+            await stream.append(RecordBatch(b"x" * 1000))
+            try:
+                await asyncio.wait_for(client.close(), 0.001)
+            except TimeoutError:
+                pass
+
+        asyncio.run(main())
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    with s3stream.open_reader(str(tmp_path)) as reader:
+        (info,) = reader.list_streams()
+        assert info.state is StreamState.CLOSED and info.end_offset == 1

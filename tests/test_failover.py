@@ -374,6 +374,42 @@ def test_a_take_over_refused_for_its_wal_does_not_fence_the_node(tmp_path: Path)
         assert report.recovery.records == 1 and report.node_epoch == before + 1
 
 
+def test_a_wal_refused_for_its_header_does_not_fence_the_live_node(tmp_path: Path) -> None:
+    """A WAL of the node with both header slots damaged, or another store's WAL of the node
+    cut to half its size, passed the pre-registration check (it judged only readable
+    headers): the open and the take-over that named it were refused by the WAL's own open,
+    after registering the node, and the live node was fenced."""
+    import s3stream
+    from s3stream.types import RecordBatch
+    from s3stream.wal.framing import SLOT_BYTES
+
+    root = tmp_path / "store"
+    wal = f"file://{tmp_path}/{{}}.wal?capacity_bytes=1MiB"
+    for store, name in ((tmp_path / "a", "spare"), (tmp_path / "b", "cut")):
+        c = s3stream.open(store, node_id="n1", wal=wal.format(name))
+        c.create_stream().append(RecordBatch(b"x"))
+        c.abandon()
+    with open(tmp_path / "spare.wal", "r+b") as f:  # both slots fail their checksums
+        for slot in range(2):
+            f.seek(slot * SLOT_BYTES + 100)
+            f.write(b"\xff" * 8)
+    os.truncate(tmp_path / "cut.wal", os.path.getsize(tmp_path / "cut.wal") // 2)
+
+    def epoch() -> int:
+        with s3stream.open_reader(root) as r:
+            return r.metadata.state.nodes["n1"].epoch
+
+    with s3stream.open(root, node_id="n1", wal=wal.format("live")) as live:
+        live.create_stream().append(RecordBatch(b"live"))
+        before = epoch()
+        with s3stream.open(root, node_id="t", wal="memory://") as t:
+            for name in ("spare", "cut"):
+                with pytest.raises((s3stream.CorruptionError, s3stream.InvalidArgumentError)):
+                    t.take_over("n1", wal=wal.format(name), timeout_s=10)
+        assert epoch() == before
+        live.create_stream().append(RecordBatch(b"still live"))  # not fenced
+
+
 def test_an_object_wal_refused_for_its_node_does_not_fence_it(tmp_path: Path) -> None:
     """An object WAL's refusals (a prefix holding nothing while the node's streams are open,
     or another store's WAL holding records) came from its recovery, after the open or the
@@ -455,6 +491,27 @@ def test_a_client_taken_over_creates_no_stream(tmp_path: Path) -> None:
         with contextlib.suppress(s3stream.S3StreamError):
             a.close(timeout_s=5)
         assert b.take_over("w1").released_streams == ()
+    # A take-over between two entries of one create_streams call: the streams of the first
+    # entry, closed by the take-over at their create's epoch and handed to nobody, stayed.
+    c = s3stream.open(root, node_id="w2")
+    with s3stream.open(root, node_id="t2") as b:
+        real = c._meta.create_streams
+        calls: list[int] = []
+
+        def taken_over_after_the_first_entry(*args: Any, **kwargs: Any) -> Any:
+            made = real(*args, **kwargs)
+            calls.append(len(made))
+            if len(calls) == 1:
+                b.take_over("w2")
+            return made
+
+        c._meta.create_streams = taken_over_after_the_first_entry  # type: ignore[method-assign]
+        with pytest.raises(s3stream.FencedError):
+            c.create_streams([None] * 1500)  # two entries of at most 1,024
+        assert calls[0] == 1024
+        assert b.list_streams() == []
+    with contextlib.suppress(s3stream.S3StreamError):
+        c.close(timeout_s=5)
 
 
 def test_a_take_over_given_up_at_its_deadline_lets_go_of_the_wal(

@@ -58,6 +58,7 @@ from .framing import (
     FRAME_ALIGN,
     FRAME_HEADER,
     MAX_NODE_ID_BYTES,
+    MIN_DATA_CAPACITY,
     RING_PROBE_BYTES,
     SLOT_BYTES,
     FrameScanner,
@@ -82,7 +83,7 @@ _log = logging.getLogger(__name__)
 
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 _ZEROS = bytes(BLOCK_BYTES)
-_MIN_DATA_CAPACITY = 4 * BLOCK_BYTES
+_MIN_DATA_CAPACITY = MIN_DATA_CAPACITY
 #: Bytes of a slot that hold the header fields and their checksum.
 _SLOT_PROBE_BYTES = 160
 #: The contract's default `WalCapabilities.max_record_bytes`.

@@ -8,6 +8,7 @@ code, so a check reports exactly what an opening would do, without writing anyth
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,9 +17,11 @@ from typing import NamedTuple
 from ..errors import InvalidArgumentError, S3StreamError
 from .checks import check_wal_medium
 from .framing import (
+    BLOCK_BYTES,
     DATA_START,
     FRAME_ALIGN,
     FRAME_HEADER,
+    MIN_DATA_CAPACITY,
     RING_PROBE_BYTES,
     SLOT_BYTES,
     FrameHeader,
@@ -39,6 +42,7 @@ from .os_errors import os_error
 __all__ = [
     "FileWalCheck",
     "PeekedWal",
+    "UnusableWal",
     "check_file_wal",
     "choose_header",
     "clean_tail_damage",
@@ -289,22 +293,48 @@ class PeekedWal(NamedTuple):
 
     node_id: str
     wal_uid: int
+    #: Records at or past its trim point, or cut short (what it held cannot be told).
     holds_records: bool
 
 
-def peek_wal(path: str | Path) -> PeekedWal | None:
+class UnusableWal(NamedTuple):
+    """A WAL whose open `FileWal` refuses for its header alone (`peek_wal`): why."""
+
+    problem: str
+
+
+def peek_wal(path: str | Path) -> PeekedWal | UnusableWal | None:
     """The node, identity and `holds_records` of the WAL file `path` from its header,
-    read-only, as `FileWal` judges a WAL of another node or identity; None if it has no
-    readable header (new, empty or damaged: the WAL's open judges those) or cannot be read."""
+    read-only, as `FileWal` judges a WAL of another node or identity; `UnusableWal` where our
+    magic is but no header `FileWal` would open (damaged slots, a newer layout, the header
+    area cut short, an impossible layout, a file larger than its header says); None where
+    there is no WAL yet (new, empty, zeros: the WAL's open judges those) or it cannot be
+    read."""
     try:
         fd = open_wal_for_reading(Path(path))
     except S3StreamError:
         return None
     try:
-        header = read_header_slots(fd)[2]
+        size = os.fstat(fd).st_size
+        raw, _, header = read_header_slots(fd)
         if header is None:
+            if may_hold_header(raw):
+                return UnusableWal(
+                    "it holds no usable header (damaged, cut short, or written by a newer s3stream)"
+                )
             return None
-        return PeekedWal(header.node_id, header.wal_uid, holds_records(fd, header))
+        expected = header.data_start + header.capacity
+        if (
+            header.data_start != DATA_START
+            or header.capacity % BLOCK_BYTES
+            or header.capacity < MIN_DATA_CAPACITY
+        ):
+            return UnusableWal("its header describes an impossible layout")
+        device = stat.S_ISBLK(os.fstat(fd).st_mode)
+        if not device and size > expected:
+            return UnusableWal(f"it is {size} bytes but its header says {expected}: resized")
+        truncated = not device and size < expected
+        return PeekedWal(header.node_id, header.wal_uid, truncated or holds_records(fd, header))
     except OSError:
         return None
     finally:

@@ -58,6 +58,7 @@ __all__ = [
     "HEADER_MAGIC",
     "HEADER_SLOT",
     "MAX_NODE_ID_BYTES",
+    "MIN_DATA_CAPACITY",
     "RING_PROBE_BYTES",
     "SLOT_BYTES",
     "FrameHeader",
@@ -83,6 +84,8 @@ __all__ = [
 
 #: Alignment unit of the layout: device sector/page size that O_DIRECT needs.
 BLOCK_BYTES = 4096
+#: The smallest ring a WAL header may describe.
+MIN_DATA_CAPACITY = 4 * BLOCK_BYTES
 #: Bytes reserved for one header slot.
 SLOT_BYTES = BLOCK_BYTES
 #: File offset of the data area: two header slots precede it.

@@ -36,14 +36,14 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 from .._registry import NAME_MAX, SchemeRegistry, split_scheme
 from ..clock import Clock
-from ..errors import InvalidArgumentError
+from ..errors import CorruptionError, InvalidArgumentError
 from ..objectstore.base import ObjectStore
 from ..settings import FileWalSettings, ObjectWalSettings
 from ..settings_parse import parse_size, settings_from_query
 from ..validation import check_choice
 from .base import WriteAheadLog
 from .file import FileWal
-from .file_scan import peek_wal
+from .file_scan import UnusableWal, peek_wal
 from .framing import DATA_START, file_bytes, may_hold_header
 from .holder import LOCK_SUFFIX, WalHolderLock
 from .loss import check_open_node_wal, refuse_foreign_wal
@@ -535,6 +535,17 @@ def check_file_wal_owner(
     peeked = peek_wal(path)
     if peeked is None:
         return
+    if isinstance(peeked, UnusableWal):
+        # The WAL's open refuses it (a damage `accept_loss` may go past: left to the open);
+        # judged here, it was refused after the node was registered, fencing a live one.
+        if accept_loss:
+            return
+        raise CorruptionError(
+            f"WAL {path} of node {node_id!r} cannot be opened: {peeked.problem}; nothing "
+            "was registered (open with accept_wal_loss=True to go on without its records, "
+            "where the damage allows)",
+            location=str(path),
+        )
     if peeked.node_id != node_id:
         raise InvalidArgumentError(
             f"WAL {path} belongs to node {peeked.node_id!r}, not node_id={node_id!r}"
