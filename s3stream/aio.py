@@ -262,7 +262,9 @@ def _own_thread(fn: Callable[[], T], name: str) -> asyncio.Future[T]:
     executor they queued behind the application's own `to_thread` calls, and their deadline
     started only when a thread took them (flush(timeout_s=0.5) took 4.45 s). Not a daemon:
     the interpreter waits for it on its way out, as `asyncio.run` waited for the executor,
-    so a close whose await was cancelled still finishes (within its own deadline)."""
+    so a close whose await was cancelled still finishes (within its own deadline). Named
+    apart from the pools' threads (``s3stream-aio-*``), which a closed handle has stopped:
+    this one may still be on its way out when its call has returned."""
     ctx = contextvars.copy_context()
     future: Future[T] = Future()
     threading.Thread(
@@ -274,7 +276,7 @@ def _own_thread(fn: Callable[[], T], name: str) -> asyncio.Future[T]:
 async def _opened(fn: Callable[[], C]) -> C:
     """``fn()`` in a thread; if the awaiting task is cancelled, what `fn` opens is closed."""
     opening_ = _Opening(fn)
-    job = _own_thread(opening_.run, "s3stream-aio-open")
+    job = _own_thread(opening_.run, "s3stream-async-open")
     try:
         return await asyncio.shield(job)
     except asyncio.CancelledError:
@@ -857,7 +859,7 @@ class AsyncStreamClient:
         # A thread of its own, not the call pool: there it queued behind reads stuck on a
         # store that stopped answering, and its deadline started only when a thread took it
         # (timeout_s=1 returned after 10.9 s).
-        await _own_thread(functools.partial(self._client.flush, timeout_s), "s3stream-aio-flush")
+        await _own_thread(functools.partial(self._client.flush, timeout_s), "s3stream-async-flush")
 
     async def close(self, timeout_s: float | None = None) -> None:
         """Close the client (`StreamClient.close`: uploads everything, releases the streams,
@@ -868,7 +870,7 @@ class AsyncStreamClient:
         try:
             # As `flush`: not behind the calls queued in the pool.
             await _own_thread(
-                functools.partial(self._client.close, timeout_s), "s3stream-aio-close"
+                functools.partial(self._client.close, timeout_s), "s3stream-async-close"
             )
         finally:
             # Calls still running (reads on a store that stopped answering) are waited for
@@ -1032,7 +1034,7 @@ class AsyncStreamReader:
             # A thread of its own, as the client's close: in the call pool it could get no
             # thread (all busy on a store that stopped answering), the reader was left open,
             # and a second close returned at once as if it had closed it.
-            await _own_thread(self._reader.close, "s3stream-aio-reader-close")
+            await _own_thread(self._reader.close, "s3stream-async-reader-close")
         finally:
             await self._threads.close(max(0.0, deadline - loop.time()))
 
