@@ -897,7 +897,7 @@ BUSY_WRITER = textwrap.dedent(
     from s3stream import RecordBatch
 
     settings = {
-        "file_wal.capacity_bytes": "16MiB",
+        "file_wal.capacity_bytes": "4MiB",
         "upload_interval_ms": "200ms",
         "compaction.background": True,
         "compaction.interval_ms": "1s",
@@ -911,8 +911,8 @@ BUSY_WRITER = textwrap.dedent(
             for s in streams:
                 s.append(RecordBatch(b"x" * 300, count=2))
             n += 1
-            if n == 20_000:
-                print("ready", flush=True)  # the ring has wrapped: ~20 MB written
+            if n == 6_000:
+                print("ready", flush=True)  # the ring has wrapped: ~6 MB written
             if n % 50 == 0:
                 for s in streams:
                     s.trim(max(s.start_offset, s.confirm_offset - 40))
