@@ -129,54 +129,21 @@ def _shared_object_wal(
     same objects, in a stack like the client's (retried within `timeout_s`) that records into
     the client's metrics registry as its ``wal`` purpose, so its traffic still shows in
     `StreamClient.metrics`; the WAL closes it."""
-
-    def factory(
-        node_id: str,
-        node_epoch: int,
-        on_full: Callable[[], None],
-        *,
-        take_over: bool = False,
-        must_exist: bool = False,
-    ) -> ObjectWal:
-        # A take-over needs nothing special here: opening the chain seals the old holder out.
-        del take_over
-        wal_store: ObjectStore = store
-        if own_store is not None:
-            stack = store_stack(
-                own_store(),
-                clock=clock,
-                rng=random.Random(f"s3stream:{node_id}:wal"),
-                timeout_s=timeout_s,
-            )
-            # The client adopted its registry before it opens the WAL: record into it.
-            stack.use_registry(store.registry)
-            stack.default_purpose = "wal"
-            wal_store = stack
-        return ObjectWal(
-            wal_store,
-            node_id=node_id,
-            node_epoch=node_epoch,
-            prefix=OBJECT_WAL_DIR,
-            settings=settings,
-            clock=clock,
-            on_full=on_full,
-            retry=False,
-            # The WAL's own store is the WAL's to close; the client's is the client's.
-            close_store=own_store is not None,
-            must_exist=must_exist,
-            accept_loss=accept_wal_loss,
-        )
-
-    return _PreflightedObjectWal(factory)
+    return _SharedObjectWal(store, clock, settings, accept_wal_loss, own_store, timeout_s)
 
 
 @dataclasses.dataclass
-class _PreflightedObjectWal:
+class _SharedObjectWal:
     """`_shared_object_wal`'s factory, with `check_node` beside it (as `UrlWalFactory`'s):
     a wiped WAL prefix of a node whose streams are open is refused before the client
     registers the node, which would fence a live process of it."""
 
-    make: Callable[..., ObjectWal]
+    store: MetricsObjectStore
+    clock: Clock
+    settings: ObjectWalSettings | None
+    accept_wal_loss: bool
+    own_store: Callable[[], ObjectStore] | None
+    timeout_s: float
 
     def __call__(
         self,
@@ -186,19 +153,42 @@ class _PreflightedObjectWal:
         *,
         take_over: bool = False,
         must_exist: bool = False,
-    ) -> WriteAheadLog:
-        return self.make(node_id, node_epoch, on_full, take_over=take_over, must_exist=must_exist)
+    ) -> ObjectWal:
+        # A take-over needs nothing special here: opening the chain seals the old holder out.
+        del take_over
+        wal_store: ObjectStore = self.store
+        if self.own_store is not None:
+            stack = store_stack(
+                self.own_store(),
+                clock=self.clock,
+                rng=random.Random(f"s3stream:{node_id}:wal"),
+                timeout_s=self.timeout_s,
+            )
+            # The client adopted its registry before it opens the WAL: record into it.
+            stack.use_registry(self.store.registry)
+            stack.default_purpose = "wal"
+            wal_store = stack
+        return ObjectWal(
+            wal_store,
+            node_id=node_id,
+            node_epoch=node_epoch,
+            prefix=OBJECT_WAL_DIR,
+            settings=self.settings,
+            clock=self.clock,
+            on_full=on_full,
+            retry=False,
+            # The WAL's own store is the WAL's to close; the client's is the client's.
+            close_store=self.own_store is not None,
+            must_exist=must_exist,
+            accept_loss=self.accept_wal_loss,
+        )
 
     def check_node(self, node_id: str, *, must_exist: bool, expect_uid: int | None = None) -> None:
         """`ObjectWal.preflight` of the node's WAL (made without I/O, closed unrecovered)."""
         del expect_uid  # (this WAL, at the store's own prefix, takes none)
-        if not must_exist:
-            return
-        wal = self.make(node_id, 0, lambda: None, must_exist=True)
-        try:
-            wal.preflight()
-        finally:
-            wal.close()
+        if must_exist:
+            with contextlib.closing(self(node_id, 0, lambda: None, must_exist=True)) as wal:
+                wal.preflight()
 
 
 def _s3_wal_store_opener(

@@ -25,6 +25,7 @@ one piece of process-wide state here, like fsspec's, by design.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import importlib.util
 import os
@@ -276,12 +277,10 @@ class UrlWalFactory:
             # Made without I/O, judged read-only (`ObjectWal.preflight`), closed unrecovered.
             from .object import ObjectWal
 
-            wal = self(node_id, 0, lambda: None, must_exist=must_exist, expect_uid=expect_uid)
-            try:
+            made = self(node_id, 0, lambda: None, must_exist=must_exist, expect_uid=expect_uid)
+            with contextlib.closing(made) as wal:
                 if isinstance(wal, ObjectWal):
                     wal.preflight()
-            finally:
-                wal.close()
 
     def __call__(
         self,
