@@ -20,8 +20,9 @@ from typing import cast
 from ._bounded import stop_if_given_up
 from .cache.block_cache import BlockCache
 from .clock import Clock
-from .errors import InvalidArgumentError, S3StreamError
+from .errors import InvalidArgumentError
 from .metadata import MetadataManager, MetadataState
+from .metadata.model import CloseStream, Op
 from .metrics.components import StorageInstruments
 from .metrics.logs import ContextLogger
 from .objectstore.base import ObjectStore
@@ -180,19 +181,34 @@ def take_over_node(
         wal.close()
         raise
     storage.close()
-    released: list[int] = []
+    # One entry for all of them, as a client's close does: a node with tens of thousands of
+    # open streams is released in one commit, not one commit per stream. A stream opened,
+    # closed or deleted by someone meanwhile (its epoch or state changed) is released already.
     about = ContextLogger(log, node_id)  # the node taken over
-    for stream in meta.state.streams.values():
-        if stream.owner != node_id or stream.state is not StreamState.OPEN:
-            continue
-        try:
-            meta.close_stream(stream.stream_id, stream.epoch)
-        except S3StreamError as exc:
-            # Someone opened it meanwhile: it is released already.
-            about.for_stream(stream.stream_id).info(
-                "stream %d of node %s not closed: %s", stream.stream_id, node_id, exc
-            )
-            continue
-        released.append(stream.stream_id)
+    owned = {
+        sid: s.epoch
+        for sid, s in meta.state.streams.items()
+        if s.owner == node_id and s.state is StreamState.OPEN
+    }
+    released: list[int] = []
+
+    def build(state: MetadataState) -> list[Op]:
+        released[:] = [
+            sid
+            for sid, epoch in owned.items()
+            if (s := state.streams.get(sid)) is not None
+            and s.state is StreamState.OPEN
+            and s.epoch == epoch
+        ]
+        return [CloseStream(sid, owned[sid]) for sid in released]
+
+    if owned:
+        meta.commit(build)
+    for sid in sorted(owned.keys() - set(released)):
+        about.for_stream(sid).info(
+            "stream %d of node %s not closed: another client opened, closed or deleted it",
+            sid,
+            node_id,
+        )
     about.info("took over node %s at epoch %d: %s", node_id, epoch, recovery)
     return TakeOverReport(node_id, epoch, recovery, tuple(sorted(released)))

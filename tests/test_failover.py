@@ -473,6 +473,43 @@ def test_a_wiped_default_object_wal_is_refused_before_the_node_is_registered(
     assert epoch() == before
 
 
+def test_a_take_over_releases_all_the_nodes_streams_in_one_entry(
+    tmp_path: Path, metadata_url: str | None
+) -> None:
+    """The streams of the node taken over are released in one metadata entry, as a client's
+    close releases its own (one commit per stream made a node with tens of thousands of open
+    streams impossible to take over within a deadline); a stream another client reopened
+    before is left to it."""
+    import s3stream
+    from s3stream.types import RecordBatch
+
+    root = tmp_path / "store"
+    a = s3stream.open(root, node_id="A", metadata=metadata_url)
+    streams = a.create_streams([None] * 300)
+    streams[0].append(RecordBatch(b"kept", count=1))
+    a._storage.abandon()  # crash: the append is only in A's WAL
+    a._wal._abandon()  # type: ignore[attr-defined]
+    with s3stream.open(root, node_id="B", metadata=metadata_url) as b:
+        reopened = b.open_stream(streams[1].stream_id, force=True)
+        b._meta.refresh()
+        before = b._meta.state.seq
+        report = b.take_over("A")
+        b._meta.refresh()
+        after = b._meta.state.seq
+        # One entry registers the take-over's epoch, one commits the replayed append's object,
+        # one releases the 299 streams.
+        assert after - before == 3
+        assert report.released_streams == tuple(
+            s.stream_id for s in streams if s is not streams[1]
+        )
+        assert report.recovery.uploaded_batches == 1
+        assert [s.state for s in b.list_streams() if s.stream_id != reopened.stream_id] == [
+            s3stream.StreamState.CLOSED
+        ] * 299
+        reopened.append(RecordBatch(b"still B's", count=1))
+        assert _visible(b, [streams[0].stream_id])[streams[0].stream_id] == ["kept"]
+
+
 def test_a_client_taken_over_creates_no_stream(tmp_path: Path) -> None:
     """A client whose node was taken over could still create streams: open on the fenced
     node, never writable nor released by it, and the node's next take-over then called its
