@@ -516,13 +516,7 @@ class StreamClient(Closeable):
                 # before it (a take-over) shows now. Streams created for a fenced session
                 # could never be written nor released by it, and would stay open on the
                 # node, blocking its next take-over: undone (below), as `open_stream` refuses.
-                node = self._meta.state.nodes.get(self._node_id)
-                if node is not None and node.epoch != self._node_epoch:
-                    raise FencedError(
-                        f"node {self._node_id!r} was registered again (its epoch is "
-                        f"{node.epoch}, this client's {self._node_epoch}): this client is "
-                        "fenced and creates no stream; open a new one"
-                    )
+                self._check_session("creates no stream")
         except BaseException:
             if created and not self._abandoned:
                 self._undo_creates(created)
@@ -632,15 +626,10 @@ class StreamClient(Closeable):
         with self._lock:
             self._check_open()
             self._meta.refresh()
-            node = self._meta.state.nodes.get(self._node_id)
-            if node is not None and node.epoch != self._node_epoch:
-                # Taken over (its WAL replayed and uploaded by the taker) or opened again
-                # elsewhere: this session may neither open streams nor call what it holds
-                # lost (the taker committed it).
-                raise FencedError(
-                    f"node {self._node_id!r} was registered again (its epoch is {node.epoch}, "
-                    f"this client's {self._node_epoch}): this client is fenced; open a new one"
-                )
+            # Taken over (its WAL replayed and uploaded by the taker) or opened again
+            # elsewhere: this session may neither open streams nor call what it holds lost
+            # (the taker committed it).
+            self._check_session("opens no stream")
             existing = self._streams.get(stream_id)
             if existing is not None and not existing.closed:
                 now = self._meta.state.streams.get(stream_id)
@@ -958,6 +947,17 @@ class StreamClient(Closeable):
             raise
         finally:
             self._close_done.set()
+
+    def _check_session(self, refused: str) -> None:
+        """`FencedError` (saying the client `refused` what) if the metadata, as last read,
+        has this node registered again since this client registered it."""
+        node = self._meta.state.nodes.get(self._node_id)
+        if node is not None and node.epoch != self._node_epoch:
+            raise FencedError(
+                f"node {self._node_id!r} was registered again (its epoch is {node.epoch}, "
+                f"this client's {self._node_epoch}): this client is fenced and {refused}; "
+                "open a new one"
+            )
 
     def _release_streams(
         self,
