@@ -945,3 +945,34 @@ def test_a_node_whose_wal_a_take_over_fenced_still_gets_fenced_error_at_once(
             a.close(timeout_s=5)
         assert time.monotonic() - started < 2.0
         assert [x.payload for x in read_all(b.open_stream(s.stream_id))] == [b"r0", b"r1", b"r2"]
+
+
+def test_a_metadata_log_rolled_back_under_a_writer_stops_it_for_good(tmp_path: Path) -> None:
+    """Newest log entries deleted under a live writer (a restore of an older copy) and
+    written again by another: its next upload finds the entry it applied changed. No retry
+    can change that, so the flush raises `CorruptionError` naming it at once, and appends are
+    refused, instead of every upload retrying for ever behind a retryable "upload keeps
+    failing" `UnavailableError`."""
+    root = tmp_path / "store"
+    client = open_local(root, wal=f"file://{tmp_path / 'a.wal'}?capacity_bytes=1MiB")
+    stream = client.create_stream()
+    for i in range(3):
+        stream.append(RecordBatch(payload(i), count=1))
+        client.flush()
+    log = client._meta.log
+    seq = client._meta.state.seq
+    for n in (seq - 1, seq):
+        (root / log.entry_key(n)).unlink()  # type: ignore[attr-defined]
+    with open_local(root, node_id="other") as other:  # ... and written again
+        while other._meta.state.seq <= seq:
+            other.create_stream()
+    stream.append(RecordBatch(payload(3), count=1))
+    started = time.monotonic()
+    with pytest.raises(CorruptionError, match="rolled back") as err:
+        client.flush()
+    assert not err.value.retryable
+    assert time.monotonic() - started < 5
+    with pytest.raises(CorruptionError):
+        stream.append(RecordBatch(payload(4), count=1))
+    with pytest.raises(CorruptionError):
+        client.close(timeout_s=5)

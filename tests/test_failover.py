@@ -499,9 +499,7 @@ def test_a_take_over_releases_all_the_nodes_streams_in_one_entry(
         # One entry registers the take-over's epoch, one commits the replayed append's object,
         # one releases the 299 streams.
         assert after - before == 3
-        assert report.released_streams == tuple(
-            s.stream_id for s in streams if s is not streams[1]
-        )
+        assert report.released_streams == tuple(s.stream_id for s in streams if s is not streams[1])
         assert report.recovery.uploaded_batches == 1
         assert [s.state for s in b.list_streams() if s.stream_id != reopened.stream_id] == [
             s3stream.StreamState.CLOSED

@@ -17,7 +17,13 @@ from dataclasses import dataclass, field
 from .._daemon_pool import DaemonPool
 from ..cache.log_cache import LogCache, Taken
 from ..clock import Clock
-from ..errors import FencedError, S3StreamError, StreamClosedError, UnavailableError
+from ..errors import (
+    CorruptionError,
+    FencedError,
+    S3StreamError,
+    StreamClosedError,
+    UnavailableError,
+)
 from ..metrics.components import StorageInstruments
 from ..objectstore.base import ObjectStore
 from ..settings import ClientSettings
@@ -335,8 +341,11 @@ class Uploader:
                     status.upload_error = None
                     status.cond.notify_all()
                 return
-            except FencedError as exc:
-                # The node was taken over: no retry can succeed, and no append may be acked.
+            except (FencedError, CorruptionError) as exc:
+                # The node was taken over, or the metadata log no longer matches what this
+                # client applied and uploaded (rolled back, damaged: its entries are never
+                # rewritten, so a retry finds the same): no retry can succeed, and no append
+                # may be acked. What the WAL holds stays there for a new client.
                 self._ins.upload_failures.add()
                 status.fail(exc)
                 with status.cond:
