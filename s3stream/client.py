@@ -364,6 +364,7 @@ class StreamClient(Closeable):
             lock=self._lock,
             streams=self._streams,
             node_id=node_id,
+            node_epoch=self._node_epoch,
             check_open=self._check_open,
             clock=self._clock,
         )
@@ -1064,6 +1065,12 @@ def _release_failed(stream_ids: list[int], node_id: str, exc: S3StreamError) -> 
     )
 
 
+#: How often, at most, an idle tail's empty long polls read the metadata log to learn whether
+#: another client took their streams over (one read per client, whatever the tails): an idle
+#: writer learns of it from no commit of its own.
+_HELD_CHECK_S = 5.0
+
+
 class _ClientStreams:
     """The client's side of the `StreamOwner` protocol: what its open streams ask of it."""
 
@@ -1075,6 +1082,7 @@ class _ClientStreams:
         lock: threading.RLock,
         streams: dict[int, Stream],
         node_id: str,
+        node_epoch: int,
         check_open: Callable[[], None],
         clock: Clock,
     ) -> None:
@@ -1084,9 +1092,13 @@ class _ClientStreams:
         self._lock = lock
         self._streams = streams
         self._node_id = node_id
+        self._node_epoch = node_epoch
         self._check_open = check_open
         #: Set (under the client's lock) when the client closes: every handle is closed then.
         self.closed_how: str | None = None
+        #: When `taken_from` last read the metadata log (on `clock`'s monotonic time).
+        self._held_checked = float("-inf")
+        self._held_lock = threading.Lock()
 
     def committed_start(self, stream_id: int) -> int:
         """The stream's start offset as this client last read it from the metadata log."""
@@ -1096,6 +1108,37 @@ class _ClientStreams:
     def closed_reason(self) -> str | None:
         """Why every handle is closed (the client closed or was abandoned), else None."""
         return self.closed_how
+
+    def taken_from(self, stream: Stream) -> str | None:
+        """Why the metadata says `stream` is no longer this handle's, or None. Reads the log
+        at most once per `_HELD_CHECK_S` for all the client's handles (an idle client with
+        many tails makes no more requests than one); in between, the state read last
+        answers. An unreachable store is no answer (None)."""
+        now = self.clock.monotonic()
+        with self._held_lock:
+            due = now >= self._held_checked + _HELD_CHECK_S
+            if due:
+                self._held_checked = now
+        if due:
+            try:
+                self._meta.refresh()
+            except S3StreamError:
+                return None
+        state = self._meta.state
+        node = state.nodes.get(self._node_id)
+        if node is not None and node.epoch != self._node_epoch:
+            return (
+                f"node {self._node_id!r} was registered again (its epoch is {node.epoch}, "
+                f"this client's {self._node_epoch}): stream {stream.stream_id} is no longer "
+                "this client's; open a new one"
+            )
+        held = state.streams.get(stream.stream_id)
+        if held is None or held.state is not StreamState.OPEN or held.epoch != stream.epoch:
+            return (
+                f"stream {stream.stream_id} is no longer this handle's: "
+                f"{fenced_by(state, stream.stream_id)} (this handle's epoch is {stream.epoch})"
+            )
+        return None
 
     def trim(self, stream: Stream, new_start: int) -> None:
         """Commit a trim (uploading first what is not committed below `new_start`)."""

@@ -69,6 +69,12 @@ class StreamOwner(Protocol):
         """Delete `stream` and all its data; `FencedError` if another owner took it first."""
         ...
 
+    def taken_from(self, stream: Stream) -> str | None:
+        """Why the metadata log says `stream` is no longer this handle's (its node registered
+        again, or the stream opened, closed or deleted elsewhere), or None. Reads the log at
+        most every few seconds per owner; an unreachable store is no answer (None)."""
+        ...
+
 
 class Stream(Closeable):
     """An open stream: append batches, fetch them back by offset, trim the head.
@@ -245,14 +251,30 @@ class Stream(Closeable):
         `confirm_offset`; fetching at `confirm_offset` returns no batches, or, with `wait_s`,
         waits up to `wait_s` seconds for an append to make data there durable (a long poll:
         empty on timeout; `StreamClosedError` when the stream or client closes meanwhile, at
-        once).
+        once; `FencedError` when, after a wait that found nothing, the metadata shows that
+        another client took the stream over: read at most every few seconds per client, see
+        `StreamOwner.taken_from`).
         """
         if wait_s is not None:
             wait = check_timeout("wait_s", wait_s)
-            start = check_int("start_offset", start_offset)
+            # Bad arguments are refused before the wait, not after it; a range that cannot
+            # hold data (``end_offset == start_offset``) is not waited on.
+            start, end_arg, _ = check_read_args(start_offset, end_offset, max_bytes)
             self._check_open()
-            if wait and start == self._w.confirm_offset and start >= self.start_offset:
-                self._w.wait_for_data(start, wait, self._clock)
+            if (
+                wait
+                and start == self._w.confirm_offset
+                and start >= self.start_offset
+                and (end_arg is None or end_arg > start)
+                and not self._w.wait_for_data(start, wait, self._clock)
+            ):
+                # Nothing came: an idle writer learns from no commit of its own that another
+                # client took the stream over, and its long polls (tails) would otherwise
+                # wait for ever while the stream grows elsewhere. A close of this handle
+                # (its writer stopped before the release is committed) is no take-over.
+                taken = self._owner.taken_from(self)
+                if taken is not None and self._w.error is None and not self._w.stopped:
+                    raise FencedError(taken)
         start, end, max_bytes = self._read_range(start_offset, end_offset, max_bytes)
         if start >= end:
             return FetchResult([], start)
@@ -346,7 +368,10 @@ class Stream(Closeable):
 
         A batch is yielded as soon as its append is acknowledged (this process holds the
         stream). The iterator ends when the stream or its client closes (cleanly, between
-        batches) and raises `OffsetOutOfRangeError` if a trim passes its position. `wait_s`
+        batches), raises `OffsetOutOfRangeError` if a trim passes its position and
+        `FencedError` once another client took the stream over (its node taken over, or the
+        stream force-opened elsewhere: seen within a few seconds even if this client is
+        idle). `wait_s`
         is how long each internal long poll waits (any value works: appends wake it at once).
         """
         pos = check_int("start_offset", start_offset)

@@ -53,6 +53,20 @@ def test_fetch_long_poll_waits_for_an_append_and_times_out_empty(tmp_path: Path)
             s.fetch(0, wait_s=-1)
 
 
+def test_a_long_poll_refuses_bad_arguments_before_waiting(tmp_path: Path) -> None:
+    """Arguments are checked before the wait, not after it; a range that cannot hold data
+    (``end_offset == start_offset``) is answered at once."""
+    with open_dir(tmp_path) as client:
+        s = client.create_stream()
+        s.append(RecordBatch(b"a"))
+        t0 = time.monotonic()
+        for bad in ({"end_offset": 0}, {"max_bytes": 0}, {"max_bytes": "x"}):
+            with pytest.raises(InvalidArgumentError):
+                s.fetch(1, wait_s=3, **bad)  # type: ignore[arg-type]
+        assert s.fetch(1, 1, wait_s=3).batches == []
+        assert time.monotonic() - t0 < 2
+
+
 def test_tail_delivers_every_batch_once_in_order_while_a_writer_appends(tmp_path: Path) -> None:
     n = 2_000
     with open_dir(tmp_path) as client:
@@ -152,6 +166,55 @@ def test_a_tail_of_a_handle_whose_node_was_taken_over_raises(tmp_path: Path) -> 
         assert seen == [b"a0"] and isinstance(ended[0], FencedError), (seen, ended)
         with pytest.raises(FencedError):
             stream.fetch(1, wait_s=0.5)
+    with contextlib.suppress(S3StreamError):
+        a.close(timeout_s=5)
+
+
+def test_an_idle_writers_tail_learns_its_stream_was_taken(tmp_path: Path) -> None:
+    """A writer that appends nothing learns of a take-over from no commit of its own: its
+    tails waited for ever while the stream grew under the new owner. An empty long poll now
+    reads the metadata (at most every few seconds per client): a stream force-opened
+    elsewhere fails its tail with `FencedError`, the client's other tails go on, and once the
+    node is taken over those fail too. A close of the client's own still ends its tail
+    cleanly."""
+    url = str(tmp_path / "s")
+    a = s3stream.open(url, node_id="a")
+    forced, kept, closed = a.create_streams([None, None, None])
+    for s in (forced, kept, closed):
+        s.append(RecordBatch(b"a0"))
+    a.flush()
+    ended: dict[int, list[object]] = {s.stream_id: [] for s in (forced, kept, closed)}
+
+    def tail(stream: s3stream.Stream) -> None:
+        try:
+            for b in stream.tail(0, wait_s=0.2):
+                ended[stream.stream_id].append(bytes(b.payload))
+            ended[stream.stream_id].append("ended")
+        except BaseException as exc:
+            ended[stream.stream_id].append(exc)
+
+    threads = {s.stream_id: threading.Thread(target=tail, args=(s,)) for s in (forced, kept)}
+    threads[closed.stream_id] = threading.Thread(target=tail, args=(closed,))
+    for t in threads.values():
+        t.start()
+    with s3stream.open(url, node_id="b") as b:
+        mine = b.open_stream(forced.stream_id, force=True)
+        mine.append(RecordBatch(b"b0"))
+        threads[forced.stream_id].join(15)
+        assert not threads[forced.stream_id].is_alive(), "the tail still waits"
+        got = ended[forced.stream_id]
+        assert got[:-1] == [b"a0"] and isinstance(got[-1], FencedError), got
+        assert "no longer this handle's" in str(got[-1])
+        closed.close()
+        threads[closed.stream_id].join(5)
+        assert ended[closed.stream_id] == [b"a0", "ended"]
+        assert threads[kept.stream_id].is_alive() and ended[kept.stream_id] == [b"a0"]
+        b.take_over("a")
+        threads[kept.stream_id].join(15)
+        assert not threads[kept.stream_id].is_alive(), "the tail still waits"
+        got = ended[kept.stream_id]
+        assert got[:-1] == [b"a0"] and isinstance(got[-1], FencedError), got
+        assert "registered again" in str(got[-1])
     with contextlib.suppress(S3StreamError):
         a.close(timeout_s=5)
 
