@@ -538,6 +538,52 @@ def test_a_relocated_range_the_new_object_does_not_hold_is_an_error_not_fewer_ro
         client.close()
 
 
+def test_a_relocation_follows_a_compaction_during_its_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task relocating a range read every page on the one snapshot it took: a compaction
+    committed and purged between that snapshot and its GETs failed the task with
+    `ObjectNotFoundError`, the data intact in the new object. It reads on fresh snapshots
+    while objects are gone, as the readers do."""
+    from s3stream.reader import open_reader_store
+    from s3stream.spark.source import _Relocator
+
+    client = s3stream.open(str(tmp_path), wal="memory://", settings=SMALL)
+    try:
+        s = client.create_stream()
+        for b in range(6):
+            s.append(RecordBatch(b"batch %d " % b * 500, count=10))
+            client.flush()
+        expected = [
+            (b.base_offset, bytes(b.payload)) for b in s.fetch(0, max_bytes=1 << 30).batches
+        ]
+        assert len(expected) == 6
+        store = open_reader_store(str(tmp_path))
+        armed = [True]
+
+        def compacting(real: Any) -> Any:
+            def call(key: str, *args: Any) -> Any:
+                if armed and key.startswith("data/"):
+                    armed.clear()  # another process's compaction lands right now
+                    _compact(client, s.stream_id, 0)
+                return real(key, *args)
+
+            return call
+
+        monkeypatch.setattr(store, "get", compacting(store.get))
+        monkeypatch.setattr(store, "get_suffix", compacting(store.get_suffix))
+        relocate = _Relocator(store, parse_options({"path": str(tmp_path)}, streaming=False))
+        try:
+            batches, first = relocate(s.stream_id, 0, s.confirm_offset)
+        finally:
+            relocate.close()
+        assert not armed, "the compaction did not run during the relocation"
+        assert first == 0
+        assert [(b.base_offset, bytes(b.payload)) for b in batches] == expected
+    finally:
+        client.close()
+
+
 def test_driver_and_tasks_read_a_read_only_mount_and_relocate_there(tmp_path: Path) -> None:
     """Planning (batch and streaming) and tasks, relocation included, all read: on a store
     bind-mounted read-only they give what the library reads back, while a writer compacts

@@ -161,7 +161,11 @@ class _Relocator:
         batches: list[FetchedBatch] = []
         pos = first
         while pos < end:
-            got = self._objects.read(state, stream_id, pos, end, _RELOCATE_PAGE_BYTES)
+            # On the newest snapshot each page, and on fresher ones while objects it lists are
+            # gone: another compaction may commit and purge during a long relocation.
+            got = self._objects.read_latest(
+                self._reader.metadata, stream_id, pos, end, _RELOCATE_PAGE_BYTES
+            )
             if not got:
                 break  # nothing committed at `pos`
             batches += got
