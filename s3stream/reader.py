@@ -11,6 +11,7 @@ CLI's ``inspect``, ``dump`` and ``verify`` use it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -637,16 +638,41 @@ def _require_existing_directory(
         with LocalObjectStore(root, fsync=False) as local:
             if holds_store(local, metadata_prefix):
                 return
+        _refuse_other_prefix(url, root, metadata_prefix)
         raise InvalidArgumentError(
             f"{url!r} holds no s3stream store (no metadata log under {metadata_prefix}/): "
             "name the directory of an existing store"
         )
     others = foreign_entries(root, metadata_prefix)
     if others:
+        _refuse_other_prefix(url, root, metadata_prefix)
         raise InvalidArgumentError(
             f"{url!r} holds no s3stream store but other files ({_some(others)}): name the "
             "directory of a store"
         )
+
+
+#: Folders of a directory looked into for a store's log under another metadata prefix.
+_PREFIX_CANDIDATES = 16
+
+
+def _refuse_other_prefix(url: str, root: Path, metadata_prefix: str) -> None:
+    """`InvalidArgumentError` naming the prefix if one of the first folders of `root`, which
+    holds no store under `metadata_prefix`, holds a metadata log (a store opened with another
+    prefix, whose objects would otherwise be called someone else's files). A few HEADs."""
+    with contextlib.suppress(OSError), LocalObjectStore(root, fsync=False) as local:
+        names = sorted(
+            e.name
+            for e in os.scandir(root)
+            if e.is_dir() and e.name not in (DEFAULT_DATA_PREFIX, _WAL_DIR, "lost+found")
+        )
+        for name in names[:_PREFIX_CANDIDATES]:
+            if name != metadata_prefix and holds_store(local, name):
+                raise InvalidArgumentError(
+                    f"{url!r} holds no s3stream store under the metadata prefix "
+                    f"{metadata_prefix!r}, but one under {name!r}: pass "
+                    f"metadata_prefix={name!r} (Spark: metadataPrefix={name})"
+                )
 
 
 def _require_remote_store(

@@ -14,7 +14,13 @@ from typing import Any
 import pytest
 
 import s3stream
-from s3stream import ClientSettings, CompactionSettings, Record, RecordBatch
+from s3stream import (
+    ClientSettings,
+    CompactionSettings,
+    InvalidArgumentError,
+    Record,
+    RecordBatch,
+)
 from s3stream.cli import main as cli_main
 from s3stream.reader import open_reader_store
 from s3stream.testing import disk_faults
@@ -251,3 +257,16 @@ def test_a_reader_of_a_remote_prefix_without_a_store_is_refused(seaweedfs: Any) 
     for wrong in (url + "-typo", url + "/data"):
         with pytest.raises(s3stream.InvalidArgumentError, match="holds no s3stream store"):
             s3stream.open_reader(wrong, storage_options=opts)
+
+
+def test_a_store_under_another_metadata_prefix_is_named(tmp_path: Path) -> None:
+    """A wrong metadata prefix on a real store called the store's own objects somebody
+    else's files ("holds no s3stream store but other files ('data/...')"); the error now
+    names the prefix the store's log is under."""
+    with s3stream.open(tmp_path, wal="memory://") as client:
+        client.create_stream().append(RecordBatch(b"x"))
+    for wrong in ("nope", "Meta"):
+        with pytest.raises(InvalidArgumentError, match="metadata_prefix='meta'"):
+            s3stream.open_reader(tmp_path, metadata_prefix=wrong)
+    with s3stream.open_reader(tmp_path) as reader:
+        assert len(reader.list_streams()) == 1
