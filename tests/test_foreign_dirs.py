@@ -416,7 +416,8 @@ def wal_at(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[str], st
 
     def at(name: str) -> str:
         if request.param == "file":
-            return str(tmp_path / f"{name}.wal")
+            # A small ring: the default preallocates 2 GiB, which `_contents` reads whole.
+            return f"file://{tmp_path}/{name}.wal?capacity_bytes=1MiB"
         return f"object+file://{tmp_path}/{name}-wal"
 
     return at
@@ -427,7 +428,7 @@ def _contents(wal: str) -> dict[str, bytes]:
     if wal.startswith("object+file://"):
         root = Path(wal[len("object+file://") :])
         return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
-    return {"": Path(wal).read_bytes()}
+    return {"": Path(wal.removeprefix("file://").split("?", 1)[0]).read_bytes()}
 
 
 def _crash_after_appends(store: Path, wal: str, *payloads: str, node_id: str = "local") -> None:
