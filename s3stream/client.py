@@ -367,6 +367,7 @@ class StreamClient(Closeable):
             node_epoch=self._node_epoch,
             check_open=self._check_open,
             clock=self._clock,
+            call_limit_s=self._settings.call_limit_s,
         )
         data = DataTotals(self._meta)
         self._ledger = CostLedger(
@@ -1085,8 +1086,10 @@ class _ClientStreams:
         node_epoch: int,
         check_open: Callable[[], None],
         clock: Clock,
+        call_limit_s: Callable[[float | None], float],
     ) -> None:
         self.clock = clock
+        self._call_limit_s = call_limit_s
         self._meta = meta
         self._storage = storage
         self._lock = lock
@@ -1141,11 +1144,19 @@ class _ClientStreams:
         return None
 
     def trim(self, stream: Stream, new_start: int) -> None:
-        """Commit a trim (uploading first what is not committed below `new_start`)."""
-        if new_start > self._meta.get_stream(stream.stream_id).end_offset:
-            # Metadata only trims what is committed: upload the rest first.
-            self._storage.flush()
-        self._meta.trim_stream(stream.stream_id, stream.epoch, new_start)
+        """Commit a trim (uploading first what is not committed below `new_start`), the
+        upload and the commit within one `call_timeout_ms` together."""
+        deadline = self.clock.monotonic() + self._call_limit_s(None)
+        with caller_deadline(self.clock, deadline):
+            if new_start > self._meta.get_stream(stream.stream_id).end_offset:
+                # Metadata only trims what is committed: upload the rest first.
+                self._storage.flush(max(0.001, deadline - self.clock.monotonic()))
+            self._meta.trim_stream(
+                stream.stream_id,
+                stream.epoch,
+                new_start,
+                timeout_s=max(0.001, deadline - self.clock.monotonic()),
+            )
 
     def release(self, stream: Stream) -> None:
         """Upload what `stream` has pending, stop its appends, release it in the metadata.

@@ -133,6 +133,30 @@ def test_a_close_keeps_its_own_deadline_shorter_than_the_stores(
         ends_within(1.5 + 1.0, lambda: writer.close(timeout_s=1.5))
 
 
+def test_a_trim_keeps_the_call_deadline_on_a_frozen_server(server: SeaweedS3Server) -> None:
+    """`Stream.trim` uploads what it trims past and commits: the upload kept
+    `call_timeout_ms` and the commit then retried each store call for `store_timeout_ms`
+    (one trim took both in turn). Both share one `call_timeout_ms` now."""
+    url = f"s3://{server.bucket}/trim-{uuid.uuid4().hex}"
+    slow = ClientSettings(store_timeout_ms=8000, call_timeout_ms=2000, upload_interval_ms=60_000)
+    writer = s3stream.open(
+        url, node_id="w", wal="memory://", storage_options=server.storage_options(), settings=slow
+    )
+    stream = writer.create_stream()
+    for i in range(4):
+        stream.append(RecordBatch(b"x%d" % i))
+    writer.flush()
+    stream.append(RecordBatch(b"not uploaded"))
+    with server.frozen():
+        # Below the committed end (a commit only), then past it (an upload first).
+        for start in (2, 5):
+            outcome = ends_within(2.0 + 1.0, lambda start=start: stream.trim(start))  # type: ignore[misc]
+            assert outcome.startswith("UnavailableError"), outcome
+    stream.trim(5)
+    assert stream.start_offset == 5
+    writer.close()
+
+
 def test_a_close_does_not_wait_for_readahead_on_a_frozen_server(server: SeaweedS3Server) -> None:
     """A sequential reader's next fetch is served from the cache while the readahead planning
     reads the next object's index on a readahead thread, against the frozen server: the

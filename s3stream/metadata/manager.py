@@ -512,8 +512,11 @@ class MetadataManager:
         _, state = self.commit(build)
         return state.get_stream(stream_id)
 
-    def trim_stream(self, stream_id: int, epoch: int, start_offset: int) -> StreamMeta:
-        """Move the stream's start offset to `start_offset` (forward, at most to its end)."""
+    def trim_stream(
+        self, stream_id: int, epoch: int, start_offset: int, *, timeout_s: float | None = None
+    ) -> StreamMeta:
+        """Move the stream's start offset to `start_offset` (forward, at most to its end);
+        `timeout_s`: as for `commit`."""
         check_int("epoch", epoch)
         check_int("start_offset", start_offset)
 
@@ -525,7 +528,7 @@ class MetadataManager:
                 return []
             return [TrimStream(stream_id, epoch, start_offset)]
 
-        _, state = self.commit(build)
+        _, state = self.commit(build, timeout_s=timeout_s)
         return state.get_stream(stream_id)
 
     def delete_stream(self, stream_id: int, epoch: int) -> None:
