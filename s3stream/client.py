@@ -14,6 +14,7 @@ from typing import Any
 from ._bounded import within_deadline
 from ._call_deadline import caller_deadline
 from ._closeable import Closeable
+from ._daemon_pool import DaemonPool
 from .cache.block_cache import BlockCache, BlockCacheMetrics
 from .clock import Clock, SystemClock
 from .compaction import (
@@ -910,7 +911,7 @@ class StreamClient(Closeable):
                     # with the others (within this call's deadline).
                     self._creates_done.wait_for(lambda: self._creating == 0, left())
                 owned = [(sid, s.epoch) for sid, s in self._streams.items() if not s.closed]
-                self._owner.closed_how = "closed (client closed)"
+                self._owner.close("closed (client closed)")
         finally:
             self._lock.release()
         if again:
@@ -1032,7 +1033,7 @@ class StreamClient(Closeable):
                 return
             self._closed = True
             self._abandoned = True
-            self._owner.closed_how = "closed (client abandoned)"
+            self._owner.close("closed (client abandoned)")
         try:
             self._storage.abandon()
             crash = getattr(self._wal, "_abandon", None)
@@ -1099,8 +1100,11 @@ class _ClientStreams:
         self._check_open = check_open
         #: Set (under the client's lock) when the client closes: every handle is closed then.
         self.closed_how: str | None = None
-        #: When `taken_from` last read the metadata log (on `clock`'s monotonic time).
+        #: When `taken_from` last asked for a read of the metadata log (on `clock`'s
+        #: monotonic time), whether that read is still running, and the thread it runs on.
         self._held_checked = float("-inf")
+        self._held_reading = False
+        self._held_reader: DaemonPool | None = None
         self._held_lock = threading.Lock()
 
     def committed_start(self, stream_id: int) -> int:
@@ -1112,21 +1116,32 @@ class _ClientStreams:
         """Why every handle is closed (the client closed or was abandoned), else None."""
         return self.closed_how
 
+    def close(self, how: str) -> None:
+        """Every handle is closed from now on (`closed_how`: why, for their errors)."""
+        self.closed_how = how
+        with self._held_lock:
+            if self._held_reader is not None:
+                self._held_reader.shutdown()
+
     def taken_from(self, stream: Stream) -> str | None:
-        """Why the metadata says `stream` is no longer this handle's, or None. Reads the log
-        at most once per `_HELD_CHECK_S` for all the client's handles (an idle client with
-        many tails makes no more requests than one); in between, the state read last
-        answers. An unreachable store is no answer (None)."""
+        """Why the metadata says `stream` is no longer this handle's, or None, as the state
+        read last says. At most once per `_HELD_CHECK_S` a read of the log is started on a
+        thread of its own, whose answer a later call sees: one read per interval for all the
+        client's handles, and never in the caller's thread (a long poll must not wait for a
+        slow store, nor a tail's next batch behind it)."""
         now = self.clock.monotonic()
         with self._held_lock:
-            due = now >= self._held_checked + _HELD_CHECK_S
+            due = (
+                not self._held_reading
+                and self.closed_how is None
+                and now >= self._held_checked + _HELD_CHECK_S
+            )
             if due:
                 self._held_checked = now
-        if due:
-            try:
-                self._meta.refresh()
-            except S3StreamError:
-                return None
+                self._held_reading = True
+                if self._held_reader is None:
+                    self._held_reader = DaemonPool(1, "s3stream-held-check")
+                self._held_reader.submit(self._read_for_handles)
         state = self._meta.state
         node = state.nodes.get(self._node_id)
         if node is not None and node.epoch != self._node_epoch:
@@ -1142,6 +1157,15 @@ class _ClientStreams:
                 f"{fenced_by(state, stream.stream_id)} (this handle's epoch is {stream.epoch})"
             )
         return None
+
+    def _read_for_handles(self) -> None:
+        try:
+            self._meta.refresh()
+        except S3StreamError:
+            pass  # an outage is no answer; the next interval asks again
+        finally:
+            with self._held_lock:
+                self._held_reading = False
 
     def trim(self, stream: Stream, new_start: int) -> None:
         """Commit a trim (uploading first what is not committed below `new_start`), the

@@ -157,6 +157,28 @@ def test_a_trim_keeps_the_call_deadline_on_a_frozen_server(server: SeaweedS3Serv
     writer.close()
 
 
+def test_a_long_poll_does_not_wait_for_a_frozen_store(server: SeaweedS3Server) -> None:
+    """An empty long poll asks whether another client took its stream over: that read of the
+    metadata runs on a thread of its own, so on a frozen store the poll still ends after its
+    `wait_s` (not after `store_timeout_ms`), and an append made meanwhile (durable in the WAL)
+    still reaches the waiting poll at once."""
+    url = f"s3://{server.bucket}/poll-{uuid.uuid4().hex}"
+    slow = ClientSettings(store_timeout_ms=8000, upload_interval_ms=60_000)
+    writer = s3stream.open(
+        url, node_id="w", wal="memory://", storage_options=server.storage_options(), settings=slow
+    )
+    stream = writer.create_stream()
+    with server.frozen():
+        for _ in range(3):
+            assert ends_within(1.5, lambda: stream.fetch(0, wait_s=0.3)) == "returned"
+        timer = threading.Timer(0.2, lambda: stream.append(RecordBatch(b"while frozen")))
+        timer.start()
+        got = stream.fetch(0, wait_s=5)
+        timer.join()
+        assert [b.payload for b in got.batches] == [b"while frozen"]
+    writer.close()
+
+
 def test_a_close_does_not_wait_for_readahead_on_a_frozen_server(server: SeaweedS3Server) -> None:
     """A sequential reader's next fetch is served from the cache while the readahead planning
     reads the next object's index on a readahead thread, against the frozen server: the
