@@ -954,13 +954,9 @@ class StreamClient(Closeable):
     def _check_session(self, refused: str) -> None:
         """`FencedError` (saying the client `refused` what) if the metadata, as last read,
         has this node registered again since this client registered it."""
-        node = self._meta.state.nodes.get(self._node_id)
-        if node is not None and node.epoch != self._node_epoch:
-            raise FencedError(
-                f"node {self._node_id!r} was registered again (its epoch is {node.epoch}, "
-                f"this client's {self._node_epoch}): this client is fenced and {refused}; "
-                "open a new one"
-            )
+        ended = self._owner.session_ended(self._meta.state)
+        if ended is not None:
+            raise FencedError(f"{ended}: this client is fenced and {refused}; open a new one")
 
     def _release_streams(
         self,
@@ -1116,6 +1112,17 @@ class _ClientStreams:
         """Why every handle is closed (the client closed or was abandoned), else None."""
         return self.closed_how
 
+    def session_ended(self, state: MetadataState) -> str | None:
+        """How `state` says this client's session of its node ended (the node registered
+        again since: taken over, or opened by another process), or None while it is on."""
+        node = state.nodes.get(self._node_id)
+        if node is None or node.epoch == self._node_epoch:
+            return None
+        return (
+            f"node {self._node_id!r} was registered again (its epoch is {node.epoch}, "
+            f"this client's {self._node_epoch})"
+        )
+
     def close(self, how: str) -> None:
         """Every handle is closed from now on (`closed_how`: why, for their errors)."""
         self.closed_how = how
@@ -1143,13 +1150,9 @@ class _ClientStreams:
                     self._held_reader = DaemonPool(1, "s3stream-held-check")
                 self._held_reader.submit(self._read_for_handles)
         state = self._meta.state
-        node = state.nodes.get(self._node_id)
-        if node is not None and node.epoch != self._node_epoch:
-            return (
-                f"node {self._node_id!r} was registered again (its epoch is {node.epoch}, "
-                f"this client's {self._node_epoch}): stream {stream.stream_id} is no longer "
-                "this client's; open a new one"
-            )
+        ended = self.session_ended(state)
+        if ended is not None:
+            return f"{ended}: stream {stream.stream_id} is no longer this client's; open a new one"
         held = state.streams.get(stream.stream_id)
         if held is None or held.state is not StreamState.OPEN or held.epoch != stream.epoch:
             return (
