@@ -20,7 +20,7 @@ from typing import cast
 from ._bounded import stop_if_given_up
 from .cache.block_cache import BlockCache
 from .clock import Clock
-from .errors import InvalidArgumentError
+from .errors import FencedError, InvalidArgumentError
 from .metadata import MetadataManager, MetadataState
 from .metadata.model import CloseStream, Op
 from .metrics.components import StorageInstruments
@@ -193,6 +193,16 @@ def take_over_node(
     released: list[int] = []
 
     def build(state: MetadataState) -> list[Op]:
+        node = state.nodes.get(node_id)
+        if node is None or node.epoch != epoch:
+            # The node was registered again after this take-over (it restarted, or another
+            # take-over): the streams are that session's now, and closing them would make it
+            # lose what it acknowledges.
+            raise FencedError(
+                f"node {node_id!r} was registered again (epoch "
+                f"{node.epoch if node else '?'}) while this take-over (epoch {epoch}) ran: its "
+                "streams are the newer session's; nothing was released"
+            )
         released[:] = [
             sid
             for sid, epoch in owned.items()
