@@ -180,11 +180,17 @@ def take_over_node(
         storage.abandon()
         wal.close()
         raise
-    storage.close()
+    about = ContextLogger(log, node_id)  # the node taken over
+    try:
+        storage.close()
+    except FencedError as exc:
+        # Appends of a stream someone force-opened during the replay were dropped, as a
+        # force-open discards what the previous owner had not uploaded: the other streams
+        # are still released (a take-over of the node itself since: the release refuses).
+        about.warning("take-over of node %s: %s", node_id, exc)
     # One entry for all of them, as a client's close does: a node with tens of thousands of
     # open streams is released in one commit, not one commit per stream. A stream opened,
     # closed or deleted by someone meanwhile (its epoch or state changed) is released already.
-    about = ContextLogger(log, node_id)  # the node taken over
     owned = {
         sid: s.epoch
         for sid, s in meta.state.streams.items()

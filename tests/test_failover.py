@@ -552,6 +552,46 @@ def test_a_take_over_leaves_the_streams_of_a_session_newer_than_its_own(
         assert [bytes(b.payload) for b in got] == [b"old", b"new-1", b"new-2"]
 
 
+def test_a_stream_force_opened_during_the_replay_leaves_the_others_released(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another client force-opens one of the node's streams while the take-over replays the
+    node's WAL: that stream's replayed appends are dropped (what a force-open does), and the
+    take-over used to raise that drop report, releasing none of the node's other streams."""
+    import s3stream
+    from s3stream import failover
+    from s3stream.types import RecordBatch
+
+    root = tmp_path / "store"
+    wal = f"file://{tmp_path}/v.wal?capacity_bytes=1MiB"
+    v = s3stream.open(root, node_id="v", wal=wal)
+    streams = v.create_streams([None] * 4)
+    for s in streams:
+        s.append(RecordBatch(b"v%d" % s.stream_id))
+    v.abandon()
+    with (
+        s3stream.open(root, node_id="z", wal="memory://") as z,
+        s3stream.open(root, node_id="t", wal="memory://") as t,
+    ):
+        real_recover = failover.Storage.recover
+
+        def force_open_then_recover(self: Any, *args: Any, **kwargs: Any) -> Any:
+            monkeypatch.setattr(failover.Storage, "recover", real_recover)
+            z.open_stream(streams[0].stream_id, force=True)
+            return real_recover(self, *args, **kwargs)
+
+        monkeypatch.setattr(failover.Storage, "recover", force_open_then_recover)
+        report = t.take_over("v", wal=wal)
+        others = [s.stream_id for s in streams[1:]]
+        assert report.released_streams == tuple(others)
+        states = {i.stream_id: i.state for i in t.list_streams()}
+        assert states[streams[0].stream_id] is s3stream.StreamState.OPEN
+        assert [states[sid] for sid in others] == [s3stream.StreamState.CLOSED] * 3
+        assert [[bytes(b.payload) for b in t.read(sid, 0).batches] for sid in others] == [
+            [b"v%d" % sid] for sid in others
+        ]
+
+
 def test_a_client_taken_over_creates_no_stream(tmp_path: Path) -> None:
     """A client whose node was taken over could still create streams: open on the fenced
     node, never writable nor released by it, and the node's next take-over then called its
