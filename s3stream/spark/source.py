@@ -163,9 +163,22 @@ class _Relocator:
         while pos < end:
             # On the newest snapshot each page, and on fresher ones while objects it lists are
             # gone: another compaction may commit and purge during a long relocation.
-            got = self._objects.read_latest(
-                self._reader.metadata, stream_id, pos, end, _RELOCATE_PAGE_BYTES
-            )
+            try:
+                got = self._objects.read_latest(
+                    self._reader.metadata, stream_id, pos, end, _RELOCATE_PAGE_BYTES
+                )
+            except OffsetOutOfRangeError:
+                # Trimmed past `pos` meanwhile: what was read so far is below the new start
+                # too, so the range now begins there (the caller says what was lost).
+                try:
+                    now = self._reader.metadata.state.get_stream(stream_id).start_offset
+                except StreamNotFoundError:
+                    return [], end
+                if now <= pos:
+                    raise
+                batches, first = [], min(max(start, now), end)
+                pos = first
+                continue
             if not got:
                 break  # nothing committed at `pos`
             batches += got
