@@ -772,6 +772,11 @@ def test_the_sweep_removes_temporary_files_of_writers_that_died(tmp_path: Path) 
         (where / name).write_bytes(b"partial")
         if name != f".tmp-{dead.pid}-5":
             os.utime(where / name, (old, old))
+    # A user's file named like one, outside the store's folders: not the library's to touch.
+    theirs = tmp_path / "myproject" / f".tmp-{dead.pid}-1"
+    theirs.parent.mkdir()
+    theirs.write_bytes(b"the user's")
+    os.utime(theirs, (old, old))
     clock = ManualClock(start_ms=int(time.time() * 1000))
     with client_on(LocalObjectStore(tmp_path), clock, orphan_grace_ms=MIN_ORPHAN_GRACE_MS) as c:
         c.create_stream().append(RecordBatch(b"x"))
@@ -779,6 +784,7 @@ def test_the_sweep_removes_temporary_files_of_writers_that_died(tmp_path: Path) 
     assert {n for n in names if (where / n).exists()} == {
         n for n, gone in names.items() if not gone
     }
+    assert theirs.read_bytes() == b"the user's"
 
 
 def test_orphan_grace_has_a_floor(tmp_path: Path) -> None:

@@ -109,7 +109,8 @@ class OrphanSweeper:
         self._max_keys = max_keys
         self._prefix = data_prefix
         self._limiter = limiter
-        self._record_key = f"{meta.log.prefix}/sweeper/orphans"
+        self._meta_prefix = meta.log.prefix
+        self._record_key = f"{self._meta_prefix}/sweeper/orphans"
 
     @property
     def record_key(self) -> str:
@@ -165,7 +166,9 @@ class OrphanSweeper:
             self._log.info("deleted %d orphan objects", len(due))
         # What writes killed mid-way left that is not an object (a local store's temporary
         # files): after the same grace, so a live writer's is never touched.
-        leftovers = self._store.remove_leftovers(now - self._grace_ms)
+        leftovers = self._store.remove_leftovers(
+            now - self._grace_ms, (self._prefix, self._meta_prefix)
+        )
         if leftovers:
             self._log.info("removed %d temporary files of writes that died", leftovers)
         return due

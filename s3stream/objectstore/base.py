@@ -17,7 +17,7 @@ lacks it instead of corrupting data.
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -191,12 +191,13 @@ class ObjectStore(Closeable):
         that calls fit a deadline of a few tries; stores without timeouts ignore it."""
         return
 
-    def remove_leftovers(self, older_than_ms: int) -> int:
-        """Remove what this store's own writes left behind when their process died (not
-        objects, which the orphan sweep judges: e.g. a local store's temporary files),
-        last changed before `older_than_ms` (milliseconds since the epoch); how many. A
-        store whose writes leave nothing behind (a PUT to a service) has nothing: 0.
-        Wrappers pass it on."""
+    def remove_leftovers(self, older_than_ms: int, prefixes: Sequence[str]) -> int:
+        """Remove what this store's own writes under `prefixes` (key prefixes: the library's
+        own folders, never the whole store, which may hold a user's files) left behind when
+        their process died (not objects, which the orphan sweep judges: e.g. a local store's
+        temporary files), last changed before `older_than_ms` (milliseconds since the
+        epoch); how many. A store whose writes leave nothing behind (a PUT to a service) has
+        nothing: 0. Wrappers pass it on."""
         return 0
 
     def meter_requests(self, meter: RequestMeter) -> bool:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from .base import ObjectInfo, ObjectStore, ObjectStoreCapabilities
@@ -58,8 +58,8 @@ class ForwardingObjectStore(ObjectStore):
     def bound_attempts(self, seconds: float) -> None:
         self.inner.bound_attempts(seconds)
 
-    def remove_leftovers(self, older_than_ms: int) -> int:
-        return self.inner.remove_leftovers(older_than_ms)
+    def remove_leftovers(self, older_than_ms: int, prefixes: Sequence[str]) -> int:
+        return self.inner.remove_leftovers(older_than_ms, prefixes)
 
     def meter_requests(self, meter: RequestMeter) -> bool:
         return self.inner.meter_requests(meter)

@@ -15,7 +15,7 @@ import itertools
 import os
 import re
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -314,15 +314,25 @@ class LocalObjectStore(ObjectStore):
             raise self._translate(exc, "stat", key) from exc
         return ObjectInfo(key, st.st_size) if stat.S_ISREG(st.st_mode) else None
 
-    def remove_leftovers(self, older_than_ms: int) -> int:
+    def remove_leftovers(self, older_than_ms: int, prefixes: Sequence[str]) -> int:
         """Remove the temporary files of writes whose process died (a SIGKILL between a
         temporary file's creation and its rename or link), last changed before
-        `older_than_ms`: named as this store names them, in its tree (symlinked directories
-        are not followed), of a pid that no process on this host has. A temporary file of
-        a live process, or of one on another host sharing the file system, is younger than
-        any sensible bound. How many were removed."""
+        `older_than_ms`: named as this store names them, in the folders of `prefixes` (a
+        write's temporary file lies beside its key; symlinked directories below them are
+        not followed; a user's files elsewhere in the root are never looked at), of a pid
+        that no process on this host has. A temporary file of a live process, or of one on
+        another host sharing the file system, is younger than any sensible bound. How many
+        were removed."""
         removed = 0
-        for directory, _, names in os.walk(self._root_str):
+        tops = sorted(
+            top
+            for top in {check_prefix(p).strip("/") for p in prefixes}
+            # Only folders below the root (a prefix is the library's own, checked all the
+            # same: the empty one would be the whole root, ".." a way out of it).
+            if top and not any(part in ("", ".", "..") for part in top.split("/"))
+        )
+        walks = (os.walk(os.path.join(self._root_str, top)) for top in tops)
+        for directory, _, names in itertools.chain.from_iterable(walks):
             for name in names:
                 found = _TEMP_NAME.fullmatch(name)
                 if found is None or _process_alive(int(found.group(1))):

@@ -15,7 +15,7 @@ Calls made on the stack itself count under `default_purpose`.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, fields
 from typing import TypeVar
@@ -311,8 +311,8 @@ class MetricsObjectStore(ObjectStore):
     def bound_attempts(self, seconds: float) -> None:
         self._inner.bound_attempts(seconds)
 
-    def remove_leftovers(self, older_than_ms: int) -> int:
-        return self._inner.remove_leftovers(older_than_ms)
+    def remove_leftovers(self, older_than_ms: int, prefixes: Sequence[str]) -> int:
+        return self._inner.remove_leftovers(older_than_ms, prefixes)
 
     def close(self) -> None:
         self._inner.close()
@@ -392,8 +392,8 @@ class _PurposeView(ObjectStore):
     def bound_attempts(self, seconds: float) -> None:
         self._stack.bound_attempts(seconds)
 
-    def remove_leftovers(self, older_than_ms: int) -> int:
-        return self._stack.remove_leftovers(older_than_ms)
+    def remove_leftovers(self, older_than_ms: int, prefixes: Sequence[str]) -> int:
+        return self._stack.remove_leftovers(older_than_ms, prefixes)
 
     def close(self) -> None:
         """The stack belongs to whoever built it (the client closes it)."""

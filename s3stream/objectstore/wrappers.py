@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TypeVar
 
 from .._bounded import within_deadline
@@ -113,8 +113,8 @@ class RetryingObjectStore(ObjectStore):
         self._closed = True
         self._inner.close()
 
-    def remove_leftovers(self, older_than_ms: int) -> int:
-        return self._inner.remove_leftovers(older_than_ms)  # local work: no retries
+    def remove_leftovers(self, older_than_ms: int, prefixes: Sequence[str]) -> int:
+        return self._inner.remove_leftovers(older_than_ms, prefixes)  # local work: no retries
 
     def meter_requests(self, meter: RequestMeter) -> bool:
         if self._calls is self._inner and self._inner.meter_requests(meter):

@@ -31,7 +31,7 @@ from __future__ import annotations
 import random
 import threading
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -333,8 +333,8 @@ class FaultyObjectStore(ObjectStore):
     def close(self) -> None:
         self._inner.close()
 
-    def remove_leftovers(self, older_than_ms: int) -> int:
-        return self._inner.remove_leftovers(older_than_ms)
+    def remove_leftovers(self, older_than_ms: int, prefixes: Sequence[str]) -> int:
+        return self._inner.remove_leftovers(older_than_ms, prefixes)
 
     def describe(self) -> str:
         return f"faulty({self._inner.describe()})"
