@@ -88,6 +88,7 @@ def parse_object_key(key: str, prefix: str = DEFAULT_DATA_PREFIX) -> ObjectKey |
         _OBJECT_NAME.fullmatch(name) is None
         or _EPOCH.fullmatch(epoch) is None
         or not is_node_id(node_id)
+        or int(epoch) == 0  # node epochs begin at 1: no session ever made such a key
     ):
         return None
     return ObjectKey(node_id, int(epoch))
