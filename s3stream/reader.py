@@ -656,6 +656,14 @@ def _require_existing_directory(
 _PREFIX_CANDIDATES = 16
 
 
+def _is_dir(entry: os.DirEntry[str]) -> bool:
+    """Whether `entry` is a directory (a symlink loop or an unreadable entry is not)."""
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
 def _refuse_other_prefix(url: str, root: Path, metadata_prefix: str) -> None:
     """`InvalidArgumentError` naming the prefix if one of the first folders of `root`, which
     holds no store under `metadata_prefix`, holds a metadata log (a store opened with another
@@ -664,10 +672,14 @@ def _refuse_other_prefix(url: str, root: Path, metadata_prefix: str) -> None:
         names = sorted(
             e.name
             for e in os.scandir(root)
-            if e.is_dir() and e.name not in (DEFAULT_DATA_PREFIX, _WAL_DIR, "lost+found")
+            if e.name not in (DEFAULT_DATA_PREFIX, _WAL_DIR, "lost+found") and _is_dir(e)
         )
         for name in names[:_PREFIX_CANDIDATES]:
-            if name != metadata_prefix and holds_store(local, name):
+            try:
+                found = name != metadata_prefix and holds_store(local, name)
+            except (InvalidArgumentError, OSError):
+                continue  # a name no prefix can be (a backslash, not UTF-8), a loop
+            if found:
                 raise InvalidArgumentError(
                     f"{url!r} holds no s3stream store under the metadata prefix "
                     f"{metadata_prefix!r}, but one under {name!r}: pass "

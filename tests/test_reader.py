@@ -8,6 +8,7 @@ file listing is also compared before and after on a writable directory.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -265,6 +266,10 @@ def test_a_store_under_another_metadata_prefix_is_named(tmp_path: Path) -> None:
     names the prefix the store's log is under."""
     with s3stream.open(tmp_path, wal="memory://") as client:
         client.create_stream().append(RecordBatch(b"x"))
+    # Folders no prefix can name, and a symlink loop, beside it: looked past.
+    (tmp_path / "a\\b").mkdir()
+    os.mkdir(os.fsencode(tmp_path) + b"/\xff")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
     for wrong in ("nope", "Meta"):
         with pytest.raises(InvalidArgumentError, match="metadata_prefix='meta'"):
             s3stream.open_reader(tmp_path, metadata_prefix=wrong)
