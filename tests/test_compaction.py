@@ -632,6 +632,64 @@ def test_the_purge_runs_before_the_tasks_that_need_room(tmp_path: Path) -> None:
         client.close()
 
 
+def test_a_full_disk_still_drops_and_purges_what_nothing_needs(tmp_path: Path) -> None:
+    """A nearly full disk (room for a metadata entry, not for an object): a pass failed at
+    the first output PUT of its stream-set merges, before the tasks that only drop objects
+    wholly below a stream's start, so the room they held was never freed. Drops run first
+    now; the next pass purges what they marked."""
+    with disk_faults.tmpfs(tmp_path / "disk", "size=4m") as disk:
+        store = LocalObjectStore(disk / "store")
+        # A full disk's ENOSPC is retried as an outage: a short store timeout keeps it short.
+        fast = dataclasses.replace(settings(stream_set_min_objects=2), store_timeout_ms=1000)
+        client = StreamClient(store, MemoryWal(), node_id="n1", settings=fast)
+        a, b = client.create_stream(), client.create_stream()
+        fill(client, [a, b], 8, lambda i: 8 * KiB)
+        client.compact()  # split: each stream's data in stream objects
+        state = client.metadata.state
+        of_a = {
+            k
+            for k, o in state.objects.items()
+            if o.live
+            and o.kind is ObjectKind.STREAM
+            and {r.stream_id for r in o.ranges} == {a.stream_id}
+        }
+        assert of_a
+        a.trim(a.confirm_offset)  # nothing of a's objects is needed any more
+        fill(client, [a, b], 4, lambda i: 12 * KiB)  # stream-set objects to merge
+        filler = disk_faults.fill_filesystem(disk)
+        os.truncate(filler, filler.stat().st_size - 16 * KiB)  # room for a log entry only
+        for _ in range(2):
+            with contextlib.suppress(UnavailableError):
+                client.compact()
+        assert not of_a & data_keys(store), "the drops did not run"
+        filler.unlink()
+        client.close()
+
+
+def test_a_full_disk_purges_before_retention_commits(tmp_path: Path) -> None:
+    """Objects marked deleted and due for the purge, a disk full to the last byte, and
+    retention with more to trim: its commit (a metadata write) failed first and ended each
+    pass, so the purge, which needs no write, never ran."""
+    clock = ManualClock()
+    with disk_faults.tmpfs(tmp_path / "disk", "size=4m") as disk:
+        store = LocalObjectStore(disk / "store")
+        client = client_on(store, clock, deletion_delay_ms=60_000)
+        policy = s3stream.RetentionPolicy(retention_bytes=8 * KiB).to_tags()
+        s = client.create_stream(tags=policy)
+        fill(client, [s], 8, lambda i: 4 * KiB)
+        client.compact()  # trims, marks what the trim left unneeded deleted
+        marked = {k for k, o in client.metadata.state.objects.items() if not o.live}
+        assert marked
+        fill(client, [s], 4, lambda i: 4 * KiB)  # retention has more to trim
+        filler = disk_faults.fill_filesystem(disk)
+        clock.advance(61)
+        with contextlib.suppress(UnavailableError):
+            client.compact()
+        assert not marked & data_keys(store), "the purge did not run"
+        filler.unlink()
+        client.close()
+
+
 def test_outputs_of_a_put_whose_reply_was_lost_are_deleted() -> None:
     """An output PUT lands but its reply is lost (the task fails): its key was listed only
     after the PUT returned, so the task's clean-up missed it and it stayed for the session's

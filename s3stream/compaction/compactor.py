@@ -3,13 +3,16 @@ background of a client or as a standalone job.
 
 A pass, on the latest metadata:
 
-1. **retention** — trim streams whose policy (`retention.ms` / `retention.bytes` tags, or the
+1. **room**: the outputs of failed tasks known never to be committed, and the **purge** of
+   objects marked deleted longer than `deletion_delay_ms` ago (first: it needs no write);
+2. **retention** — trim streams whose policy (`retention.ms` / `retention.bytes` tags, or the
    settings' defaults) asks for a higher start offset (`TrimStream` at the stream's current
    epoch: it does not fence the owner);
-2. **stream-set compaction**, then **stream object compaction** (planned again after the
-   first, whose split-out stream objects it merges);
-3. **purge** of objects marked deleted longer than `deletion_delay_ms` ago;
-4. **orphan sweep**, when `orphan_sweep_interval_ms` has passed since the last one.
+3. the **drops** (tasks that write no object), then **stream-set compaction**, then **stream
+   object compaction** (planned again after the first, whose split-out stream objects it
+   merges);
+4. **purge** again (what this pass replaced, with a deletion delay of 0);
+5. **orphan sweep**, when `orphan_sweep_interval_ms` has passed since the last one.
 
 All object-store traffic of a pass goes through the rate limiter at `Priority.COMPACTION`.
 Several compactors (in several clients, plus a standalone job) may run at once: a task that
@@ -248,12 +251,24 @@ class Compactor:
         # reported once below, instead of ending the pass.
         index_of = guard_index(self._index_of, unreadable)
         try:
-            report.streams_trimmed = self._apply_retention(index_of)
+            # Room first: on a full disk every write fails (retention's commit, each task's
+            # first PUT) and ends the pass, so what frees room without writing comes before
+            # them: the purge, then the tasks that only drop objects nothing needs any more.
             self._free_room(report)
+            report.streams_trimmed = self._apply_retention(index_of)
             state = self._meta.state
             tasks = plan_stream_set_compaction(
                 state, self._settings, index_of, self._clock.now_ms()
             )
+            drops = [
+                t
+                for t in plan_stream_object_compaction(state, self._settings, index_of)
+                if not t.outputs
+            ]
+            drops += [t for t in tasks if not t.outputs]
+            if drops:
+                self._run_tasks(drops, state, report, progress, "dropping unneeded objects")
+            tasks = [t for t in tasks if t.outputs]
             self._run_tasks(tasks, state, report, progress, "stream-set compaction")
             state = self._meta.state
             tasks = plan_stream_object_compaction(state, self._settings, index_of)
