@@ -179,6 +179,48 @@ def test_a_long_poll_does_not_wait_for_a_frozen_store(server: SeaweedS3Server) -
     writer.close()
 
 
+def test_a_compaction_whose_output_put_freezes_keeps_one_store_timeout(
+    server: SeaweedS3Server,
+) -> None:
+    """The server stops answering at a compaction's first output PUT: the task then also
+    deleted its outputs from that server before raising, a second store timeout (15 s with
+    an 8 s one). The outputs are left to the next pass now."""
+    url = f"s3://{server.bucket}/compact-{uuid.uuid4().hex}"
+    slow = ClientSettings(
+        store_timeout_ms=6000,
+        upload_interval_ms=60_000,
+        compaction=CompactionSettings(interval_ms=0, stream_set_min_objects=2),
+    )
+    writer = s3stream.open(
+        url, node_id="w", wal="memory://", storage_options=server.storage_options(), settings=slow
+    )
+    stream = writer.create_stream()
+    for i in range(4):
+        stream.append(RecordBatch(b"x%d" % i * 100))
+        writer.flush()
+    store = writer.compactor._executor._store  # type: ignore[attr-defined]
+    real_put = store.put
+    frozen = contextlib.ExitStack()
+
+    def put(key: str, data: bytes) -> None:
+        if not frozen_at:
+            frozen_at.append(key)
+            frozen.enter_context(server.frozen())
+        real_put(key, data)
+
+    frozen_at: list[str] = []
+
+    store.put = put
+    try:
+        outcome = ends_within(6.0 + 1.0, writer.compact)  # one store timeout
+    finally:
+        frozen.close()
+        store.put = real_put
+    assert outcome.startswith("UnavailableError"), outcome
+    assert writer.compact().tasks  # thawed: the next pass compacts (its room freed first)
+    writer.close()
+
+
 def test_a_close_does_not_wait_for_readahead_on_a_frozen_server(server: SeaweedS3Server) -> None:
     """A sequential reader's next fetch is served from the cache while the readahead planning
     reads the next object's index on a readahead thread, against the frozen server: the

@@ -36,7 +36,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from ..clock import Clock
-from ..errors import CorruptionError, InvalidArgumentError, ObjectNotFoundError, S3StreamError
+from ..errors import (
+    CorruptionError,
+    InvalidArgumentError,
+    ObjectNotFoundError,
+    S3StreamError,
+    UnavailableError,
+)
 from ..format.block import BlockInfo, decode_block
 from ..format.block_reader import BlockReader, split_run
 from ..format.objects import ObjectIndex, ObjectWriter, parse_tail
@@ -218,10 +224,12 @@ class CompactionExecutor:
         except _Halted:
             self._delete(keys)
             return TaskResult(task, False, (), read_bytes, 0, gets)
-        except BaseException:
+        except BaseException as exc:
             # A PUT that timed out against a store that stopped answering may land after
-            # this delete: deleted again on a later pass.
-            if not self._delete(keys):
+            # this delete: deleted again on a later pass. After an outage the outputs are
+            # only recorded for that later pass: deleting them now from the store that just
+            # failed took another store timeout before the error reached the caller.
+            if isinstance(exc, UnavailableError) or not self._delete(keys):
                 self._unresolved.append((None, tuple(keys)))
             raise
         new_objects = tuple(metas)
