@@ -419,8 +419,10 @@ def open(
         timeout_error=lambda: UnavailableError(
             f"opening node {node_id!r} did not finish within call_timeout_ms "
             f"({resolved.call_timeout_ms} ms): the device of its WAL or store directory is not "
-            "answering; the open goes on in the background and lets go of the WAL (its lock) "
-            "once the device answers: open again later"
+            "answering, or the uploads of what its WAL holds kept failing (a full disk: the "
+            "log's 'upload attempt ... failed' warnings say why); the open goes on in the "
+            "background and lets go of the WAL (its lock) once the device answers: open "
+            "again later"
         ),
         abandoned=_close_abandoned,
         given_up=given_up,

@@ -978,3 +978,37 @@ def test_a_metadata_log_rolled_back_under_a_writer_stops_it_for_good(tmp_path: P
         stream.append(RecordBatch(payload(4), count=1))
     with pytest.raises(CorruptionError):
         client.close(timeout_s=5)
+
+
+def test_an_open_whose_recovery_cannot_upload_says_so(tmp_path: Path) -> None:
+    """A node reopened with acknowledged appends in its WAL and a store disk with room for
+    metadata but not for their object: the open ran out of `call_timeout_ms` retrying the
+    upload, and its error blamed a device that was "not answering" (it answered at once,
+    with ENOSPC). It names failing uploads (and the log's warnings) too."""
+    from s3stream.testing import disk_faults
+
+    wal = f"file://{tmp_path / 'n.wal'}?capacity_bytes=1MiB"
+    settings = ClientSettings(upload_interval_ms=60_000, call_timeout_ms=2000)
+    with disk_faults.tmpfs(tmp_path / "disk", "size=1m") as disk:
+        store = disk / "store"
+        client = s3stream.open(store, wal=wal, settings=settings)
+        stream = client.create_stream()
+        stream.append(RecordBatch(payload(0, 200 << 10)))
+        client.abandon()  # a crash: the append is in the WAL only
+        filler = disk_faults.fill_filesystem(disk)
+        os.truncate(filler, filler.stat().st_size - 16 * 1024)  # room for log entries only
+        with pytest.raises(UnavailableError, match="uploads of what its WAL holds kept failing"):
+            s3stream.open(store, wal=wal, settings=settings)
+        filler.unlink()
+        # The open given up goes on in the background: with room now, it uploads and lets go
+        # of the WAL.
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                again = s3stream.open(store, wal=wal, settings=settings)
+                break
+            except s3stream.NodeInUseError:
+                assert time.monotonic() < deadline, "the open given up still holds the WAL"
+                time.sleep(0.1)
+        with again:
+            assert [len(b.payload) for b in again.read(stream.stream_id, 0).batches] == [200 << 10]
