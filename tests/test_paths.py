@@ -136,6 +136,8 @@ def test_every_path_the_library_derives_stays_inside_the_store_root(
         settings = ClientSettings(
             compaction=CompactionSettings(orphan_grace_ms=MIN_ORPHAN_GRACE_MS, deletion_delay_ms=0)
         )
+        # A first session of the node, ended: the sweeper may delete its uncommitted objects.
+        s3stream.open(root, node_id=node_id, clock=clock, settings=settings).close()
         client = s3stream.open(root, node_id=node_id, clock=clock, settings=settings)
         try:
             stream = client.create_stream()
@@ -144,7 +146,7 @@ def test_every_path_the_library_derives_stays_inside_the_store_root(
                 client.flush()  # one stream-set object each: compaction merges them
             uploaded = _objects(root)
             # An uncommitted object of an earlier session of this node: the sweeper's target.
-            orphan = f"data/{node_id}/00000000/000000000000-m.s3o"
+            orphan = f"data/{node_id}/00000001/000000000099-m.s3o"
             client.object_store.put(orphan, b"orphan")
             assert client.compact(sweep_orphans=True).objects_replaced == 2
             clock.advance(MIN_ORPHAN_GRACE_MS / 1000 + 1)
