@@ -198,7 +198,7 @@ def take_over_node(
     }
     released: list[int] = []
 
-    def build(state: MetadataState) -> list[Op]:
+    def check_still_ours(state: MetadataState) -> None:
         node = state.nodes.get(node_id)
         if node is None or node.epoch != epoch:
             # The node was registered again after this take-over (it restarted, or another
@@ -209,6 +209,9 @@ def take_over_node(
                 f"{node.epoch if node else '?'}) while this take-over (epoch {epoch}) ran: its "
                 "streams are the newer session's; nothing was released"
             )
+
+    def build(state: MetadataState) -> list[Op]:
+        check_still_ours(state)
         released[:] = [
             sid
             for sid, epoch in owned.items()
@@ -220,6 +223,9 @@ def take_over_node(
 
     if owned:
         meta.commit(build)
+    else:
+        meta.refresh()
+        check_still_ours(meta.state)
     for sid in sorted(owned.keys() - set(released)):
         about.for_stream(sid).info(
             "stream %d of node %s not closed: another client opened, closed or deleted it",

@@ -552,6 +552,40 @@ def test_a_take_over_leaves_the_streams_of_a_session_newer_than_its_own(
         assert [bytes(b.payload) for b in got] == [b"old", b"new-1", b"new-2"]
 
 
+def test_a_take_over_of_a_node_registered_again_meanwhile_is_fenced_without_streams(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same restart during a take-over of a node with no stream left open: the take-over
+    reported success at an epoch that was no longer the node's."""
+    import s3stream
+    from s3stream import failover
+    from s3stream.types import RecordBatch
+
+    root = tmp_path / "store"
+    wal = f"file://{tmp_path}/v.wal?capacity_bytes=1MiB"
+    v = s3stream.open(root, node_id="v", wal=wal)
+    stream = v.create_stream()
+    stream.append(RecordBatch(b"old"))
+    stream.close()
+    v.abandon()
+    restarted: list[Any] = []
+    real_close = failover.Storage.close
+
+    def close_then_restart(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = real_close(self, *args, **kwargs)
+        if not restarted:
+            restarted.append(s3stream.open(root, node_id="v", wal=wal))
+        return result
+
+    monkeypatch.setattr(failover.Storage, "close", close_then_restart)
+    with (
+        s3stream.open(root, node_id="t", wal="memory://") as t,
+        pytest.raises(s3stream.FencedError, match="registered again"),
+    ):
+        t.take_over("v", wal=wal)
+    restarted[0].close()
+
+
 def test_a_stream_force_opened_during_the_replay_leaves_the_others_released(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

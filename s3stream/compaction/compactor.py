@@ -33,6 +33,7 @@ from ..errors import (
     InvalidArgumentError,
     ObjectNotFoundError,
     S3StreamError,
+    UnavailableError,
 )
 from ..format.objects import ObjectIndex
 from ..metadata import MetadataManager, MetadataState, ObjectMeta, StreamState, TrimStream
@@ -207,7 +208,12 @@ class Compactor:
         if self._stop.is_set():
             raise _Stopped
         report.orphans_deleted += self._executor.settle(self._meta.state)
-        self._purge(report)
+        try:
+            self._purge(report)
+        except UnavailableError as exc:
+            # Deletes failing (an outage, a policy denying them) must not stop retention and
+            # the tasks: the purge at the end of the pass tries again and reports it.
+            self._log.warning("purge before the tasks failed: %s", exc)
 
     def _purge(self, report: CompactionReport) -> None:
         """Delete the objects marked deleted longer ago than the deletion delay."""

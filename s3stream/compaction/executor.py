@@ -30,11 +30,13 @@ deletion delay).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+from .._call_deadline import caller_deadline
 from ..clock import Clock
 from ..errors import (
     CorruptionError,
@@ -81,6 +83,9 @@ _Commits = dict[int, list[tuple[int, int]]]
 #: Most commit times kept per range: merging many objects must not grow the metadata without
 #: bound; beyond it, neighbours with the closest times are joined (`_capped_commits`).
 _MAX_COMMITS = 32
+#: How long a failed task may spend deleting its outputs after an outage (then they are left
+#: to the next pass, or to the sweep of this session's keys once it has ended).
+_CLEANUP_AFTER_OUTAGE_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,10 +231,18 @@ class CompactionExecutor:
             return TaskResult(task, False, (), read_bytes, 0, gets)
         except BaseException as exc:
             # A PUT that timed out against a store that stopped answering may land after
-            # this delete: deleted again on a later pass. After an outage the outputs are
-            # only recorded for that later pass: deleting them now from the store that just
-            # failed took another store timeout before the error reached the caller.
-            if isinstance(exc, UnavailableError) or not self._delete(keys):
+            # this delete: deleted again on a later pass. After an outage the delete gets a
+            # short deadline of its own: against the store that just failed it took another
+            # store timeout before the error reached the caller; on a full disk it frees the
+            # room at once.
+            bound = (
+                caller_deadline(self._clock, self._clock.monotonic() + _CLEANUP_AFTER_OUTAGE_S)
+                if isinstance(exc, UnavailableError)
+                else contextlib.nullcontext()
+            )
+            with bound:
+                deleted = self._delete(keys)
+            if not deleted:
                 self._unresolved.append((None, tuple(keys)))
             raise
         new_objects = tuple(metas)
