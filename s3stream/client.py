@@ -982,11 +982,7 @@ class StreamClient(Closeable):
             return
 
         def build(state: MetadataState) -> list[CloseStream]:
-            ops = []
-            for sid, epoch in owned:
-                s = state.streams.get(sid)
-                if s is not None and s.state is StreamState.OPEN and s.epoch == epoch:
-                    ops.append(CloseStream(sid, epoch))
+            ops = state.closes(owned)
             node = state.nodes.get(self._node_id)
             if unattached and node is not None and node.epoch == self._node_epoch:
                 # Only while this session is the node's current one: a stale session (the
@@ -1174,16 +1170,15 @@ class _ClientStreams:
         """Commit a trim (uploading first what is not committed below `new_start`), the
         upload and the commit within one `call_timeout_ms` together."""
         deadline = self.clock.monotonic() + self._call_limit_s(None)
+
+        def left() -> float:
+            return max(0.001, deadline - self.clock.monotonic())
+
         with caller_deadline(self.clock, deadline):
             if new_start > self._meta.get_stream(stream.stream_id).end_offset:
                 # Metadata only trims what is committed: upload the rest first.
-                self._storage.flush(max(0.001, deadline - self.clock.monotonic()))
-            self._meta.trim_stream(
-                stream.stream_id,
-                stream.epoch,
-                new_start,
-                timeout_s=max(0.001, deadline - self.clock.monotonic()),
-            )
+                self._storage.flush(left())
+            self._meta.trim_stream(stream.stream_id, stream.epoch, new_start, timeout_s=left())
 
     def release(self, stream: Stream) -> None:
         """Upload what `stream` has pending, stop its appends, release it in the metadata.

@@ -22,7 +22,7 @@ from .cache.block_cache import BlockCache
 from .clock import Clock
 from .errors import FencedError, InvalidArgumentError
 from .metadata import MetadataManager, MetadataState
-from .metadata.model import CloseStream, Op
+from .metadata.model import CloseStream
 from .metrics.components import StorageInstruments
 from .metrics.logs import ContextLogger
 from .objectstore.base import ObjectStore
@@ -210,16 +210,11 @@ def take_over_node(
                 "streams are the newer session's; nothing was released"
             )
 
-    def build(state: MetadataState) -> list[Op]:
+    def build(state: MetadataState) -> list[CloseStream]:
         check_still_ours(state)
-        released[:] = [
-            sid
-            for sid, epoch in owned.items()
-            if (s := state.streams.get(sid)) is not None
-            and s.state is StreamState.OPEN
-            and s.epoch == epoch
-        ]
-        return [CloseStream(sid, owned[sid]) for sid in released]
+        ops = state.closes(owned.items())
+        released[:] = [op.stream_id for op in ops]
+        return ops
 
     if owned:
         meta.commit(build)

@@ -224,6 +224,16 @@ class MetadataState:
         """Every registered node by id."""
         return self._nodes
 
+    def closes(self, held: Iterable[tuple[int, int]]) -> list[CloseStream]:
+        """The ops releasing the streams of `held` (stream id, epoch) that are still open at
+        that epoch: one opened, closed or deleted by someone since is theirs, left out."""
+        ops = []
+        for sid, epoch in held:
+            s = self._streams.get(sid)
+            if s is not None and s.state is StreamState.OPEN and s.epoch == epoch:
+                ops.append(CloseStream(sid, epoch))
+        return ops
+
     def get_stream(self, stream_id: int) -> StreamMeta:
         """The stream; `StreamNotFoundError` if it does not exist or was deleted."""
         check_int("stream_id", stream_id)
