@@ -1111,13 +1111,7 @@ class _ClientStreams:
     def session_ended(self, state: MetadataState) -> str | None:
         """How `state` says this client's session of its node ended (the node registered
         again since: taken over, or opened by another process), or None while it is on."""
-        node = state.nodes.get(self._node_id)
-        if node is None or node.epoch == self._node_epoch:
-            return None
-        return (
-            f"node {self._node_id!r} was registered again (its epoch is {node.epoch}, "
-            f"this client's {self._node_epoch})"
-        )
+        return state.registered_again(self._node_id, self._node_epoch)
 
     def close(self, how: str) -> None:
         """Every handle is closed from now on (`closed_how`: why, for their errors)."""

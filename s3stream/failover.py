@@ -199,15 +199,14 @@ def take_over_node(
     released: list[int] = []
 
     def check_still_ours(state: MetadataState) -> None:
-        node = state.nodes.get(node_id)
-        if node is None or node.epoch != epoch:
-            # The node was registered again after this take-over (it restarted, or another
-            # take-over): the streams are that session's now, and closing them would make it
-            # lose what it acknowledges.
+        # A node registered again after this take-over (it restarted, or another take-over)
+        # owns the streams now: closing them would make that session lose what it
+        # acknowledges.
+        ended = state.registered_again(node_id, epoch)
+        if ended is not None:
             raise FencedError(
-                f"node {node_id!r} was registered again (epoch "
-                f"{node.epoch if node else '?'}) while this take-over (epoch {epoch}) ran: its "
-                "streams are the newer session's; nothing was released"
+                f"{ended} while this take-over ran: its streams are the newer session's; "
+                "nothing was released"
             )
 
     def build(state: MetadataState) -> list[CloseStream]:

@@ -224,6 +224,16 @@ class MetadataState:
         """Every registered node by id."""
         return self._nodes
 
+    def registered_again(self, node_id: str, epoch: int) -> str | None:
+        """How node `node_id`'s session at `epoch` ended in this state (the node was
+        registered again since: a take-over, or another open of the node id), for messages;
+        None while that session is the node's latest, or if this state predates it. Every
+        judge of "is this session over" asks here, so they cannot disagree."""
+        node = self._nodes.get(node_id)
+        if node is None or node.epoch <= epoch:
+            return None
+        return f"node {node_id!r} was registered again (its epoch is {node.epoch}, not {epoch})"
+
     def closes(self, held: Iterable[tuple[int, int]]) -> list[CloseStream]:
         """The ops releasing the streams of `held` (stream id, epoch) that are still open at
         that epoch: one opened, closed or deleted by someone since is theirs, left out."""

@@ -260,8 +260,7 @@ class Committer:
         take-over, or another open of the node id), as `state` says."""
         if self._node_epoch is None:
             return False
-        node = state.nodes.get(self._node_id)
-        return node is not None and node.epoch > self._node_epoch
+        return state.registered_again(self._node_id, self._node_epoch) is not None
 
 
 def fenced_by(state: MetadataState, sid: int) -> str:

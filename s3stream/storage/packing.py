@@ -114,8 +114,7 @@ class KeyFactory:
         """Whether the session these keys belong to has ended in `state` (its node taken
         over or registered again since): the orphan sweep may then delete any object whose
         key this factory made and no entry references."""
-        node = state.nodes.get(self._node_id)
-        return node is None or node.epoch != self._node_epoch
+        return state.registered_again(self._node_id, self._node_epoch) is not None
 
     def next_key(self, kind: ObjectKind) -> str:
         """A key never used before by any client on the same store."""
