@@ -1834,3 +1834,18 @@ def test_a_node_keeps_the_wal_identity_its_last_stream_open_recorded(
     assert b"wal_uid" not in encode_entry(plain)
     with pytest.raises(InvalidArgumentError, match="wal_uid"):
         m.open_stream(sid, "n1", wal_uid=-5)
+
+
+def test_registered_again_judges_a_node_session_the_same_for_every_caller() -> None:
+    def register(state: MetadataState, node: str, epoch: int) -> MetadataState:
+        entry = LogEntry(seq=state.seq + 1, ops=(RegisterNode(node, epoch),), writer="w", ts_ms=0)
+        return state.apply(entry)
+
+    first = register(MetadataState.empty(), "n1", 1)
+    assert first.registered_again("n1", 1) is None
+    # A state that never saw the node cannot say its session ended.
+    assert first.registered_again("n2", 1) is None
+    second = register(first, "n1", 2)
+    ended = second.registered_again("n1", 1)
+    assert ended is not None and "'n1'" in ended and "epoch is 2" in ended
+    assert second.registered_again("n1", 2) is None
