@@ -1140,16 +1140,34 @@ class _ClientStreams:
                     self._held_reader = DaemonPool(1, "s3stream-held-check")
                 self._held_reader.submit(self._read_for_handles)
         state = self._meta.state
+        sid = stream.stream_id
         ended = self.session_ended(state)
         if ended is not None:
-            return f"{ended}: stream {stream.stream_id} is no longer this client's; open a new one"
-        held = state.streams.get(stream.stream_id)
-        if held is None or held.state is not StreamState.OPEN or held.epoch != stream.epoch:
-            return (
-                f"stream {stream.stream_id} is no longer this handle's: "
-                f"{fenced_by(state, stream.stream_id)} (this handle's epoch is {stream.epoch})"
+            why = f"{ended}: stream {sid} is no longer this client's; open a new one"
+        else:
+            held = state.streams.get(sid)
+            if held is not None and held.state is StreamState.OPEN and held.epoch == stream.epoch:
+                return None
+            why = (
+                f"stream {sid} is no longer this handle's: {fenced_by(state, sid)} (this "
+                f"handle's epoch is {stream.epoch})"
             )
-        return None
+        # The handle is done: appends to it after this error must be refused, not
+        # acknowledged and dropped at the next upload. Only when no other call of this
+        # client holds the lock: a release, open or destroy under way decides the handle.
+        if self._lock.acquire(blocking=False):
+            try:
+                if self.closed_how is None and self._streams.get(sid) is stream:
+                    if ended is not None:
+                        # The taker uploaded what it read of this node's WAL: nothing to
+                        # report dropped here, only appends to stop.
+                        self._storage.release_writer(sid, FencedError(why), epoch=stream.epoch)
+                    else:
+                        self._storage.drop_fenced(sid, stream.epoch)
+                        self._streams.pop(sid, None)
+            finally:
+                self._lock.release()
+        return why
 
     def _read_for_handles(self) -> None:
         try:

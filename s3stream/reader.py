@@ -27,6 +27,7 @@ from .cache.block_cache import BlockCache
 from .clock import Clock, SystemClock
 from .errors import (
     InvalidArgumentError,
+    S3StreamError,
     StreamClosedError,
 )
 from .metadata import ExternalMetadataLog, MetadataLogStore, MetadataManager, MetadataState
@@ -219,9 +220,16 @@ class StreamReader(Closeable):
         # Look at the log only once caught up with what it said last time.
         refresh = known is None or start >= known.end_offset
         while True:
-            result = read_committed_range(
-                self._meta, self._objects, stream_id, start, end, max_bytes, refresh=refresh
-            )
+            try:
+                result = read_committed_range(
+                    self._meta, self._objects, stream_id, start, end, max_bytes, refresh=refresh
+                )
+            except S3StreamError as exc:
+                # Closing the reader closes its store under a read: the read failed because
+                # the reader closed, which is no outage to retry (and ends a tail cleanly).
+                if self._closed:
+                    raise StreamClosedError("the reader is closed") from exc
+                raise
             if result.batches or (end is not None and start >= end):
                 return result
             if not refresh:

@@ -15,6 +15,7 @@ from .errors import (
     FencedError,
     InvalidArgumentError,
     OffsetOutOfRangeError,
+    S3StreamError,
     StreamClosedError,
 )
 from .records import Record, batch_records, decode_columns, records_batch, records_in
@@ -72,7 +73,9 @@ class StreamOwner(Protocol):
     def taken_from(self, stream: Stream) -> str | None:
         """Why the metadata log says `stream` is no longer this handle's (its node registered
         again, or the stream opened, closed or deleted elsewhere), or None. Reads the log at
-        most every few seconds per owner; an unreachable store is no answer (None)."""
+        most every few seconds per owner; an unreachable store is no answer (None). A handle
+        found taken is fenced: later appends to it raise `FencedError`, and what it had
+        acknowledged and not uploaded is reported dropped (`flush`, `close`)."""
         ...
 
 
@@ -267,18 +270,27 @@ class Stream(Closeable):
                 and start >= self.start_offset
                 and (end_arg is None or end_arg > start)
                 and not self._w.wait_for_data(start, wait, self._clock)
-            ):
                 # Nothing came: an idle writer learns from no commit of its own that another
                 # client took the stream over, and its long polls (tails) would otherwise
                 # wait for ever while the stream grows elsewhere. A close of this handle
                 # (its writer stopped before the release is committed) is no take-over.
-                taken = self._owner.taken_from(self)
-                if taken is not None and self._w.error is None and not self._w.stopped:
-                    raise FencedError(taken)
+                and self._w.error is None
+                and not self._w.stopped
+                and (taken := self._owner.taken_from(self)) is not None
+            ):
+                raise FencedError(taken)
         start, end, max_bytes = self._read_range(start_offset, end_offset, max_bytes)
         if start >= end:
             return FetchResult([], start)
-        batches = self._storage.read(self.stream_id, start, end, max_bytes)
+        try:
+            batches = self._storage.read(self.stream_id, start, end, max_bytes)
+        except S3StreamError as exc:
+            # Closing the client closes its store under a read: the read failed because the
+            # handle closed, which is no outage to retry (and ends a tail cleanly).
+            how = self._closed or self._owner.closed_reason()
+            if how is not None:
+                raise StreamClosedError(f"stream {self.stream_id} is {how}") from exc
+            raise
         return FetchResult(batches, batches[-1].next_offset if batches else start)
 
     # -- records (s3stream.records)

@@ -587,3 +587,45 @@ except s3stream.S3StreamError:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_tails_closed_while_their_read_waits_on_a_frozen_server_end_cleanly(
+    server: SeaweedS3Server,
+) -> None:
+    """A tail whose read waits on a frozen store when its reader (or its stream's client)
+    closes ended with `UnavailableError` ("the store was closed"), retryable, where the docs
+    say a tail ends cleanly at a close: the read failed because of the close."""
+    url = f"s3://{server.bucket}/tail-close-{uuid.uuid4().hex}"
+    opts = server.storage_options()
+    with s3stream.open(url, wal="memory://", storage_options=opts) as writer:
+        writer.create_stream().append(RecordBatch(b"a0"))
+    slow = {"store_timeout_ms": 15_000, "call_timeout_ms": 20_000}
+
+    def tail_in_thread(batches: Iterator[Any]) -> tuple[threading.Thread, list[object]]:
+        ended: list[object] = []
+
+        def run() -> None:
+            try:
+                for b in batches:
+                    ended.append(bytes(b.payload))
+                ended.append("ended")
+            except BaseException as exc:
+                ended.append(exc)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        return thread, ended
+
+    reader = s3stream.open_reader(url, storage_options=opts, settings=slow)
+    client = s3stream.open(url, wal="memory://", node_id="c", storage_options=opts, settings=slow)
+    stream = client.open_stream(0)  # the tail reads the object: nothing of it is cached
+    with server.frozen():
+        tails = [tail_in_thread(reader.tail(0, 0, poll_s=0.2)), tail_in_thread(stream.tail(0))]
+        time.sleep(1)
+        ends_within(1.0, reader.close)
+        with contextlib.suppress(S3StreamError):
+            client.close(timeout_s=2)
+        for thread, ended in tails:
+            thread.join(10)
+            assert not thread.is_alive(), "the tail still waits"
+            assert ended == ["ended"], ended

@@ -205,6 +205,10 @@ def test_an_idle_writers_tail_learns_its_stream_was_taken(tmp_path: Path) -> Non
         got = ended[forced.stream_id]
         assert got[:-1] == [b"a0"] and isinstance(got[-1], FencedError), got
         assert "no longer this handle's" in str(got[-1])
+        # The handle is done: an append to it is refused, not acknowledged at offset 1 (which
+        # holds b"b0" now) and dropped at the next upload.
+        with pytest.raises(FencedError):
+            forced.append(RecordBatch(b"late"), expected_offset=1)
         closed.close()
         threads[closed.stream_id].join(5)
         assert ended[closed.stream_id] == [b"a0", "ended"]
@@ -215,6 +219,12 @@ def test_an_idle_writers_tail_learns_its_stream_was_taken(tmp_path: Path) -> Non
         got = ended[kept.stream_id]
         assert got[:-1] == [b"a0"] and isinstance(got[-1], FencedError), got
         assert "registered again" in str(got[-1])
+        with pytest.raises(FencedError):
+            kept.append(RecordBatch(b"late"))
+        assert [bytes(x.payload) for x in b.open_stream(forced.stream_id).fetch(0).batches] == [
+            b"a0",
+            b"b0",
+        ]
     with contextlib.suppress(S3StreamError):
         a.close(timeout_s=5)
 
