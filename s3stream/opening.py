@@ -483,10 +483,22 @@ def _check_before_writing(
     scheme, a WAL path that is a directory or somebody's file, a directory of somebody
     else's files are refused before a directory, a lock file or a node registration is
     made."""
+    if scheme == "file" and "\0" in url:
+        raise InvalidArgumentError(f"a store directory cannot hold a NUL byte, got {url!r}")
+    wal_url = wal if isinstance(wal, str) else None
+    if wal is None and scheme == "file":
+        wal_url = default_wal_url(url, node_id, capacity=None)
+    # The WAL is judged first (the directory check needs its path), its error raised after
+    # the directory's: a directory of somebody's files is the mistake to name first.
+    wal_file: Path | None = None
+    wal_error: InvalidArgumentError | None = None
+    if wal_url is not None:
+        try:
+            wal_file = check_wal_target(wal_url, base=wal_settings)
+        except InvalidArgumentError as exc:
+            wal_error = exc
     if scheme == "file":
         given = split_scheme(url)[1]
-        if "\0" in given:
-            raise InvalidArgumentError(f"a store directory cannot hold a NUL byte, got {url!r}")
         # Resolved as the kernel will resolve it for the store's writes: "link/../victim" is
         # beside the link's target, not beside the link ("new/../mine", with no "new", is mine).
         _refuse_broken_links(given)
@@ -495,7 +507,9 @@ def _check_before_writing(
         if root.exists() and not root.is_dir():
             raise InvalidArgumentError(f"{str(root)!r} exists and is not a directory")
         if root.is_dir():
-            others = foreign_entries(root)  # first: it names a directory it cannot list
+            # A WAL file placed in the store directory itself, and its lock file, are ours:
+            # a first open killed before the store's first entry leaves them there.
+            others = foreign_entries(root, wal_file=wal_file)
             if others:
                 raise InvalidArgumentError(
                     f"{str(root)!r} is a directory that holds other files and no s3stream store "
@@ -503,12 +517,8 @@ def _check_before_writing(
                     "meta/, data/ and wal/ beside them; open a store in an empty or new "
                     "directory, or in the directory of an existing store"
                 )
-    if isinstance(wal, str):
-        check_wal_target(wal, base=wal_settings)
-    elif wal is None and scheme == "file":
-        default = default_wal_url(url, node_id, capacity=None)
-        if default is not None:
-            check_wal_target(default, base=wal_settings)
+    if wal_error is not None:
+        raise wal_error
 
 
 def _refuse_broken_links(given: str) -> None:

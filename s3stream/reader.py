@@ -561,10 +561,13 @@ def holds_store(store: ObjectStore, metadata_prefix: str = "meta") -> bool:
     return store.head(marker_key(metadata_prefix)) is not None
 
 
-def foreign_entries(root: Path, metadata_prefix: str = "meta") -> list[str]:
+def foreign_entries(
+    root: Path, metadata_prefix: str = "meta", *, wal_file: Path | None = None
+) -> list[str]:
     """The names in the existing directory `root` that say it is somebody else's: those that
     are not s3stream's own (`_STORE_NAMES`), when `root` holds no store. Empty for an empty
-    directory, a store, and what an interrupted first open leaves (``meta/``, ``wal/``)."""
+    directory, a store, and what an interrupted first open leaves (``meta/``, ``wal/``, and
+    the file WAL `wal_file` with its lock file if they lie in `root` itself)."""
     try:
         names = sorted(os.listdir(root))
     except OSError as exc:
@@ -573,8 +576,16 @@ def foreign_entries(root: Path, metadata_prefix: str = "meta") -> list[str]:
         ) from exc
     meta_top = metadata_prefix.split("/", 1)[0]
     own = _STORE_NAMES | {meta_top}
+    wal_name = None
+    if wal_file is not None and os.path.realpath(wal_file.parent) == os.path.realpath(root):
+        wal_name = wal_file.name
     others = [
-        n for n in names if n not in own and n not in _DESKTOP_NAMES and not n.startswith(".Trash-")
+        n
+        for n in names
+        if n not in own
+        and n not in _DESKTOP_NAMES
+        and not n.startswith(".Trash-")
+        and not (wal_name is not None and _is_wal_file_of(n, wal_name))
     ]
     # A folder of ours by name may be the user's ("data" is a common name): before a store
     # exists, s3stream has put nothing in data/ (objects come after the node's registration,
@@ -613,6 +624,15 @@ def _first_file(top: Path, ours: Callable[[str], bool]) -> str | None:
 
 def _is_wal_file_name(name: str) -> bool:
     return _WAL_FILE_NAME.fullmatch(name) is not None
+
+
+def _is_wal_file_of(name: str, wal_name: str) -> bool:
+    """Whether `name` is the file WAL `wal_name` or one of its lock files (`_WAL_FILE_NAME`'s
+    suffixes, for a WAL of any name)."""
+    return name == wal_name or (
+        name.startswith(wal_name + LOCK_SUFFIX)
+        and _WAL_FILE_NAME.fullmatch("x.wal" + name[len(wal_name) :]) is not None
+    )
 
 
 def _require_existing_directory(

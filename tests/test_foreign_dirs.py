@@ -157,6 +157,29 @@ def test_what_an_interrupted_first_open_left_is_not_foreign(tmp_path: Path) -> N
         client.create_stream()
 
 
+@pytest.mark.parametrize("wal_name", ["wal", "node.log"])
+def test_a_wal_named_inside_the_store_directory_is_not_foreign(
+    tmp_path: Path, wal_name: str
+) -> None:
+    """A WAL URL naming a file in the store directory itself: a first open killed before the
+    store's first entry left the WAL's lock file there, and every later open refused the
+    directory as somebody else's (until the user deleted the lock file). Another file beside
+    it is still somebody's."""
+    root = tmp_path / "s"
+    root.mkdir()
+    (root / f"{wal_name}.lock").write_text("1\nlocal\n")
+    wal = f"file://{root}/{wal_name}?capacity_bytes=1MiB"
+    with s3stream.open(root, wal=wal, settings=SMALL) as client:
+        client.create_stream()
+    other = tmp_path / "o"
+    other.mkdir()
+    (other / f"{wal_name}.lock").write_text("1\nlocal\n")
+    (other / f"{wal_name}.lock.txt").write_text("mine")
+    with pytest.raises(s3stream.InvalidArgumentError, match="holds other files"):
+        s3stream.open(other, wal=f"file://{other}/{wal_name}?capacity_bytes=1MiB")
+    assert sorted(os.listdir(other)) == [f"{wal_name}.lock", f"{wal_name}.lock.txt"]
+
+
 def test_a_users_own_data_or_meta_folder_is_not_taken_for_a_store(tmp_path: Path) -> None:
     """``data`` is a common folder name: a directory whose only entry is the user's own
     ``data/`` (or ``meta/``) with files in it holds no store, and opening it writes nothing
