@@ -277,6 +277,9 @@ async def _opened(fn: Callable[[], C]) -> C:
     """``fn()`` in a thread; if the awaiting task is cancelled, what `fn` opens is closed."""
     opening_ = _Opening(fn)
     job = _own_thread(opening_.run, "s3stream-async-open")
+    # Once a cancelled caller gave up on it, nobody reads the job's outcome: a failed open
+    # would be logged as "Future exception was never retrieved" with the library's traceback.
+    job.add_done_callback(_settled)
     try:
         return await asyncio.shield(job)
     except asyncio.CancelledError:

@@ -1020,3 +1020,28 @@ def test_a_close_whose_await_was_cancelled_still_finishes_before_the_process_exi
     with s3stream.open_reader(str(tmp_path)) as reader:
         (info,) = reader.list_streams()
         assert info.state is StreamState.CLOSED and info.end_offset == 1
+
+
+def test_a_cancelled_open_that_fails_reaches_no_exception_handler(tmp_path: Path) -> None:
+    """An `aio.open` cancelled by its caller, whose open then fails (its node is in use):
+    nobody awaits that outcome, and asyncio reported it to the loop's exception handler
+    ("Future exception was never retrieved", with the library's internal traceback)."""
+    import gc
+
+    root = tmp_path / "s"
+    reported: list[dict[str, Any]] = []
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda _, ctx: reported.append(ctx))
+        task = asyncio.create_task(aio.open(root, settings=SMALL))
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(1.0)  # the open fails in its thread meanwhile
+        gc.collect()
+        await asyncio.sleep(0)
+
+    with s3stream.open(root, settings=SMALL):  # holds the node the cancelled open asks for
+        asyncio.run(main())
+    assert [c.get("message") for c in reported] == []
