@@ -40,7 +40,7 @@ from .errors import (
     StreamNotFoundError,
     UnavailableError,
 )
-from .metadata import ObjectMeta
+from .metadata import MetadataState, ObjectMeta
 from .objectstore.registry import storage_option_from_text
 from .opening import resolve_settings
 from .reader import (
@@ -831,15 +831,23 @@ def _verify_wals(client: StreamReader, args: argparse.Namespace) -> int:
         if not check.formatted:
             print(f"wal {path}: empty (never formatted)")
             continue
-        how = "closed cleanly" if check.clean else "not closed (replayed on the next open)"
-        if check.ok:
-            print(
-                f"wal {path} (node {check.node_id!r}): {_count(check.records, 'record')}, "
-                f"{_count(check.record_bytes, 'byte')} OK, {how}"
-            )
-        else:
+        if not check.ok:
             bad += 1
             print(f"wal {path} (node {check.node_id!r}): DAMAGED: {check.damage}")
+            continue
+        foreign = _foreign_wal(path, check.node_id, client.metadata.state)
+        if foreign is not None:
+            bad += 1
+            print(f"wal {path} (node {check.node_id!r}): NOT THIS STORE'S: {foreign}")
+            continue
+        how = "closed cleanly" if check.clean else "not closed"
+        if check.records:
+            # Not trimmed yet: the node's next open (or a take-over) replays and uploads them.
+            how += "; its records are uploaded by the node's next open or `take-over`"
+        print(
+            f"wal {path} (node {check.node_id!r}): {_count(check.records, 'record')}, "
+            f"{_count(check.record_bytes, 'byte')} OK, {how}"
+        )
     state = client.metadata.state
     for node_id in sorted(state.nodes):
         if node_id in checked:
@@ -860,6 +868,30 @@ def _verify_wals(client: StreamReader, args: argparse.Namespace) -> int:
             "if it lives elsewhere)"
         )
     return bad
+
+
+def _foreign_wal(path: Path, node_id: str, state: MetadataState) -> str | None:
+    """Why the healthy WAL file at `path` is not one this store's node `node_id` would
+    replay (an open or a take-over refuses it: a node this store does not know, or another
+    WAL identity than the one the store recorded for the node), or None."""
+    from .wal.file_scan import PeekedWal, peek_wal
+
+    peeked = peek_wal(path)
+    if not isinstance(peeked, PeekedWal) or not peeked.holds_records:
+        return None  # nothing to replay: an open formats a WAL without records anew
+    node = state.nodes.get(node_id)
+    if node is None:
+        return (
+            f"it holds records of node {node_id!r}, which this store does not know (a WAL of "
+            "another store?): an open or a take-over refuses it"
+        )
+    if node.wal_uid is not None and peeked.wal_uid != node.wal_uid:
+        return (
+            f"it holds records, and its identity {peeked.wal_uid:#x} is not the WAL this store "
+            f"recorded for node {node_id!r} ({node.wal_uid:#x}; a WAL of another store?): an "
+            "open or a take-over refuses it"
+        )
+    return None
 
 
 def _verify_object_wal(

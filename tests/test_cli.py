@@ -960,6 +960,30 @@ def test_verify_of_a_store_being_written_reports_no_damage(tmp_path: Path) -> No
 
 
 @pytest.mark.s3
+def test_verify_names_a_file_wal_holding_another_stores_records(
+    store: Store, tmp_path: Path
+) -> None:
+    """`verify --wal` of another store's WAL, holding records an open or a take-over of this
+    store refuses: it said "OK" (exit 0), while `take-over` refused the same file."""
+    wal_path = store.writer_wal.removeprefix("file://").partition("?")[0]
+    unknown = tmp_path / "unknown"  # no node 'writer' at all
+    with s3stream.open(unknown, wal="memory://") as c:
+        c.create_stream()
+    other = tmp_path / "other"  # a node 'writer' of its own, with another WAL
+    own_wal = f"{(tmp_path / 'own.wal').as_uri()}?capacity_bytes=1MiB"
+    with s3stream.open(other, node_id="writer", wal=own_wal) as c:
+        c.create_stream()
+    for root, why in ((unknown, "does not know"), (other, "is not the WAL this store")):
+        verified = run("verify", str(root), "--wal", wal_path)
+        assert verified.returncode == 1, (verified.stdout, verified.stderr)
+        assert "NOT THIS STORE'S" in verified.stdout and why in verified.stdout, verified.stdout
+    # Its own store finds it healthy, with records for the node's next open or a take-over.
+    copy, wal = store.copy(tmp_path / "copy")
+    own = run("verify", str(copy), "--wal", wal.removeprefix("file://").partition("?")[0])
+    assert own.returncode == 0, own.stdout
+    assert "OK, not closed; its records are uploaded by the node's next open" in own.stdout
+
+
 def test_verify_names_an_object_wal_holding_another_stores_records(
     seaweedfs: LoopbackS3Server,
 ) -> None:

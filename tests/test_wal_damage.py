@@ -127,7 +127,7 @@ def test_the_crash_image_recovers_every_batch_and_verifies(crashed: Path, tmp_pa
     before = listing(root)
     result = verify(root)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "not closed (replayed on the next open)" in result.stdout
+    assert "not closed; its records are uploaded by the node's next open" in result.stdout
     assert listing(root) == before, "verify wrote to the store"
     assert read_all(root) == BATCHES
 
