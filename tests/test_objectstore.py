@@ -282,6 +282,41 @@ def test_local_temp_files_are_never_listed(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.parametrize("method", ["put", "put_if_absent"])
+def test_a_local_store_closed_under_a_write_removes_its_temporary_file(
+    tmp_path: Path, method: str
+) -> None:
+    """A process leaving after a Ctrl-C (`take-over`, `demo`) closed its store while upload
+    threads were writing, and exited: their temporary files, tens of MB each, stayed until
+    the orphan sweep, unseen by `inspect --cost`. A close removes them; the write fails."""
+    store = LocalObjectStore(tmp_path, fsync=False)
+    outcome: list[object] = []
+
+    def write() -> None:
+        try:
+            outcome.append(getattr(store, method)("d/big", b"x" * (512 << 20)))
+        except S3StreamError as exc:
+            outcome.append(exc)
+
+    def temps() -> list[str]:
+        folder = tmp_path / "d"
+        return [p.name for p in folder.iterdir()] if folder.is_dir() else []
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    deadline = time.monotonic() + 10
+    while not temps() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert temps(), "the write made no temporary file"
+    store.close()
+    assert temps() == []
+    writer.join(30)
+    assert len(outcome) == 1 and isinstance(outcome[0], S3StreamError), outcome
+    assert temps() == [] and [i.key for i in store.list("d/")] == []
+    store.put("d/after", b"1")  # a close ends no later write
+    assert store.get("d/after") == b"1"
+
+
 @pytest.mark.parametrize("fsync", [True, False])
 def test_local_readers_never_see_partial_objects(tmp_path: Path, fsync: bool) -> None:
     store = LocalObjectStore(tmp_path, fsync=fsync)

@@ -15,6 +15,7 @@ import itertools
 import os
 import re
 import stat
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,12 @@ class LocalObjectStore(ObjectStore):
         self._fsync = bool(fsync)
         # Unique temporary names within this instance; O_EXCL settles clashes with others.
         self._counter = itertools.count()
+        #: Temporary files being written, and how many times the store was closed: a close
+        #: removes those a write left behind (a process exiting after a Ctrl-C kills its
+        #: upload threads mid-write, which left tens of MB of them until the orphan sweep).
+        self._writing: set[str] = set()
+        self._closes = 0
+        self._writing_lock = threading.Lock()
         try:
             make_directories(self._root, sync=self._fsync)
         except FileExistsError as exc:
@@ -169,6 +176,8 @@ class LocalObjectStore(ObjectStore):
             if isinstance(exc, OSError):
                 raise self._translate(exc, "write", key) from exc
             raise
+        finally:
+            self._done_writing(tmp)
         if self._fsync:
             self._fsync_dir(os.path.dirname(final), key)
 
@@ -196,35 +205,53 @@ class LocalObjectStore(ObjectStore):
             raise self._translate(exc, "create", key) from exc
         finally:
             _unlink_quietly(tmp)
+            self._done_writing(tmp)
         if self._fsync:
             self._fsync_dir(os.path.dirname(final), key)
         return True
 
     def _write_temp(self, final: str, blob: bytes, key: str) -> str:
-        """Write `blob` to a new temporary file beside `final`; returns its path."""
+        """Write `blob` to a new temporary file beside `final`; returns its path, listed as
+        being written until the caller's `_done_writing`."""
         directory = os.path.dirname(final)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
         for _ in range(_MAX_TEMP_ATTEMPTS):
             tmp = os.path.join(directory, f"{TEMP_PREFIX}{os.getpid()}-{next(self._counter)}")
+            with self._writing_lock:
+                closes = self._closes
+                self._writing.add(tmp)
             try:
                 fd = os.open(tmp, flags, 0o666)
             except FileExistsError:
+                self._done_writing(tmp)
                 continue  # a name left by another writer
             except (FileNotFoundError, NotADirectoryError):
                 # The directory is missing (new, or pruned by a delete): make it, then try
                 # again. Made only when missing, so a put into an existing directory costs
                 # no stat (it raises the conflict if a file stands where a directory must).
+                self._done_writing(tmp)
                 self._ensure_dir(directory, key)
                 continue
             except OSError as exc:
+                self._done_writing(tmp)
                 raise self._translate(exc, "write", key) from exc
+            except BaseException:
+                self._done_writing(tmp)
+                raise
             try:
+                with self._writing_lock:
+                    if closes != self._closes:
+                        # A close swept the temporary files, maybe before this one existed.
+                        raise UnavailableError(
+                            f"{self.describe()} was closed while {key!r} was written"
+                        )
                 _write_all(fd, blob)
                 if self._fsync:
                     os.fsync(fd)
             except BaseException as exc:
                 os.close(fd)
                 _unlink_quietly(tmp)
+                self._done_writing(tmp)
                 if isinstance(exc, OSError):
                     raise self._translate(exc, "write", key) from exc
                 raise
@@ -234,6 +261,30 @@ class LocalObjectStore(ObjectStore):
             f"could not create a temporary file for {key!r} in {directory!r} "
             f"after {_MAX_TEMP_ATTEMPTS} attempts"
         )
+
+    def _done_writing(self, tmp: str) -> None:
+        with self._writing_lock:
+            self._writing.discard(tmp)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled for Spark's executors: the writes under way are this process's only.
+        state = self.__dict__.copy()
+        del state["_writing_lock"]
+        state["_writing"] = set()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._writing_lock = threading.Lock()
+
+    def close(self) -> None:
+        """Remove the temporary files of writes still under way (a process on its way out
+        after a Ctrl-C, whose upload threads stop mid-write): those writes fail."""
+        with self._writing_lock:
+            self._closes += 1
+            left = list(self._writing)
+        for tmp in left:
+            _unlink_quietly(tmp)
 
     def _ensure_dir(self, directory: str, key: str) -> None:
         if os.path.isdir(directory):
