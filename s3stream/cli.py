@@ -46,6 +46,7 @@ from .opening import resolve_settings
 from .reader import (
     StreamReader,
     _require_existing_directory,
+    foreign_entries,
     holds_store,
     open_reader,
     open_reader_store,
@@ -327,6 +328,13 @@ def _check_demo_target(
         if root.exists() and not root.is_dir():
             raise InvalidArgumentError(f"{url!r} is not a directory")
         if not reuse and root.is_dir() and any(root.iterdir()):
+            others = foreign_entries(root)
+            if others:
+                # --reuse would be refused too: the demo adds to a store, not to a folder.
+                raise InvalidArgumentError(
+                    f"{url!r} holds other files ({', '.join(repr(n) for n in others[:3])}) and "
+                    "no s3stream store: choose an empty or new directory"
+                )
             raise InvalidArgumentError(
                 f"{url!r} is not empty: pass --reuse to add to it, or choose another directory"
             )
@@ -789,10 +797,17 @@ def _verify_wals(client: StreamReader, args: argparse.Namespace) -> int:
     from .opening import default_wal_path
     from .wal.file_scan import check_file_wal
     from .wal.holder import live_holder
+    from .wal.registry import file_wal_path
 
     url = str(args.url)
     # realpath, not Path.resolve: that raises RuntimeError on a symlink loop (Python 3.11).
-    paths = list(dict.fromkeys(Path(os.path.realpath(os.path.expanduser(w))) for w in args.wal))
+    # A path or a file:// URL, as take-over's --wal takes (the URL's query is the WAL's
+    # settings, which a read of the file does not need).
+    paths = list(
+        dict.fromkeys(
+            Path(os.path.realpath(os.path.expanduser(file_wal_path(w)))) for w in args.wal
+        )
+    )
     for path in paths:
         # Named on the command line: a mistake there is the user's to fix (exit 2), said
         # with the path, not the OS's "Is a directory" of a read.
@@ -1128,6 +1143,7 @@ def _take_over(args: argparse.Namespace) -> int:
             accept_loss=args.accept_wal_loss,
             base=_resolved(settings).file_wal,
             expect_uid=expected_wal_uid(state, args.node, open_streams),
+            default=args.wal is None,
         )
     if not args.force:
         _refuse_live_holder(wal, args.node)

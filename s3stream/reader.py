@@ -36,7 +36,7 @@ from .metadata.log import MetadataLog
 from .metadata.marker import check_not_bound_elsewhere, marker_key
 from .metadata.registry import check_metadata_url, open_metadata_log
 from .objectstore.base import ObjectStore
-from .objectstore.local import LocalObjectStore, is_temp_name
+from .objectstore.local import LocalObjectStore, check_local_url, is_temp_name
 from .objectstore.registry import open_object_store
 from .objectstore.stack import store_stack
 from .records import Record, batch_records, records_in
@@ -654,6 +654,7 @@ def _require_existing_directory(
         if store:
             _require_remote_store(url, scheme, storage_options, settings, metadata_prefix)
         return
+    check_local_url(url)
     root = Path(rest).expanduser()
     if not root.is_dir():
         # Both say "not a directory holding a store", the rule broken; the first says why.
@@ -710,8 +711,10 @@ def _refuse_other_prefix(url: str, root: Path, metadata_prefix: str) -> None:
             if found:
                 raise InvalidArgumentError(
                     f"{url!r} holds no s3stream store under the metadata prefix "
-                    f"{metadata_prefix!r}, but one under {name!r}: pass "
-                    f"metadata_prefix={name!r} (Spark: metadataPrefix={name})"
+                    f"{metadata_prefix!r}, but one under {name!r}: read it with "
+                    f"open_reader(..., metadata_prefix={name!r}) or StreamClient(..., "
+                    f"metadata_prefix={name!r}), in Spark with metadataPrefix={name} "
+                    "(s3stream.open and the CLI know the default prefix, 'meta', only)"
                 )
 
 

@@ -984,6 +984,31 @@ def test_verify_names_a_file_wal_holding_another_stores_records(
     assert "OK, not closed; its records are uploaded by the node's next open" in own.stdout
 
 
+def test_the_advice_of_errors_can_be_followed(store: Store, tmp_path: Path) -> None:
+    """Errors whose advice led nowhere: a query on a local store's URL read as a missing
+    directory; `demo` on a folder of other files advised --reuse, which it then refused;
+    `verify --wal` took a file:// URL (which `take-over --wal` takes) for a relative path;
+    `take-over` with no --wal advised leaving the WAL out."""
+    copy, wal = store.copy(tmp_path / "copy")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine\n")
+    query, demo, verified, taken = run_all(
+        ["inspect", f"{copy.as_uri()}?x=1"],
+        ["demo", str(other), "--batches", "1"],
+        ["verify", str(copy), "--wal", wal],
+        ["take-over", str(copy), "local"],  # a node whose default WAL place holds nothing
+    )
+    one_line_error(query, 2, "takes no query")
+    assert "--reuse" not in one_line_error(demo, 2, "holds other files", "'notes.txt'")
+    assert verified.returncode == 0, (verified.stdout, verified.stderr)
+    assert f"wal {wal.removeprefix('file://').partition('?')[0]} (node 'writer')" in (
+        verified.stdout
+    )
+    assert "leave the WAL out" not in one_line_error(taken, 2, "name the node's WAL")
+    assert sorted(os.listdir(other)) == ["notes.txt"]
+
+
 def test_verify_names_an_object_wal_holding_another_stores_records(
     seaweedfs: LoopbackS3Server,
 ) -> None:

@@ -738,9 +738,18 @@ def parse_tail(tail: bytes | memoryview, object_size: int, location: str) -> Obj
     if crc32c.crc32c(view[n - FOOTER_SIZE : n - FOOTER_SIZE + _FOOTER_CRC_SPAN]) != footer_crc:
         raise corrupt(location, footer_pos, "footer crc32c mismatch")
     if version != FORMAT_VERSION:
-        raise corrupt(location, footer_pos, f"unsupported format version {version}")
+        newer = " (written by a newer release?)" if version > FORMAT_VERSION else ""
+        raise corrupt(
+            location,
+            footer_pos,
+            f"unsupported format version {version}, this release reads {FORMAT_VERSION}{newer}",
+        )
     if flags & _FOOTER_INCOMPATIBLE_MASK & ~_KNOWN_FOOTER_INCOMPATIBLE:
-        raise corrupt(location, footer_pos, f"unsupported footer flags {flags:#x}")
+        raise corrupt(
+            location,
+            footer_pos,
+            f"unsupported footer flags {flags:#x} (written by a newer release?)",
+        )
     table_len = time_table_size(count) if flags & FLAG_TIME_RANGES else 0
     if (
         index_len != count * INDEX_ENTRY_SIZE

@@ -31,7 +31,7 @@ from ..errors import (
 from ._common import as_bytes, check_prefix, check_suffix_length
 from .base import ObjectInfo, ObjectStore, ObjectStoreCapabilities, check_key, check_range
 
-__all__ = ["TEMP_PREFIX", "LocalObjectStore", "from_url", "is_temp_name"]
+__all__ = ["TEMP_PREFIX", "LocalObjectStore", "check_local_url", "from_url", "is_temp_name"]
 
 #: Names starting with this are temporary files of unfinished writes, never objects.
 TEMP_PREFIX = ".tmp-"
@@ -63,6 +63,16 @@ _Stack = list[tuple[str, str, Iterator[tuple[str, bool, int]]]]
 # A concurrent delete may remove a freshly created directory before our temporary file lands in
 # it; the write then starts over. Bounded so that a persistent failure still surfaces.
 _MAX_TEMP_ATTEMPTS = 64
+
+
+def check_local_url(url: str) -> None:
+    """Refuse a ``file://`` store URL with a query or a fragment: as for remote stores,
+    options go in storage_options (else the directory's name would hold the query)."""
+    if "://" in url and ("?" in url or "#" in url):
+        raise InvalidArgumentError(
+            f"a local store's URL takes no query or fragment (options go in "
+            f"storage_options; a name that holds '?' or '#' is written %3F, %23), got {url!r}"
+        )
 
 
 def is_temp_name(name: str) -> bool:
@@ -130,12 +140,7 @@ class LocalObjectStore(ObjectStore):
         scheme, path = split_scheme(url)
         if scheme != "file":
             raise InvalidArgumentError(f"not a file URL: {url!r}")
-        if "://" in url and ("?" in url or "#" in url):
-            # As for remote stores: else the directory's name would hold the query.
-            raise InvalidArgumentError(
-                f"a local store's URL takes no query or fragment (options go in "
-                f"storage_options; a name that holds '?' or '#' is written %3F, %23), got {url!r}"
-            )
+        check_local_url(url)
         options = dict(storage_options)
         fsync = options.pop("fsync", True)
         if options:

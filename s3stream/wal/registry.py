@@ -58,6 +58,7 @@ __all__ = [
     "check_take_over_wal",
     "check_wal_target",
     "default_s3_wal_client",
+    "file_wal_path",
     "lock_file_wal",
     "open_s3_wal",
     "open_s3_wal_store",
@@ -569,6 +570,7 @@ def check_take_over_wal(
     accept_loss: bool,
     base: FileWalSettings | None = None,
     expect_uid: int | None = None,
+    default: bool = False,
 ) -> None:
     """Before a take-over registers anything: a file WAL named explicitly must exist. A node
     with streams open may have acknowledged appends in it: missing, that is the loss
@@ -579,11 +581,18 @@ def check_take_over_wal(
     user's file into a WAL. A WAL there of another node or store is refused as its open
     would refuse it (`check_file_wal_owner`, with `expect_uid`, the store's record for the
     node): a take-over registers the node first, which fences it, alive or not. `base`: the
-    WAL settings the take-over opens it with."""
+    WAL settings the take-over opens it with; `default`: `url` is the node's default WAL,
+    not one the caller named (for the advice of the errors)."""
     target = _checked_target(url, base)
     if target is None:
         return
     path, kind = target
+    # `default`: the URL is the node's default WAL place, not one the caller named.
+    advice = (
+        "name the node's WAL if it lives elsewhere"
+        if default
+        else "check the path, or leave the WAL out to use the default"
+    )
     if path.exists():
         if kind in (None, "wal"):  # a device, or a WAL
             check_file_wal_owner(
@@ -598,16 +607,24 @@ def check_take_over_wal(
             return
         raise InvalidArgumentError(
             f"{str(path)!r} holds no WAL of node {node_id!r} (it is empty or zeros, and the "
-            "node's streams are all closed, so there is nothing to recover): check the path, "
-            "or leave the WAL out to use the default"
+            f"node's streams are all closed, so there is nothing to recover): {advice}"
         )
     if open_streams:
         _check_wal_present(path, node_id, accept_loss)
         return
     raise InvalidArgumentError(
         f"no WAL at {str(path)!r} for node {node_id!r} (its streams are all closed, so it has "
-        "nothing to recover): check the path, or leave the WAL out to use the default"
+        f"nothing to recover): {advice}"
     )
+
+
+def file_wal_path(url: str) -> str:
+    """The path a file WAL's URL or plain path names (``file:///abs?capacity_bytes=..`` or
+    ``/abs``), for tools that read the file itself; `InvalidArgumentError` for a URL of
+    another kind of WAL."""
+    if "://" in url and not url.lower().startswith("file://"):
+        raise InvalidArgumentError(f"not a file WAL (a path or a file:// URL): {url!r}")
+    return _file_target(url)[0]
 
 
 def _file_target(url: str) -> tuple[str, str]:
