@@ -139,6 +139,13 @@ class CompactionSettings:
                     "spelling stream_split_bytes, not both"
                 )
             object.__setattr__(self, "stream_set_split_bytes", stream_split_bytes)
+        grace = self.orphan_grace_ms
+        if type(grace) is int and grace < MIN_ORPHAN_GRACE_MS:
+            # Before the general check, whose "at least 1" would be the wrong floor to name.
+            raise InvalidArgumentError(
+                f"CompactionSettings.orphan_grace_ms must be at least {MIN_ORPHAN_GRACE_MS} "
+                f"(10 minutes: far above any upload's PUT-to-commit time), got {grace}"
+            )
         _check_fields(
             self,
             allow_zero=(
@@ -151,12 +158,6 @@ class CompactionSettings:
                 "bytes_per_s",
             ),
         )
-        if self.orphan_grace_ms < MIN_ORPHAN_GRACE_MS:
-            raise InvalidArgumentError(
-                f"CompactionSettings.orphan_grace_ms must be at least {MIN_ORPHAN_GRACE_MS} "
-                f"(10 minutes: far above any upload's PUT-to-commit time), got "
-                f"{self.orphan_grace_ms}"
-            )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
