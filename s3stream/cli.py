@@ -424,7 +424,9 @@ def _demo(args: argparse.Namespace) -> int:
         m = client.metrics
         _say(
             f"  closed (uploaded everything) in {t_close:.2f} s: "
-            f"{_count(m.storage.objects_uploaded, 'object')}, {_count(m.object_store.puts, 'PUT')}"
+            f"{_count(m.storage.objects_uploaded, 'object')}, "
+            # Data and metadata, plain and conditional: what the cost ledger bills as PUTs.
+            f"{_count(m.object_store.puts + m.object_store.conditional_puts, 'PUT')}"
         )
         bar.set(0, total, "reading back")
         t2 = time.perf_counter()
@@ -1175,7 +1177,9 @@ def _take_over(args: argparse.Namespace) -> int:
             {
                 "node": report.node_id,
                 "node_epoch": report.node_epoch,
-                "wal": wal,
+                # Without the default's capacity query: an existing WAL keeps the size its
+                # header records (a 64 MiB WAL was reported as ?capacity_bytes=256MiB).
+                "wal": args.wal or default_wal_url(args.url, args.node, capacity=None),
                 "records": r.records,
                 "already_committed": r.already_committed,
                 "fenced": r.fenced,
