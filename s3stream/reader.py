@@ -294,8 +294,10 @@ class StreamReader(Closeable):
         every `poll_s` seconds (default ``settings.tail_poll_ms``) while caught up, it reads
         the log's next entry (a GET, and a HEAD of the last one seen: no LIST). Each batch is
         delivered once, in offset order. Ends cleanly when the reader closes; raises
-        `OffsetOutOfRangeError` if a trim passes the position and `StreamNotFoundError` if the
-        stream is deleted.
+        `OffsetOutOfRangeError` if a trim passes the position, `StreamNotFoundError` if the
+        stream is deleted, and `UnavailableError` if a read of the store fails past its
+        retries (``store_timeout_ms``): a tail that should outlive outages catches it and
+        starts again from the offset it reached.
         """
         check_int("stream_id", stream_id)
         pos = check_int("start_offset", start_offset)
