@@ -1348,7 +1348,9 @@ def _command(
         epilog=_EXAMPLES[name],
         formatter_class=_Formatter,
     )
-    c.set_defaults(fn=fn, synopsis=f"s3stream {name} {_SYNOPSES.get(name, '')}".rstrip())
+    c.set_defaults(
+        fn=fn, synopsis=f"s3stream {name} {_SYNOPSES.get(name, '')}".rstrip(), command_parser=c
+    )
     return c
 
 
@@ -1668,7 +1670,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         reconfigure = getattr(out, "reconfigure", None)
         if callable(reconfigure):
             reconfigure(errors="backslashreplace")
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # Said with the command's usage (the top-level parser printed its own, which lists
+        # the commands, not what this one takes).
+        getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
     command = f"s3stream {args.command}"
     # Only the main thread may set a handler (`main` called in-process from another thread
     # keeps Python's default, which raises KeyboardInterrupt there too).

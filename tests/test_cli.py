@@ -984,6 +984,15 @@ def test_verify_names_a_file_wal_holding_another_stores_records(
     assert "OK, not closed; its records are uploaded by the node's next open" in own.stdout
 
 
+def test_an_extra_argument_is_refused_with_the_commands_usage(tmp_path: Path) -> None:
+    """`inspect DIR extra` printed the top-level usage (the list of commands)."""
+    for argv in (["inspect", str(tmp_path), "extra"], ["dump", str(tmp_path), "0", "--bogus"]):
+        done = run(*argv)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert done.stderr.startswith(f"usage: s3stream {argv[0]} "), done.stderr
+        assert f"s3stream {argv[0]}: error: unrecognized arguments: {argv[-1]}" in done.stderr
+
+
 def test_the_advice_of_errors_can_be_followed(store: Store, tmp_path: Path) -> None:
     """Errors whose advice led nowhere: a query on a local store's URL read as a missing
     directory; `demo` on a folder of other files advised --reuse, which it then refused;
