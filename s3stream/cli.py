@@ -320,7 +320,7 @@ def _check_demo_target(
     scheme, path = split_scheme(url)
     if scheme == "memory":
         raise InvalidArgumentError(
-            "the demo reopens its store with a second client, and a memory:// store lives "
+            "the demo reads its store back through a second reader, and a memory:// store lives "
             "only as long as one: give a directory or a durable URL"
         )
     if scheme == "file":
@@ -891,22 +891,29 @@ def _foreign_wal(path: Path, node_id: str, state: MetadataState) -> str | None:
     """Why the healthy WAL file at `path` is not one this store's node `node_id` would
     replay (an open or a take-over refuses it: a node this store does not know, or another
     WAL identity than the one the store recorded for the node), or None."""
+    from .failover import expected_wal_uid, has_open_streams
     from .wal.file_scan import PeekedWal, peek_wal
 
     peeked = peek_wal(path)
     if not isinstance(peeked, PeekedWal) or not peeked.holds_records:
         return None  # nothing to replay: an open formats a WAL without records anew
-    node = state.nodes.get(node_id)
-    if node is None:
+    if node_id not in state.nodes:
         return (
             f"it holds records of node {node_id!r}, which this store does not know (a WAL of "
             "another store?): an open or a take-over refuses it"
         )
-    if node.wal_uid is not None and peeked.wal_uid != node.wal_uid:
+    # The rule an open and a take-over apply (`expected_wal_uid`): the identity recorded
+    # for the node, else none at all while the node has no stream open.
+    expect = expected_wal_uid(state, node_id, has_open_streams(state, node_id))
+    if expect is not None and peeked.wal_uid != expect:
+        recorded = (
+            f"the WAL this store recorded for node {node_id!r} ({expect:#x})"
+            if expect >= 0
+            else f"of node {node_id!r}, which has no stream open and no WAL recorded"
+        )
         return (
-            f"it holds records, and its identity {peeked.wal_uid:#x} is not the WAL this store "
-            f"recorded for node {node_id!r} ({node.wal_uid:#x}; a WAL of another store?): an "
-            "open or a take-over refuses it"
+            f"it holds records, and its identity {peeked.wal_uid:#x} is not {recorded} (a WAL "
+            "of another store?): an open or a take-over refuses it"
         )
     return None
 
@@ -1259,7 +1266,7 @@ status: 0 OK, 1 failed (a store out of reach, damage found), 2 bad command line,
 interrupted. More: docs/cli.md.
 
 examples:
-  s3stream demo                        # write, reopen and read back ./s3stream-demo
+  s3stream demo                        # write, close and read back ./s3stream-demo
   s3stream inspect ./s3stream-demo     # its streams and objects
   s3stream dump ./s3stream-demo 0 --limit 5
   s3stream verify s3://bucket/prefix -o endpoint_url=http://localhost:9000
@@ -1410,9 +1417,9 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     d = _command(
-        sub, "demo", _demo, "append, reopen, read back and verify a realistic workload",
+        sub, "demo", _demo, "append, close, read back and verify a realistic workload",
         "Append deterministic batches to a few streams, close (uploading everything), "
-        "reopen with a new client and check every byte read back; prints the rates.",
+        "read everything back through a new reader, checking every byte; prints the rates.",
     )  # fmt: skip
     d.add_argument(
         "dir",

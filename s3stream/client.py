@@ -1153,20 +1153,17 @@ class _ClientStreams:
                 f"handle's epoch is {stream.epoch})"
             )
         # The handle is done: appends to it after this error must be refused, not
-        # acknowledged and dropped at the next upload. Only when no other call of this
-        # client holds the lock: a release, open or destroy under way decides the handle.
-        if self._lock.acquire(blocking=False):
-            try:
-                if self.closed_how is None and self._streams.get(sid) is stream:
-                    if ended is not None:
-                        # The taker uploaded what it read of this node's WAL: nothing to
-                        # report dropped here, only appends to stop.
-                        self._storage.release_writer(sid, FencedError(why), epoch=stream.epoch)
-                    else:
-                        self._storage.drop_fenced(sid, stream.epoch)
-                        self._streams.pop(sid, None)
-            finally:
-                self._lock.release()
+        # acknowledged and dropped at the next upload. Not under the client's lock, which a
+        # slow call may hold (the handle stayed usable then): only while its writer still
+        # appends, checked under the append lock, so a release of the handle under way (its
+        # writer stopped first) decides it instead. The handle stays listed: its close, and
+        # the client's, report the take-over as for any fenced handle.
+        if ended is not None:
+            # The taker uploaded what it read of this node's WAL: nothing to report dropped
+            # here, only appends to stop.
+            self._storage.release_writer(sid, FencedError(why), epoch=stream.epoch, live_only=True)
+        else:
+            self._storage.drop_fenced(sid, stream.epoch, live_only=True)
         return why
 
     def _read_for_handles(self) -> None:

@@ -27,8 +27,8 @@ from .cache.block_cache import BlockCache
 from .clock import Clock, SystemClock
 from .errors import (
     InvalidArgumentError,
-    S3StreamError,
     StreamClosedError,
+    UnavailableError,
 )
 from .metadata import ExternalMetadataLog, MetadataLogStore, MetadataManager, MetadataState
 from .metadata.binding import bind_log
@@ -224,9 +224,10 @@ class StreamReader(Closeable):
                 result = read_committed_range(
                     self._meta, self._objects, stream_id, start, end, max_bytes, refresh=refresh
                 )
-            except S3StreamError as exc:
+            except UnavailableError as exc:
                 # Closing the reader closes its store under a read: the read failed because
                 # the reader closed, which is no outage to retry (and ends a tail cleanly).
+                # Damage (`CorruptionError`) is raised as it is, close or not.
                 if self._closed:
                     raise StreamClosedError("the reader is closed") from exc
                 raise

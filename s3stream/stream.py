@@ -15,8 +15,8 @@ from .errors import (
     FencedError,
     InvalidArgumentError,
     OffsetOutOfRangeError,
-    S3StreamError,
     StreamClosedError,
+    UnavailableError,
 )
 from .records import Record, batch_records, decode_columns, records_batch, records_in
 from .storage.engine import Storage, WriterState
@@ -278,15 +278,22 @@ class Stream(Closeable):
                 and not self._w.stopped
                 and (taken := self._owner.taken_from(self)) is not None
             ):
+                # This handle's own close may have stopped it meanwhile (its release then
+                # committed: the stream reads as closed), which is no take-over.
+                if isinstance(self._w.error, StreamClosedError):
+                    raise self._w.error
+                if self._closed or self._owner.closed_reason():
+                    self._check_open()
                 raise FencedError(taken)
         start, end, max_bytes = self._read_range(start_offset, end_offset, max_bytes)
         if start >= end:
             return FetchResult([], start)
         try:
             batches = self._storage.read(self.stream_id, start, end, max_bytes)
-        except S3StreamError as exc:
+        except UnavailableError as exc:
             # Closing the client closes its store under a read: the read failed because the
-            # handle closed, which is no outage to retry (and ends a tail cleanly).
+            # handle closed, which is no outage to retry (and ends a tail cleanly). Damage
+            # (`CorruptionError`) is raised as it is, close or not.
             how = self._closed or self._owner.closed_reason()
             if how is not None:
                 raise StreamClosedError(f"stream {self.stream_id} is {how}") from exc

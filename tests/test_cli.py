@@ -973,7 +973,13 @@ def test_verify_names_a_file_wal_holding_another_stores_records(
     own_wal = f"{(tmp_path / 'own.wal').as_uri()}?capacity_bytes=1MiB"
     with s3stream.open(other, node_id="writer", wal=own_wal) as c:
         c.create_stream()
-    for root, why in ((unknown, "does not know"), (other, "is not the WAL this store")):
+    quiet = tmp_path / "quiet"  # a node 'writer' that never opened a stream: no WAL recorded
+    s3stream.open(quiet, node_id="writer", wal="memory://").close()
+    for root, why in (
+        (unknown, "does not know"),
+        (other, "is not the WAL this store"),
+        (quiet, "no stream open and no WAL recorded"),
+    ):
         verified = run("verify", str(root), "--wal", wal_path)
         assert verified.returncode == 1, (verified.stdout, verified.stderr)
         assert "NOT THIS STORE'S" in verified.stdout and why in verified.stdout, verified.stdout

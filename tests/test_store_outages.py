@@ -622,7 +622,7 @@ def test_tails_closed_while_their_read_waits_on_a_frozen_server_end_cleanly(
     with server.frozen():
         tails = [tail_in_thread(reader.tail(0, 0, poll_s=0.2)), tail_in_thread(stream.tail(0))]
         time.sleep(1)
-        ends_within(1.0, reader.close)
+        ends_within(3.0, reader.close)
         with contextlib.suppress(S3StreamError):
             client.close(timeout_s=2)
         for thread, ended in tails:

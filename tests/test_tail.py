@@ -24,6 +24,7 @@ from s3stream import (
     Record,
     RecordBatch,
     S3StreamError,
+    StreamClosedError,
 )
 
 WRITER = Path(__file__).with_name("tail_writer_child.py")
@@ -227,6 +228,66 @@ def test_an_idle_writers_tail_learns_its_stream_was_taken(tmp_path: Path) -> Non
         ]
     with contextlib.suppress(S3StreamError):
         a.close(timeout_s=5)
+
+
+def test_a_long_poll_fences_its_handle_while_another_call_holds_the_client(
+    tmp_path: Path,
+) -> None:
+    """The long poll that finds its stream taken fences the handle even while another call
+    of the client (here a thread standing in for a slow one) holds the client's lock: it
+    raised `FencedError` and left the handle appending, and the next append was acknowledged
+    and then reported dropped."""
+    url = str(tmp_path / "s")
+    a = s3stream.open(url, node_id="a")
+    b = s3stream.open(url, node_id="b")
+    try:
+        stream = a.create_stream()
+        stream.append(RecordBatch(b"a0"))
+        a.flush()
+        b.open_stream(stream.stream_id, force=True).append(RecordBatch(b"b0"))
+        holding, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with a._lock:
+                holding.set()
+                release.wait(30)
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        holding.wait(5)
+        try:
+            with pytest.raises(FencedError, match="no longer this handle's"):
+                for _ in range(200):  # the metadata is read every few seconds per client
+                    stream.fetch(stream.confirm_offset, wait_s=0.1)
+            with pytest.raises(FencedError):
+                stream.append(RecordBatch(b"late"))
+        finally:
+            release.set()
+            holder.join(5)
+        a.flush()  # nothing acknowledged was dropped: "late" was refused
+    finally:
+        with contextlib.suppress(S3StreamError):
+            a.close(timeout_s=5)
+        b.close()
+
+
+def test_a_long_poll_racing_its_own_close_ends_closed_not_fenced(tmp_path: Path) -> None:
+    """A handle closed by its own client between the long poll's empty wait and its
+    ownership check read as taken ("closed since") and raised `FencedError`; it is the
+    handle's own close: `StreamClosedError`."""
+    with s3stream.open(tmp_path / "s") as client:
+        stream = client.create_stream()
+        stream.append(RecordBatch(b"a0"))
+        owner = stream._owner
+        checked = owner.taken_from
+
+        def closing_first(handle: s3stream.Stream) -> str | None:
+            handle.close()  # the close lands between the wait and the check
+            return checked(handle)
+
+        owner.taken_from = closing_first  # type: ignore[method-assign]
+        with pytest.raises(StreamClosedError):
+            stream.fetch(stream.confirm_offset, wait_s=0.05)
 
 
 def test_tail_records_yields_offsets_and_records(tmp_path: Path) -> None:

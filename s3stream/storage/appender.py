@@ -293,18 +293,22 @@ class Appender:
         *,
         epoch: int | None = None,
         discard: bool = False,
+        live_only: bool = False,
     ) -> Released | None:
         """Stop appends to a stream (closed, destroyed or fenced): appends of its writer
         still completing are refused, not acknowledged; with `discard`, also drop its
         entries from the LogCache. With `epoch`, only if this client does not append to
         the stream at another epoch (it reopened the stream since: that writer and its
         entries stay) and, with `discard`, did not let that epoch go already (a destroy, or
-        an earlier drop that was reported). Checked and done under the append lock, so a
-        reopen or a second drop cannot slip in between; what was stopped, or None if
-        nothing was done."""
+        an earlier drop that was reported). With `live_only`, only while that writer is
+        still appending (no close or fence stopped it: those decided its entries already).
+        Checked and done under the append lock, so a reopen, a release or a second drop
+        cannot slip in between; what was stopped, or None if nothing was done."""
         with self._lock:
             w = self._writers.get(stream_id)
             if epoch is not None and w is not None and w.epoch != epoch:
+                return None
+            if live_only and (w is None or w.error is not None):
                 return None
             if discard and epoch is not None:
                 gone = self._cache.discarded_epoch(stream_id)

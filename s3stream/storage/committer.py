@@ -192,20 +192,28 @@ class Committer:
         )
 
     def drop_fenced(
-        self, sid: int, epoch: int, by: str, taken: tuple[int, int] | None = None
+        self,
+        sid: int,
+        epoch: int,
+        by: str,
+        taken: tuple[int, int] | None = None,
+        *,
+        live_only: bool = False,
     ) -> None:
         """Another client took stream `sid` over from this client's writer at `epoch` (`by`
         says how): drop what that writer acknowledged and did not upload (`taken`: the
         offsets an upload held of it, beside what the LogCache still has), stop its appends,
         and remember the loss for flush/close. Nothing is done, or reported twice, when this
         client appends to the stream at another epoch now (it reopened the stream after an
-        earlier drop) or let the epoch go itself (it destroyed the stream)."""
+        earlier drop) or let the epoch go itself (it destroyed the stream); with `live_only`,
+        also when that writer was stopped already (`Appender.release_writer`)."""
         with self.lock:
             released = self._appender.release_writer(
                 sid,
                 FencedError(f"stream {sid} is owned by a newer epoch: {by}"),
                 epoch=epoch,
                 discard=True,
+                live_only=live_only,
             )
             if released is not None:
                 self.report_dropped(sid, released, by, taken)

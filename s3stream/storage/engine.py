@@ -189,11 +189,15 @@ class Storage:
         *,
         epoch: int | None = None,
         discard: bool = False,
+        live_only: bool = False,
     ) -> Released | None:
         """Stop appends to a stream (closed or destroyed); with `discard`, also drop what
-        the LogCache holds of it; with `epoch`, only this client's writer at that epoch.
-        What was stopped (see `Appender.release_writer`)."""
-        return self._appender.release_writer(stream_id, error, epoch=epoch, discard=discard)
+        the LogCache holds of it; with `epoch`, only this client's writer at that epoch;
+        with `live_only`, only if it was not stopped already. What was stopped (see
+        `Appender.release_writer`)."""
+        return self._appender.release_writer(
+            stream_id, error, epoch=epoch, discard=discard, live_only=live_only
+        )
 
     def forget_released(self, stream_id: int) -> None:
         """The stream was released here (closed in the metadata): its cached batches, all
@@ -205,12 +209,15 @@ class Storage:
         the stream before the deletion: report it as dropped (`flush`, `close`)."""
         self._committer.report_dropped(stream_id, released, fenced_by(self._meta.state, stream_id))
 
-    def drop_fenced(self, stream_id: int, epoch: int) -> None:
+    def drop_fenced(self, stream_id: int, epoch: int, *, live_only: bool = False) -> None:
         """This client's writer of `stream_id` at `epoch` is fenced (another client opened
         the stream since, or deleted it; the metadata was just refreshed): stop it and drop
         what it acknowledged and did not upload, which `flush` and `close` then report with
-        `FencedError`, as when an upload finds the stream taken."""
-        self._committer.drop_fenced(stream_id, epoch, fenced_by(self._meta.state, stream_id))
+        `FencedError`, as when an upload finds the stream taken. `live_only`: only if that
+        writer was not stopped already (a release under way decides it)."""
+        self._committer.drop_fenced(
+            stream_id, epoch, fenced_by(self._meta.state, stream_id), live_only=live_only
+        )
 
     def append(
         self,
