@@ -501,9 +501,11 @@ def test_append_timeout_covers_the_wait_for_room_and_for_a_thread(
         results = await asyncio.gather(*(one(i) for i in range(12)))
         ticker.cancel()
         took = max(t for t, _ in results)
-        assert took < timeout + 0.25, f"an append took {took:.2f} s (timeout_s={timeout})"
+        # Slack for a loaded machine (the suite runs beside other processes); waiting for
+        # room would take 4 s.
+        assert took < timeout + 1.0, f"an append took {took:.2f} s (timeout_s={timeout})"
         assert {o for _, o in results} <= {"BackpressureError", "WalFullError"}, results
-        assert max(gaps) < 0.3
+        assert max(gaps) < 0.45  # below the 0.5 s an append blocking the loop would take
         assert stream.next_offset == before, "a refused append wrote nothing"
         with faulty.healthy():
             await client.close()
@@ -638,7 +640,7 @@ def test_the_room_check_never_waits_for_the_wals_state_lock(tmp_path: Path) -> N
         assert held.wait(10)
         started = time.monotonic()
         assert not wal.has_room(100)
-        assert time.monotonic() - started < 0.5
+        assert time.monotonic() - started < 2  # the holder keeps the lock for 10 s
         release.set()
         t.join(10)
         assert _has_room(wal, 100)
@@ -732,7 +734,7 @@ def test_idle_tails_do_not_hold_up_an_append_made_in_a_thread(tmp_path: Path) ->
             result = await stream.append(RecordBatch(b"1"), producer_id="p", sequence=1)
             took = time.monotonic() - t0
             assert result.base_offset == 1
-            assert took < 1.0, f"the append waited {took:.2f} s behind idle tails"
+            assert took < 1.5, f"the append waited {took:.2f} s behind idle tails (2 s polls)"
             for t in tails:
                 t.cancel()
             await asyncio.gather(*tails, return_exceptions=True)

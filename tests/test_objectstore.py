@@ -1037,7 +1037,7 @@ def test_a_fifo_at_a_keys_path_in_a_local_store_is_no_object(tmp_path: Path) -> 
     ):
         with pytest.raises(ObjectNotFoundError):
             call()
-    assert time.monotonic() - started < 1
+    assert time.monotonic() - started < 5  # an open blocking on the FIFO waits for ever
     assert fifo.is_fifo() and store.get("a/regular") == b"x"
 
 

@@ -65,7 +65,7 @@ def test_a_long_poll_refuses_bad_arguments_before_waiting(tmp_path: Path) -> Non
             with pytest.raises(InvalidArgumentError):
                 s.fetch(1, wait_s=3, **bad)  # type: ignore[arg-type]
         assert s.fetch(1, 1, wait_s=3).batches == []
-        assert time.monotonic() - t0 < 2
+        assert time.monotonic() - t0 < 2.5  # one wait would be 3 s
 
 
 def test_tail_delivers_every_batch_once_in_order_while_a_writer_appends(tmp_path: Path) -> None:
