@@ -698,7 +698,10 @@ class StreamClient(Closeable):
         self._check_open()
         own = self._streams.get(stream_id)
         if own is not None and not own.closed:
-            return own.fetch(start_offset, end_offset, max_bytes=max_bytes)
+            try:
+                return own.fetch(start_offset, end_offset, max_bytes=max_bytes)
+            except FencedError:
+                pass  # another client has it now: read what is committed, as for any other
         started = self._clock.monotonic()
         result = read_committed_range(
             self._meta, self._storage.objects, stream_id, start_offset, end_offset,
@@ -1146,7 +1149,14 @@ class _ClientStreams:
             why = f"{ended}: stream {sid} is no longer this client's; open a new one"
         else:
             held = state.streams.get(sid)
-            if held is not None and held.state is StreamState.OPEN and held.epoch == stream.epoch:
+            if (
+                held is not None
+                and held.epoch == stream.epoch
+                and held.state is not StreamState.DELETED
+            ):
+                # Open at this handle's epoch: still its own. Closed at it: by this handle's
+                # own release (a take-over closing it is the node's session ending, above),
+                # whose `StreamClosedError` the handle raises itself.
                 return None
             why = (
                 f"stream {sid} is no longer this handle's: {fenced_by(state, sid)} (this "

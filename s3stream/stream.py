@@ -278,11 +278,8 @@ class Stream(Closeable):
                 and not self._w.stopped
                 and (taken := self._owner.taken_from(self)) is not None
             ):
-                # This handle's own close may have stopped it meanwhile (its release then
-                # committed: the stream reads as closed), which is no take-over.
-                if isinstance(self._w.error, StreamClosedError):
-                    raise self._w.error
-                if self._closed or self._owner.closed_reason():
+                # A close of the client meanwhile ends the poll as any close does.
+                if self._owner.closed_reason():
                     self._check_open()
                 raise FencedError(taken)
         start, end, max_bytes = self._read_range(start_offset, end_offset, max_bytes)

@@ -290,6 +290,66 @@ def test_a_long_poll_racing_its_own_close_ends_closed_not_fenced(tmp_path: Path)
             stream.fetch(stream.confirm_offset, wait_s=0.05)
 
 
+def test_a_long_poll_racing_a_close_after_a_take_over_still_says_fenced(
+    tmp_path: Path,
+) -> None:
+    """Another client took the stream, then this handle's close landed between the poll's
+    empty wait and its ownership check: the poll reported a clean close (a tail would end
+    quietly while the other client writes the stream). It is a take-over: `FencedError`.
+    And the client's `read` of the stream, which reads without opening, serves what is
+    committed rather than the fenced handle's error."""
+    url = str(tmp_path / "s")
+    a = s3stream.open(url, node_id="a")
+    b = s3stream.open(url, node_id="b")
+    try:
+        stream = a.create_stream()
+        stream.append(RecordBatch(b"a0"))
+        a.flush()
+        b.open_stream(stream.stream_id, force=True).append(RecordBatch(b"b0"))
+        b.flush()
+        owner = stream._owner
+        checked = owner.taken_from
+
+        def closing_first(handle: s3stream.Stream) -> str | None:
+            with contextlib.suppress(FencedError):  # the close learns of the take-over
+                handle.close()
+            return checked(handle)
+
+        owner.taken_from = closing_first  # type: ignore[method-assign]
+        with pytest.raises(FencedError):
+            stream.fetch(stream.confirm_offset, wait_s=0.05)
+        owner.taken_from = checked  # type: ignore[method-assign]
+        got = a.read(stream.stream_id, 0)
+        assert [bytes(x.payload) for x in got.batches] == [b"a0", b"b0"]
+    finally:
+        with contextlib.suppress(S3StreamError):
+            a.close(timeout_s=5)
+        b.close()
+
+
+def test_a_fenced_handle_leaves_the_clients_read_to_committed_data(tmp_path: Path) -> None:
+    """After a long poll fenced the handle (it stays listed, for its close to report the
+    take-over), `StreamClient.read` read through it and raised its `FencedError`."""
+    url = str(tmp_path / "s")
+    a = s3stream.open(url, node_id="a")
+    b = s3stream.open(url, node_id="b")
+    try:
+        stream = a.create_stream()
+        stream.append(RecordBatch(b"a0"))
+        a.flush()
+        b.open_stream(stream.stream_id, force=True).append(RecordBatch(b"b0"))
+        b.flush()
+        with pytest.raises(FencedError):
+            for _ in range(200):
+                stream.fetch(stream.confirm_offset, wait_s=0.1)
+        got = a.read(stream.stream_id, 0)
+        assert [bytes(x.payload) for x in got.batches] == [b"a0", b"b0"]
+    finally:
+        with contextlib.suppress(S3StreamError):
+            a.close(timeout_s=5)
+        b.close()
+
+
 def test_tail_records_yields_offsets_and_records(tmp_path: Path) -> None:
     with open_dir(tmp_path) as client:
         s = client.create_stream()
