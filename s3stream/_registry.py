@@ -13,13 +13,14 @@ import re
 import threading
 from collections.abc import Callable
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Generic, TypeVar
 from urllib.parse import unquote
 
 from .errors import InvalidArgumentError
 from .validation import check_scheme, check_target
 
-__all__ = ["SchemeRegistry", "split_scheme"]
+__all__ = ["SchemeRegistry", "path_url", "split_scheme"]
 
 T = TypeVar("T")
 
@@ -28,6 +29,17 @@ T = TypeVar("T")
 _SCHEME_WITHOUT_SLASHES = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):")
 #: What makes a plain path look like it carries settings (``./x.wal?capacity_bytes=16MiB``).
 _QUERY_IN_PATH = re.compile(r"\?[A-Za-z_][A-Za-z0-9_]*=")
+
+
+def path_url(path: str | os.PathLike[str]) -> str:
+    """The store URL of a local path given as a `Path`: its text, unless that text would read
+    as something else (a scheme without ``//``, a ``?query``), then the ``file://`` URL that
+    names exactly that path (a directory named ``x?a=1`` was refused as a path with a query;
+    a `Path` is a path)."""
+    text = os.fspath(path)
+    if "://" in text or _SCHEME_WITHOUT_SLASHES.match(text) or _QUERY_IN_PATH.search(text):
+        return Path(text).expanduser().absolute().as_uri()
+    return text
 
 
 def split_scheme(url: str) -> tuple[str, str]:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ._bounded import stop_if_given_up, within_deadline
-from ._registry import split_scheme
+from ._registry import path_url, split_scheme
 from .client import StreamClient, WalFactory
 from .clock import Clock, SystemClock
 from .errors import InvalidArgumentError, UnavailableError
@@ -380,7 +380,7 @@ def open(
     check_instance("clock", clock, Clock, allow_none=True)
     check_instance("rng", rng, random.Random, allow_none=True)
     if isinstance(url, Path):
-        url = str(url)
+        url = path_url(url)
     scheme = split_scheme(url)[0]
     resolved = resolve_settings(
         settings,

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._closeable import Closeable
-from ._registry import split_scheme
+from ._registry import path_url, split_scheme
 from .cache.block_cache import BlockCache
 from .clock import Clock, SystemClock
 from .errors import (
@@ -483,6 +483,8 @@ def open_reader(
     takes them (the environment's ``S3STREAM_*`` are not read here)."""
     if isinstance(settings, Mapping):
         settings = settings_from_mapping(ClientSettings, settings)
+    if isinstance(url, Path):
+        url = path_url(url)
     if not isinstance(metadata, MetadataLogStore):
         check_metadata_url(metadata)
     clock = clock if clock is not None else SystemClock()
@@ -524,7 +526,7 @@ def open_reader_store(
     `open_reader` (`metadata_prefix` tells a store directory from somebody else's); the
     caller closes it."""
     if isinstance(url, Path):
-        url = str(url)
+        url = path_url(url)
     check_text("url", url, allow_empty=False)
     check_instance("settings", settings, ClientSettings, allow_none=True)
     check_instance("clock", clock, Clock, allow_none=True)

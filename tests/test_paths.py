@@ -110,6 +110,7 @@ def _objects(root: Path) -> set[str]:
 
 @example(name="st%41", node_id="local")  # the twin "stA" once shared its WAL
 @example(name="%2e%2e%2fESCAPED", node_id="local")  # once put the WAL in ../ESCAPED
+@example(name="?a=", node_id="0")  # a Path's name read as a plain path with a ?query
 @given(name=names, node_id=node_ids)
 def test_every_path_the_library_derives_stays_inside_the_store_root(
     tmp_path_factory: pytest.TempPathFactory, name: str, node_id: str
