@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -230,13 +231,10 @@ def test_an_idle_writers_tail_learns_its_stream_was_taken(tmp_path: Path) -> Non
         a.close(timeout_s=5)
 
 
-def test_a_long_poll_fences_its_handle_while_another_call_holds_the_client(
-    tmp_path: Path,
-) -> None:
-    """The long poll that finds its stream taken fences the handle even while another call
-    of the client (here a thread standing in for a slow one) holds the client's lock: it
-    raised `FencedError` and left the handle appending, and the next append was acknowledged
-    and then reported dropped."""
+@contextlib.contextmanager
+def _taken_from_a(tmp_path: Path) -> Iterator[tuple[s3stream.StreamClient, s3stream.Stream]]:
+    """Client "a" with a handle of a stream holding b"a0", which client "b" then
+    force-opened and appended b"b0" to (both committed)."""
     url = str(tmp_path / "s")
     a = s3stream.open(url, node_id="a")
     b = s3stream.open(url, node_id="b")
@@ -245,6 +243,22 @@ def test_a_long_poll_fences_its_handle_while_another_call_holds_the_client(
         stream.append(RecordBatch(b"a0"))
         a.flush()
         b.open_stream(stream.stream_id, force=True).append(RecordBatch(b"b0"))
+        b.flush()
+        yield a, stream
+    finally:
+        with contextlib.suppress(S3StreamError):
+            a.close(timeout_s=5)
+        b.close()
+
+
+def test_a_long_poll_fences_its_handle_while_another_call_holds_the_client(
+    tmp_path: Path,
+) -> None:
+    """The long poll that finds its stream taken fences the handle even while another call
+    of the client (here a thread standing in for a slow one) holds the client's lock: it
+    raised `FencedError` and left the handle appending, and the next append was acknowledged
+    and then reported dropped."""
+    with _taken_from_a(tmp_path) as (a, stream):
         holding, release = threading.Event(), threading.Event()
 
         def hold() -> None:
@@ -265,10 +279,6 @@ def test_a_long_poll_fences_its_handle_while_another_call_holds_the_client(
             release.set()
             holder.join(5)
         a.flush()  # nothing acknowledged was dropped: "late" was refused
-    finally:
-        with contextlib.suppress(S3StreamError):
-            a.close(timeout_s=5)
-        b.close()
 
 
 def test_a_long_poll_racing_its_own_close_ends_closed_not_fenced(tmp_path: Path) -> None:
@@ -295,18 +305,8 @@ def test_a_long_poll_racing_a_close_after_a_take_over_still_says_fenced(
 ) -> None:
     """Another client took the stream, then this handle's close landed between the poll's
     empty wait and its ownership check: the poll reported a clean close (a tail would end
-    quietly while the other client writes the stream). It is a take-over: `FencedError`.
-    And the client's `read` of the stream, which reads without opening, serves what is
-    committed rather than the fenced handle's error."""
-    url = str(tmp_path / "s")
-    a = s3stream.open(url, node_id="a")
-    b = s3stream.open(url, node_id="b")
-    try:
-        stream = a.create_stream()
-        stream.append(RecordBatch(b"a0"))
-        a.flush()
-        b.open_stream(stream.stream_id, force=True).append(RecordBatch(b"b0"))
-        b.flush()
+    quietly while the other client writes the stream). It is a take-over: `FencedError`."""
+    with _taken_from_a(tmp_path) as (_, stream):
         owner = stream._owner
         checked = owner.taken_from
 
@@ -318,36 +318,18 @@ def test_a_long_poll_racing_a_close_after_a_take_over_still_says_fenced(
         owner.taken_from = closing_first  # type: ignore[method-assign]
         with pytest.raises(FencedError):
             stream.fetch(stream.confirm_offset, wait_s=0.05)
-        owner.taken_from = checked  # type: ignore[method-assign]
-        got = a.read(stream.stream_id, 0)
-        assert [bytes(x.payload) for x in got.batches] == [b"a0", b"b0"]
-    finally:
-        with contextlib.suppress(S3StreamError):
-            a.close(timeout_s=5)
-        b.close()
 
 
 def test_a_fenced_handle_leaves_the_clients_read_to_committed_data(tmp_path: Path) -> None:
     """After a long poll fenced the handle (it stays listed, for its close to report the
-    take-over), `StreamClient.read` read through it and raised its `FencedError`."""
-    url = str(tmp_path / "s")
-    a = s3stream.open(url, node_id="a")
-    b = s3stream.open(url, node_id="b")
-    try:
-        stream = a.create_stream()
-        stream.append(RecordBatch(b"a0"))
-        a.flush()
-        b.open_stream(stream.stream_id, force=True).append(RecordBatch(b"b0"))
-        b.flush()
+    take-over), `StreamClient.read`, which reads without opening, read through it and raised
+    its `FencedError`; it serves what is committed."""
+    with _taken_from_a(tmp_path) as (a, stream):
         with pytest.raises(FencedError):
             for _ in range(200):
                 stream.fetch(stream.confirm_offset, wait_s=0.1)
         got = a.read(stream.stream_id, 0)
         assert [bytes(x.payload) for x in got.batches] == [b"a0", b"b0"]
-    finally:
-        with contextlib.suppress(S3StreamError):
-            a.close(timeout_s=5)
-        b.close()
 
 
 def test_tail_records_yields_offsets_and_records(tmp_path: Path) -> None:
