@@ -26,7 +26,7 @@ from contextlib import contextmanager, redirect_stdout, suppress
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import open as open_client
 from ._registry import split_scheme
@@ -55,6 +55,9 @@ from .settings import ClientSettings
 from .settings_parse import parse_duration_ms, parse_int, parse_size
 from .types import AppendResult, RecordBatch, StreamState
 from .validation import check_node_id
+
+if TYPE_CHECKING:
+    from .wal.file_scan import FileWalCheck
 
 __all__ = ["main"]
 
@@ -852,7 +855,7 @@ def _verify_wals(client: StreamReader, args: argparse.Namespace) -> int:
             bad += 1
             print(f"wal {path} (node {check.node_id!r}): DAMAGED: {check.damage}")
             continue
-        foreign = _foreign_wal(path, check.node_id, client.metadata.state)
+        foreign = _foreign_wal(check, client.metadata.state)
         if foreign is not None:
             bad += 1
             print(f"wal {path} (node {check.node_id!r}): NOT THIS STORE'S: {foreign}")
@@ -887,15 +890,14 @@ def _verify_wals(client: StreamReader, args: argparse.Namespace) -> int:
     return bad
 
 
-def _foreign_wal(path: Path, node_id: str, state: MetadataState) -> str | None:
-    """Why the healthy WAL file at `path` is not one this store's node `node_id` would
-    replay (an open or a take-over refuses it: a node this store does not know, or another
-    WAL identity than the one the store recorded for the node), or None."""
+def _foreign_wal(check: FileWalCheck, state: MetadataState) -> str | None:
+    """Why the healthy WAL file `check` scanned is not one this store's node would replay
+    (an open or a take-over refuses it: a node this store does not know, or another WAL
+    identity than the one the store expects of the node), or None."""
     from .failover import expected_wal_uid, has_open_streams
-    from .wal.file_scan import PeekedWal, peek_wal
 
-    peeked = peek_wal(path)
-    if not isinstance(peeked, PeekedWal) or not peeked.holds_records:
+    node_id = check.node_id
+    if not check.records:
         return None  # nothing to replay: an open formats a WAL without records anew
     if node_id not in state.nodes:
         return (
@@ -905,14 +907,14 @@ def _foreign_wal(path: Path, node_id: str, state: MetadataState) -> str | None:
     # The rule an open and a take-over apply (`expected_wal_uid`): the identity recorded
     # for the node, else none at all while the node has no stream open.
     expect = expected_wal_uid(state, node_id, has_open_streams(state, node_id))
-    if expect is not None and peeked.wal_uid != expect:
+    if expect is not None and check.wal_uid != expect:
         recorded = (
             f"the WAL this store recorded for node {node_id!r} ({expect:#x})"
             if expect >= 0
             else f"of node {node_id!r}, which has no stream open and no WAL recorded"
         )
         return (
-            f"it holds records, and its identity {peeked.wal_uid:#x} is not {recorded} (a WAL "
+            f"it holds records, and its identity {check.wal_uid:#x} is not {recorded} (a WAL "
             "of another store?): an open or a take-over refuses it"
         )
     return None

@@ -986,8 +986,7 @@ class StreamClient(Closeable):
 
         def build(state: MetadataState) -> list[CloseStream]:
             ops = state.closes(owned)
-            node = state.nodes.get(self._node_id)
-            if unattached and node is not None and node.epoch == self._node_epoch:
+            if unattached and state.registered_again(self._node_id, self._node_epoch) is None:
                 # Only while this session is the node's current one: a stale session (the
                 # node restarted or was taken over meanwhile) must not close the streams
                 # the current session owns.

@@ -291,9 +291,9 @@ class Stream(Closeable):
             # Closing the client closes its store under a read: the read failed because the
             # handle closed, which is no outage to retry (and ends a tail cleanly). Damage
             # (`CorruptionError`) is raised as it is, close or not.
-            how = self._closed or self._owner.closed_reason()
-            if how is not None:
-                raise StreamClosedError(f"stream {self.stream_id} is {how}") from exc
+            closed = self._closed_error()
+            if closed is not None:
+                raise closed from exc
             raise
         return FetchResult(batches, batches[-1].next_offset if batches else start)
 
@@ -470,10 +470,15 @@ class Stream(Closeable):
         check_offset_in_range(self.stream_id, start, self.start_offset, confirm)
         return start, confirm if end_arg is None else min(end_arg, confirm), max_bytes
 
-    def _check_open(self) -> None:
+    def _closed_error(self) -> StreamClosedError | None:
+        """The error of a call on this handle once it or its client closed, else None."""
         how = self._closed or self._owner.closed_reason()
-        if how is not None:
-            raise StreamClosedError(f"stream {self.stream_id} is {how}")
+        return None if how is None else StreamClosedError(f"stream {self.stream_id} is {how}")
+
+    def _check_open(self) -> None:
+        closed = self._closed_error()
+        if closed is not None:
+            raise closed
         if self._w.error is not None:
             raise self._w.error
 

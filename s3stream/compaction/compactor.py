@@ -49,6 +49,7 @@ from .planner import (
     UnreadableIndex,
     guard_index,
     plan_stream_object_compaction,
+    plan_stream_object_drops,
     plan_stream_set_compaction,
 )
 from .retention import RetentionPolicy, retention_start
@@ -266,12 +267,7 @@ class Compactor:
             tasks = plan_stream_set_compaction(
                 state, self._settings, index_of, self._clock.now_ms()
             )
-            drops = [
-                t
-                for t in plan_stream_object_compaction(state, self._settings, index_of)
-                if not t.outputs
-            ]
-            drops += [t for t in tasks if not t.outputs]
+            drops = plan_stream_object_drops(state) + [t for t in tasks if not t.outputs]
             if drops:
                 self._run_tasks(drops, state, report, progress, "dropping unneeded objects")
             tasks = [t for t in tasks if t.outputs]

@@ -43,6 +43,7 @@ __all__ = [
     "guard_index",
     "keep_from",
     "plan_stream_object_compaction",
+    "plan_stream_object_drops",
     "plan_stream_set_compaction",
 ]
 
@@ -259,6 +260,26 @@ def plan_stream_object_compaction(
     return tasks
 
 
+def plan_stream_object_drops(state: MetadataState) -> list[CompactionTask]:
+    """The part of `plan_stream_object_compaction` that writes nothing: one task dropping
+    the stream objects wholly below their stream's start offset (or of a deleted stream),
+    if any; planned without reading an index."""
+    dropped = [
+        obj
+        for sid in sorted(state.streams)
+        for keep in (keep_from(state, sid),)
+        for obj in state.stream_objects(sid)
+        if (rng := obj.range_of(sid)) is not None and _wholly_below(obj, rng.end_offset, keep)
+    ]
+    return [CompactionTask("drop", tuple(dropped), (), 0)] if dropped else []
+
+
+def _wholly_below(obj: ObjectMeta, end_offset: int, keep: int | None) -> bool:
+    """Whether `obj`, a stream's object whose range ends at `end_offset`, is a stream object
+    nothing needs: its stream deleted (`keep` None) or trimmed past its end."""
+    return obj.kind is ObjectKind.STREAM and (keep is None or end_offset <= keep)
+
+
 def _stream_object_groups(
     state: MetadataState,
     stream_id: int,
@@ -277,7 +298,7 @@ def _stream_object_groups(
         rng = obj.range_of(stream_id)
         if rng is None:  # pragma: no cover - the stream index lists only objects holding it
             continue
-        if obj.kind is ObjectKind.STREAM and (keep is None or rng.end_offset <= keep):
+        if _wholly_below(obj, rng.end_offset, keep):
             dropped.append(obj)
             continue
         eligible = obj.kind is ObjectKind.STREAM and (

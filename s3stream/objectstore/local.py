@@ -222,34 +222,28 @@ class LocalObjectStore(ObjectStore):
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
         for _ in range(_MAX_TEMP_ATTEMPTS):
             tmp = os.path.join(directory, f"{TEMP_PREFIX}{os.getpid()}-{next(self._counter)}")
-            with self._writing_lock:
-                closes = self._closes
-                self._writing.add(tmp)
+            closes = self._closes  # a close from here on sweeps this file, or is seen below
             try:
                 fd = os.open(tmp, flags, 0o666)
             except FileExistsError:
-                self._done_writing(tmp)
                 continue  # a name left by another writer
             except (FileNotFoundError, NotADirectoryError):
                 # The directory is missing (new, or pruned by a delete): make it, then try
                 # again. Made only when missing, so a put into an existing directory costs
                 # no stat (it raises the conflict if a file stands where a directory must).
-                self._done_writing(tmp)
                 self._ensure_dir(directory, key)
                 continue
             except OSError as exc:
-                self._done_writing(tmp)
                 raise self._translate(exc, "write", key) from exc
-            except BaseException:
-                self._done_writing(tmp)
-                raise
+            with self._writing_lock:
+                self._writing.add(tmp)
+                closed = closes != self._closes
             try:
-                with self._writing_lock:
-                    if closes != self._closes:
-                        # A close swept the temporary files, maybe before this one existed.
-                        raise UnavailableError(
-                            f"{self.describe()} was closed while {key!r} was written"
-                        )
+                if closed:
+                    # A close swept the temporary files while this one was being created.
+                    raise UnavailableError(
+                        f"{self.describe()} was closed while {key!r} was written"
+                    )
                 _write_all(fd, blob)
                 if self._fsync:
                     os.fsync(fd)

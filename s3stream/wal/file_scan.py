@@ -203,6 +203,8 @@ class FileWalCheck:
     #: False for an empty file: not a WAL yet (its creation never got that far; an opening
     #: formats it), which is damage only if its node had streams open.
     formatted: bool = True
+    #: The WAL's identity from its header (`PeekedWal.wal_uid`; 0 without a header).
+    wal_uid: int = 0
 
     @property
     def ok(self) -> bool:
@@ -261,6 +263,7 @@ def check_file_wal(path: str | Path) -> FileWalCheck:
             end=scanner.end,
             stopped=scanner.problem,
             damage=verdict,
+            wal_uid=header.wal_uid,
         )
     finally:
         os.close(fd)

@@ -587,7 +587,6 @@ def check_take_over_wal(
     if target is None:
         return
     path, kind = target
-    # `default`: the URL is the node's default WAL place, not one the caller named.
     advice = (
         "name the node's WAL if it lives elsewhere"
         if default
