@@ -482,9 +482,17 @@ def test_append_timeout_covers_the_wait_for_room_and_for_a_thread(
     async def main() -> None:
         client = aio.AsyncStreamClient(sync, poll_threads=2)
         stream = await client.create_stream()
-        with pytest.raises(BackpressureError):
-            for i in range(1000):  # fill the backlog (max_pending_bytes)
+        for i in range(1000):  # fill the backlog (max_pending_bytes)
+            try:
                 await stream.append(RecordBatch(bytes([i % 256]) * 1000), timeout_s=0.2)
+            except BackpressureError:
+                break
+            except UnavailableError:
+                # On a loaded machine the await's deadline may pass a hair before the
+                # thread's wait for room reports BackpressureError at the same deadline.
+                continue
+        else:
+            pytest.fail("the backlog never filled")
         before = stream.next_offset
         gaps: list[float] = []
         ticker = _ticker(gaps)
@@ -504,7 +512,9 @@ def test_append_timeout_covers_the_wait_for_room_and_for_a_thread(
         # Slack for a loaded machine (the suite runs beside other processes); waiting for
         # room would take 4 s.
         assert took < timeout + 1.0, f"an append took {took:.2f} s (timeout_s={timeout})"
-        assert {o for _, o in results} <= {"BackpressureError", "WalFullError"}, results
+        # UnavailableError: that same race, on a loaded machine (nothing is written either way).
+        outcomes = {"BackpressureError", "WalFullError", "UnavailableError"}
+        assert {o for _, o in results} <= outcomes, results
         assert max(gaps) < 0.45  # below the 0.5 s an append blocking the loop would take
         assert stream.next_offset == before, "a refused append wrote nothing"
         with faulty.healthy():
@@ -767,6 +777,11 @@ def test_appends_queued_in_threads_are_dropped_when_the_client_closes(tmp_path: 
         )
         for r in results:
             assert not isinstance(r, BaseException) or isinstance(r, StreamClosedError), r
+        # The append in progress at the close ends within its own read's time (0.5 s); on a
+        # loaded machine its thread may still be on its way out when close returns.
+        deadline = time.monotonic() + 5
+        while [t for t in pool_threads() if "-append" in t] and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
         assert not [t for t in pool_threads() if "-append" in t]
 
     asyncio.run(main())
